@@ -1,0 +1,320 @@
+//! Server settings: every `AGENT_SANDBOX_*` variable of the `/v1` contract plus our own (watched
+//! folders, controller tuning), each also a `serve` flag. Parsing fails loudly: a bad value stops
+//! the server with a message naming the variable, never a silent default.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::builder::BoolishValueParser;
+use clap::Args;
+
+/// Settings for `agent-sandbox serve`. Flags override the environment.
+#[derive(Args, Clone, Debug)]
+pub struct Settings {
+    /// API keys (comma-separated, each at least 16 characters). When none is set and auth is on,
+    /// a key is generated on first start and kept in the data directory.
+    #[arg(
+        long = "api-key",
+        env = "AGENT_SANDBOX_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub api_keys: Vec<String>,
+    /// Turn authentication off entirely (only for local experiments).
+    #[arg(long, env = "AGENT_SANDBOX_INSECURE_NO_AUTH", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub insecure_no_auth: bool,
+    #[arg(long, env = "AGENT_SANDBOX_HOST", default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    #[arg(long, env = "AGENT_SANDBOX_PORT", default_value_t = 8080)]
+    pub port: u16,
+    /// Data directory: manifests, state and snapshots.
+    #[arg(long, env = "AGENT_SANDBOX_DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
+    /// Read-only folders of manifests to reconcile (repeatable; env: comma-separated).
+    #[arg(
+        long = "watch",
+        env = "AGENT_SANDBOX_WATCH_DIRS",
+        value_delimiter = ','
+    )]
+    pub watch_dirs: Vec<PathBuf>,
+    #[arg(
+        long,
+        env = "AGENT_SANDBOX_DEFAULT_IMAGE",
+        default_value = "python:3.12-slim"
+    )]
+    pub default_image: String,
+    /// Image globs a sandbox may use (comma-separated).
+    #[arg(
+        long,
+        env = "AGENT_SANDBOX_ALLOWED_IMAGES",
+        value_delimiter = ',',
+        default_value = "*"
+    )]
+    pub allowed_images: Vec<String>,
+    /// `uid:gid` the sandbox's processes run as; never 0.
+    #[arg(long, env = "AGENT_SANDBOX_SANDBOX_USER", default_value = "1000:1000")]
+    pub sandbox_user: String,
+    /// Docker runtime for sandboxes (empty for the daemon's default, or e.g. `runsc`).
+    #[arg(long, env = "AGENT_SANDBOX_DOCKER_RUNTIME", default_value = "")]
+    pub docker_runtime: String,
+    #[arg(
+        long,
+        env = "AGENT_SANDBOX_NETWORK_NAME",
+        default_value = "agent-sandbox-net"
+    )]
+    pub network_name: String,
+    #[arg(long, env = "AGENT_SANDBOX_ALLOW_NETWORK", default_value = "true", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub allow_network: bool,
+    #[arg(long, env = "AGENT_SANDBOX_MAX_SANDBOXES", default_value_t = 20)]
+    pub max_sandboxes: usize,
+    #[arg(
+        long,
+        env = "AGENT_SANDBOX_DEFAULT_TIMEOUT_SECONDS",
+        default_value_t = 900
+    )]
+    pub default_timeout_seconds: u64,
+    #[arg(
+        long,
+        env = "AGENT_SANDBOX_MAX_TIMEOUT_SECONDS",
+        default_value_t = 86400
+    )]
+    pub max_timeout_seconds: u64,
+    #[arg(long, env = "AGENT_SANDBOX_DEFAULT_CPUS", default_value_t = 1.0)]
+    pub default_cpus: f64,
+    #[arg(long, env = "AGENT_SANDBOX_MAX_CPUS", default_value_t = 4.0)]
+    pub max_cpus: f64,
+    #[arg(long, env = "AGENT_SANDBOX_DEFAULT_MEMORY_MB", default_value_t = 512)]
+    pub default_memory_mb: u64,
+    #[arg(long, env = "AGENT_SANDBOX_MAX_MEMORY_MB", default_value_t = 4096)]
+    pub max_memory_mb: u64,
+    #[arg(long, env = "AGENT_SANDBOX_DEFAULT_PIDS_LIMIT", default_value_t = 256)]
+    pub default_pids_limit: u64,
+    #[arg(long, env = "AGENT_SANDBOX_MAX_PIDS_LIMIT", default_value_t = 4096)]
+    pub max_pids_limit: u64,
+    #[arg(long, env = "AGENT_SANDBOX_TMP_SIZE_MB", default_value_t = 256)]
+    pub tmp_size_mb: u64,
+    #[arg(
+        long,
+        env = "AGENT_SANDBOX_DEFAULT_EXEC_TIMEOUT_SECONDS",
+        default_value_t = 60.0
+    )]
+    pub default_exec_timeout_seconds: f64,
+    #[arg(
+        long,
+        env = "AGENT_SANDBOX_MAX_EXEC_TIMEOUT_SECONDS",
+        default_value_t = 3600.0
+    )]
+    pub max_exec_timeout_seconds: f64,
+    #[arg(
+        long,
+        env = "AGENT_SANDBOX_MAX_EXEC_OUTPUT_BYTES",
+        default_value_t = 10_485_760
+    )]
+    pub max_exec_output_bytes: usize,
+    #[arg(
+        long,
+        env = "AGENT_SANDBOX_MAX_FILE_BYTES",
+        default_value_t = 52_428_800
+    )]
+    pub max_file_bytes: u64,
+    #[arg(
+        long,
+        env = "AGENT_SANDBOX_MAX_SNAPSHOT_BYTES",
+        default_value_t = 1_073_741_824
+    )]
+    pub max_snapshot_bytes: u64,
+    /// How often expiry is checked, in seconds.
+    #[arg(
+        long,
+        env = "AGENT_SANDBOX_REAP_INTERVAL_SECONDS",
+        default_value_t = 10.0
+    )]
+    pub reap_interval_seconds: f64,
+    /// How often every resource is reconciled even without a trigger, in seconds.
+    #[arg(long, env = "AGENT_SANDBOX_RESYNC_SECONDS", default_value_t = 300.0)]
+    pub resync_seconds: f64,
+    /// How many reconciles may run at once.
+    #[arg(long, env = "AGENT_SANDBOX_RECONCILE_WORKERS", default_value_t = 8)]
+    pub reconcile_workers: usize,
+}
+
+/// A setting that cannot be used, with the variable to blame.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid setting {variable}: {message}")]
+pub struct SettingsError {
+    pub variable: &'static str,
+    pub message: String,
+}
+
+fn invalid(variable: &'static str, message: impl Into<String>) -> SettingsError {
+    SettingsError {
+        variable,
+        message: message.into(),
+    }
+}
+
+impl Settings {
+    /// Checks what clap cannot: ranges and relations between settings.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        if let Some(short) = self.api_keys.iter().find(|k| k.trim().len() < 16) {
+            let _ = short;
+            return Err(invalid(
+                "AGENT_SANDBOX_API_KEYS",
+                "every key must be at least 16 characters",
+            ));
+        }
+        let (uid, gid) = self.sandbox_uid_gid()?;
+        if uid == 0 || gid == 0 {
+            return Err(invalid(
+                "AGENT_SANDBOX_SANDBOX_USER",
+                "sandboxes never run as root (uid or gid 0)",
+            ));
+        }
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        if !positive(self.default_cpus)
+            || !positive(self.max_cpus)
+            || self.default_cpus > self.max_cpus
+        {
+            return Err(invalid(
+                "AGENT_SANDBOX_DEFAULT_CPUS",
+                "cpus must be > 0 and the default at most AGENT_SANDBOX_MAX_CPUS",
+            ));
+        }
+        if self.default_memory_mb < 16 || self.default_memory_mb > self.max_memory_mb {
+            return Err(invalid(
+                "AGENT_SANDBOX_DEFAULT_MEMORY_MB",
+                "must be at least 16 and at most AGENT_SANDBOX_MAX_MEMORY_MB",
+            ));
+        }
+        if self.default_pids_limit < 8 || self.default_pids_limit > self.max_pids_limit {
+            return Err(invalid(
+                "AGENT_SANDBOX_DEFAULT_PIDS_LIMIT",
+                "must be at least 8 and at most AGENT_SANDBOX_MAX_PIDS_LIMIT",
+            ));
+        }
+        if self.default_timeout_seconds == 0
+            || self.default_timeout_seconds > self.max_timeout_seconds
+        {
+            return Err(invalid(
+                "AGENT_SANDBOX_DEFAULT_TIMEOUT_SECONDS",
+                "must be at least 1 and at most AGENT_SANDBOX_MAX_TIMEOUT_SECONDS",
+            ));
+        }
+        if !positive(self.default_exec_timeout_seconds)
+            || self.default_exec_timeout_seconds > self.max_exec_timeout_seconds
+        {
+            return Err(invalid(
+                "AGENT_SANDBOX_DEFAULT_EXEC_TIMEOUT_SECONDS",
+                "must be > 0 and at most AGENT_SANDBOX_MAX_EXEC_TIMEOUT_SECONDS",
+            ));
+        }
+        if !positive(self.reap_interval_seconds) {
+            return Err(invalid(
+                "AGENT_SANDBOX_REAP_INTERVAL_SECONDS",
+                "must be > 0",
+            ));
+        }
+        if !positive(self.resync_seconds) {
+            return Err(invalid("AGENT_SANDBOX_RESYNC_SECONDS", "must be > 0"));
+        }
+        if self.reconcile_workers == 0 {
+            return Err(invalid(
+                "AGENT_SANDBOX_RECONCILE_WORKERS",
+                "must be at least 1",
+            ));
+        }
+        if self.tmp_size_mb == 0 {
+            return Err(invalid("AGENT_SANDBOX_TMP_SIZE_MB", "must be at least 1"));
+        }
+        for pattern in &self.allowed_images {
+            glob::Pattern::new(pattern).map_err(|e| {
+                invalid("AGENT_SANDBOX_ALLOWED_IMAGES", format!("{pattern:?}: {e}"))
+            })?;
+        }
+        if self.network_name.is_empty() {
+            return Err(invalid("AGENT_SANDBOX_NETWORK_NAME", "must not be empty"));
+        }
+        Ok(())
+    }
+
+    pub fn sandbox_uid_gid(&self) -> Result<(u32, u32), SettingsError> {
+        let bad = || {
+            invalid(
+                "AGENT_SANDBOX_SANDBOX_USER",
+                "expected uid:gid, e.g. 1000:1000",
+            )
+        };
+        let (uid, gid) = self.sandbox_user.split_once(':').ok_or_else(bad)?;
+        Ok((
+            uid.parse().map_err(|_| bad())?,
+            gid.parse().map_err(|_| bad())?,
+        ))
+    }
+
+    /// Whether `image` matches one of the allowlist's globs.
+    pub fn image_allowed(&self, image: &str) -> bool {
+        self.allowed_images.iter().any(|p| {
+            glob::Pattern::new(p.trim())
+                .map(|pattern| pattern.matches(image))
+                .unwrap_or(false)
+        })
+    }
+
+    pub fn reap_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.reap_interval_seconds)
+    }
+
+    pub fn resync_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.resync_seconds)
+    }
+
+    /// Settings for tests and tools: the defaults, with `data_dir` set.
+    pub fn for_tests(data_dir: PathBuf) -> Settings {
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            settings: Settings,
+        }
+        let mut settings = <Wrapper as clap::Parser>::parse_from(["agent-sandbox"]).settings;
+        settings.data_dir = data_dir;
+        settings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_contract() {
+        let s = Settings::for_tests(PathBuf::from("/tmp/x"));
+        s.validate().unwrap();
+        assert_eq!(s.port, 8080);
+        assert_eq!(s.max_sandboxes, 20);
+        assert_eq!(s.max_exec_output_bytes, 10_485_760);
+        assert!(s.image_allowed("anything:tag"));
+    }
+
+    #[test]
+    fn refuses_root_and_short_keys() {
+        let mut s = Settings::for_tests(PathBuf::from("/tmp/x"));
+        s.sandbox_user = "0:0".into();
+        assert_eq!(
+            s.validate().unwrap_err().variable,
+            "AGENT_SANDBOX_SANDBOX_USER"
+        );
+        let mut s = Settings::for_tests(PathBuf::from("/tmp/x"));
+        s.api_keys = vec!["short".into()];
+        assert_eq!(s.validate().unwrap_err().variable, "AGENT_SANDBOX_API_KEYS");
+    }
+
+    #[test]
+    fn image_globs() {
+        let mut s = Settings::for_tests(PathBuf::from("/tmp/x"));
+        s.allowed_images = vec!["python:*".into(), "agent-sandbox-test/*".into()];
+        assert!(s.image_allowed("python:3.12-slim"));
+        assert!(s.image_allowed("agent-sandbox-test/busybox:latest"));
+        assert!(!s.image_allowed("ubuntu:24.04"));
+    }
+}

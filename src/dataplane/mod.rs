@@ -1,0 +1,179 @@
+//! The imperative data plane: exec (buffered and streamed) and file I/O against a sandbox's running
+//! container, like `kubectl exec`. It never changes lifecycle state; it only needs the container ID
+//! the controller observed.
+//!
+//! Commands run through the in-sandbox helper (see `helper_protocol`), which gives each command its
+//! own process group under a child subreaper so that a timeout or a vanished client kills the whole
+//! tree. File writes also go through the helper, as the sandbox user, confined to `/workspace`.
+
+pub mod paths;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::config::Settings;
+use crate::docker::Engine;
+
+/// The sandbox an operation targets, as the controller last observed it.
+#[derive(Clone, Debug)]
+pub struct SandboxTarget {
+    pub name: String,
+    pub container_id: String,
+    /// The sandbox's own environment; a request's env is applied on top.
+    pub env: BTreeMap<String, String>,
+}
+
+/// A command: a string run as `/bin/sh -c`, or an argv list.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(untagged)]
+pub enum Command {
+    Shell(String),
+    Argv(Vec<String>),
+}
+
+/// What to run. Field names are the `/v1` wire names.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    pub command: Command,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub workdir: Option<String>,
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
+}
+
+/// The result of a buffered exec (`/v1` ExecResponse).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+pub struct ExecResponse {
+    pub stdout: String,
+    pub stderr: String,
+    pub exit_code: i64,
+    pub timed_out: bool,
+    pub truncated: bool,
+    pub duration_ms: u64,
+}
+
+/// One line of a streamed exec (`/v1` NDJSON events).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ExecEvent {
+    Stdout {
+        data: String,
+    },
+    Stderr {
+        data: String,
+    },
+    Exit {
+        exit_code: i64,
+        timed_out: bool,
+        duration_ms: u64,
+    },
+}
+
+/// A file or directory entry (`/v1` FileInfo).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+pub struct FileInfo {
+    pub name: String,
+    pub path: String,
+    #[serde(rename = "type")]
+    pub file_type: FileType,
+    pub size: u64,
+    pub modified_at: chrono::DateTime<chrono::Utc>,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FileType {
+    File,
+    Directory,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataPlaneError {
+    /// A request value the rules refuse (maps to 400).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// No such file or directory inside the sandbox (maps to 404).
+    #[error("{0}")]
+    NotFound(String),
+    /// Over `max_file_bytes` (maps to 413).
+    #[error("{what} is larger than the limit of {limit} bytes")]
+    TooLarge { what: String, limit: u64 },
+    /// The sandbox has no running container right now (maps to 409).
+    #[error("sandbox {0} is not running")]
+    NotRunning(String),
+    /// Docker or the helper failed (maps to 502).
+    #[error("{0}")]
+    Backend(String),
+}
+
+pub type DataPlaneResult<T> = Result<T, DataPlaneError>;
+
+pub struct DataPlane {
+    engine: Arc<dyn Engine>,
+    settings: Arc<Settings>,
+}
+
+impl DataPlane {
+    pub fn new(engine: Arc<dyn Engine>, settings: Arc<Settings>) -> DataPlane {
+        DataPlane { engine, settings }
+    }
+
+    /// Runs a command to completion, capturing at most `max_exec_output_bytes` across both streams.
+    pub async fn exec(
+        &self,
+        target: &SandboxTarget,
+        request: ExecRequest,
+    ) -> DataPlaneResult<ExecResponse> {
+        let _ = (target, request, &self.engine, &self.settings);
+        todo!()
+    }
+
+    /// Runs a command and streams its output as it arrives; the last event is always `Exit`.
+    /// Dropping the stream (a client that went away) kills the command's whole tree.
+    pub async fn exec_stream(
+        &self,
+        target: &SandboxTarget,
+        request: ExecRequest,
+    ) -> DataPlaneResult<BoxStream<'static, ExecEvent>> {
+        let _ = (target, request);
+        todo!()
+    }
+
+    /// Reads a file anywhere in the sandbox (symlinks followed inside it), at most `max_file_bytes`.
+    pub async fn read_file(&self, target: &SandboxTarget, path: &str) -> DataPlaneResult<Bytes> {
+        let _ = (target, path);
+        todo!()
+    }
+
+    /// Writes a file strictly under `/workspace`, atomically, owned by the sandbox user.
+    pub async fn write_file(
+        &self,
+        target: &SandboxTarget,
+        path: &str,
+        contents: Bytes,
+        mode: u32,
+    ) -> DataPlaneResult<FileInfo> {
+        let _ = (target, path, contents, mode);
+        todo!()
+    }
+
+    /// Lists a directory, sorted by name; returns the normalized path and the entries.
+    pub async fn list_files(
+        &self,
+        target: &SandboxTarget,
+        path: &str,
+    ) -> DataPlaneResult<(String, Vec<FileInfo>)> {
+        let _ = (target, path);
+        todo!()
+    }
+}

@@ -1,0 +1,266 @@
+//! The only module that talks to Docker. [`Engine`] is what the rest of the crate sees: labeled
+//! volumes and hardened containers for the controller, exec and archive streams for the data plane.
+//! [`BollardEngine`] implements it against the daemon; [`fake::FakeEngine`] implements it in memory
+//! for unit tests.
+//!
+//! Hardening is not negotiable here: [`ContainerPlan`] has no field that could weaken it (no
+//! privileged, capabilities, devices, binds or root user); every container this module creates gets
+//! the full security model of `SECURITY.md`.
+
+mod bollard_engine;
+pub mod fake;
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use tokio::io::AsyncWrite;
+
+pub use bollard_engine::BollardEngine;
+
+/// Label on every container and volume this server manages.
+pub const LABEL_MANAGED: &str = "io.agent-sandbox.managed";
+/// Label naming the resource (sandbox name) a container or volume belongs to.
+pub const LABEL_ID: &str = "io.agent-sandbox.id";
+/// Label with the `metadata.uid` of that resource, so a re-created resource of the same name does
+/// not adopt its predecessor's objects.
+pub const LABEL_UID: &str = "io.agent-sandbox.uid";
+/// Label with the hash of the container-shaping part of the spec the container was built from.
+pub const LABEL_SPEC_HASH: &str = "io.agent-sandbox.spec-hash";
+/// Label on shared, server-owned objects that belong to no sandbox (the helper volume).
+pub const LABEL_ROLE: &str = "io.agent-sandbox.role";
+
+/// Docker's name for a sandbox's container.
+pub fn container_name(sandbox: &str) -> String {
+    format!("agent-sandbox-{sandbox}")
+}
+
+/// Docker's name for a sandbox's workspace volume.
+pub fn volume_name(sandbox: &str) -> String {
+    format!("agent-sandbox-{sandbox}-workspace")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("docker is unreachable: {0}")]
+    Unreachable(String),
+    #[error("{what} not found")]
+    NotFound { what: String },
+    #[error("{what} already exists")]
+    Conflict { what: String },
+    #[error("image {0} is not present on the docker host (no registry pulls are made)")]
+    ImageMissing(String),
+    #[error("docker refused {operation}: {message}")]
+    Docker { operation: String, message: String },
+}
+
+impl EngineError {
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, EngineError::NotFound { .. })
+    }
+}
+
+pub type EngineResult<T> = Result<T, EngineError>;
+
+/// Everything that shapes one sandbox container. Limits can later change in place
+/// ([`Engine::update_limits`]); the rest needs a new container.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContainerPlan {
+    /// Sandbox name; the container is [`container_name`] of it.
+    pub sandbox: String,
+    /// `metadata.uid` of the sandbox resource.
+    pub uid: String,
+    pub image: String,
+    pub cpus: f64,
+    pub memory_mb: u64,
+    pub pids_limit: u64,
+    /// The dedicated bridge to join, or `None` for loopback only.
+    pub network: Option<String>,
+    pub read_only_rootfs: bool,
+    pub env: BTreeMap<String, String>,
+    pub tmp_size_mb: u64,
+    /// `uid:gid`, never root (settings validation guarantees it).
+    pub user: String,
+    /// Docker runtime, e.g. `runsc`; `None` for the daemon default.
+    pub runtime: Option<String>,
+    /// Value of [`LABEL_SPEC_HASH`].
+    pub spec_hash: String,
+    /// The read-only volume holding the in-sandbox helper, mounted at [`HELPER_MOUNT`].
+    pub helper_volume: Option<String>,
+    /// The volume mounted at `/workspace`; normally [`volume_name`] of the sandbox.
+    pub workspace_volume: String,
+}
+
+/// Where the helper volume is mounted inside sandboxes.
+pub const HELPER_MOUNT: &str = "/opt/agent-sandbox";
+
+/// A container carrying [`LABEL_MANAGED`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ManagedContainer {
+    pub id: String,
+    /// Docker's name without the leading `/`.
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// Docker's state word: `created`, `running`, `paused`, `exited`, `dead`, ...
+    pub state: String,
+}
+
+impl ManagedContainer {
+    pub fn sandbox(&self) -> Option<&str> {
+        self.labels.get(LABEL_ID).map(String::as_str)
+    }
+
+    pub fn uid(&self) -> Option<&str> {
+        self.labels.get(LABEL_UID).map(String::as_str)
+    }
+
+    pub fn spec_hash(&self) -> Option<&str> {
+        self.labels.get(LABEL_SPEC_HASH).map(String::as_str)
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.state == "running"
+    }
+}
+
+/// A volume carrying [`LABEL_MANAGED`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ManagedVolume {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl ManagedVolume {
+    pub fn sandbox(&self) -> Option<&str> {
+        self.labels.get(LABEL_ID).map(String::as_str)
+    }
+}
+
+/// Details of one container, from inspect.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContainerDetails {
+    pub id: String,
+    pub state: String,
+    pub running: bool,
+    pub paused: bool,
+    pub exit_code: Option<i64>,
+    pub oom_killed: bool,
+    /// Docker's own error when the container failed to start.
+    pub error: String,
+    pub started_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Host PID of the container's PID 1 (0 when not running).
+    pub pid: i64,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Something happened to a managed object; the controller turns it into a reconcile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineEvent {
+    /// `container` or `volume`.
+    pub object: String,
+    /// Docker's action: `die`, `destroy`, `stop`, `start`, `oom`, ...
+    pub action: String,
+    /// The sandbox named by the object's [`LABEL_ID`], when it has one.
+    pub sandbox: Option<String>,
+}
+
+/// What a `docker exec` should run.
+#[derive(Clone, Debug, Default)]
+pub struct ExecPlan {
+    pub argv: Vec<String>,
+    /// `KEY=VALUE` entries.
+    pub env: Vec<String>,
+    pub workdir: Option<String>,
+    /// `uid:gid`; the sandbox user unless the data plane has a reason.
+    pub user: String,
+    /// Attach stdin (for channels such as the helper's).
+    pub stdin: bool,
+}
+
+/// One chunk of exec output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExecOutput {
+    Stdout(Bytes),
+    Stderr(Bytes),
+}
+
+/// A started exec: its output stream, its stdin (when asked for) and its ID for inspection.
+pub struct ExecSession {
+    pub exec_id: String,
+    pub output: BoxStream<'static, EngineResult<ExecOutput>>,
+    pub input: Option<Pin<Box<dyn AsyncWrite + Send>>>,
+}
+
+/// State of an exec, from inspect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecState {
+    pub running: bool,
+    pub exit_code: Option<i64>,
+    /// Host PID of the exec's process (0 when unknown, e.g. under gVisor).
+    pub pid: i64,
+}
+
+#[async_trait]
+pub trait Engine: Send + Sync + 'static {
+    /// Answers when the daemon does.
+    async fn ping(&self) -> EngineResult<()>;
+
+    // --- control plane, used by the controller ---
+
+    /// Every container labeled [`LABEL_MANAGED`], running or not.
+    async fn list_containers(&self) -> EngineResult<Vec<ManagedContainer>>;
+    /// Every volume labeled [`LABEL_MANAGED`].
+    async fn list_volumes(&self) -> EngineResult<Vec<ManagedVolume>>;
+    /// Creates the volume unless it exists (idempotent).
+    async fn ensure_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> EngineResult<()>;
+    /// Removes the volume; a missing volume is not an error.
+    async fn remove_volume(&self, name: &str) -> EngineResult<()>;
+    /// Creates (does not start) the hardened container of `plan`; returns its ID.
+    async fn create_container(&self, plan: &ContainerPlan) -> EngineResult<String>;
+    async fn start_container(&self, id: &str) -> EngineResult<()>;
+    /// Force-removes the container; a missing container is not an error.
+    async fn remove_container(&self, id: &str) -> EngineResult<()>;
+    /// `None` when the container does not exist.
+    async fn inspect_container(&self, id: &str) -> EngineResult<Option<ContainerDetails>>;
+    /// Applies new CPU, memory (= memory + swap) and pids limits to a live container.
+    async fn update_limits(
+        &self,
+        id: &str,
+        cpus: f64,
+        memory_mb: u64,
+        pids_limit: u64,
+    ) -> EngineResult<()>;
+    async fn pause(&self, id: &str) -> EngineResult<()>;
+    async fn unpause(&self, id: &str) -> EngineResult<()>;
+    /// Creates the dedicated bridge (inter-container traffic disabled) unless it exists.
+    async fn ensure_network(&self, name: &str) -> EngineResult<()>;
+    async fn image_exists(&self, image: &str) -> EngineResult<bool>;
+    /// Events about managed objects, as they happen. The stream ends if the daemon goes away;
+    /// callers re-subscribe.
+    fn events(&self) -> BoxStream<'static, EngineResult<EngineEvent>>;
+
+    // --- data plane, used by exec and files ---
+
+    async fn exec(&self, container: &str, plan: &ExecPlan) -> EngineResult<ExecSession>;
+    async fn inspect_exec(&self, exec_id: &str) -> EngineResult<ExecState>;
+    /// Streams a tar of `path` inside the container (Docker's archive API; runs as root).
+    async fn archive_get(
+        &self,
+        container: &str,
+        path: &str,
+    ) -> EngineResult<BoxStream<'static, EngineResult<Bytes>>>;
+    /// Extracts a tar into `path` inside the container (Docker's archive API: runs as root and
+    /// follows symlinks, so callers must only aim it at trusted destinations).
+    async fn archive_put(
+        &self,
+        container: &str,
+        path: &str,
+        tar: BoxStream<'static, Bytes>,
+    ) -> EngineResult<()>;
+}

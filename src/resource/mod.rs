@@ -1,0 +1,270 @@
+//! Resource types and their documents: the `Sandbox`, `Snapshot` and `Fork` kinds with the
+//! Kubernetes envelope, their JSON Schemas, and (in [`yaml`]) the only YAML parsing in the crate.
+//!
+//! This module owns what a valid document is. It knows nothing about disk, Docker or HTTP: the store
+//! decides where documents live, the controller what they mean for containers.
+
+mod fork;
+mod meta;
+mod sandbox;
+pub mod schema;
+mod snapshot;
+pub mod yaml;
+
+use std::fmt;
+use std::str::FromStr;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use fork::{ForkOverrides, ForkPhase, ForkSpec, ForkStatus};
+pub use meta::{
+    is_valid_name, set_condition, Condition, ConditionStatus, ObjectMeta, OwnerReference,
+    API_VERSION, NAME_PATTERN,
+};
+pub use sandbox::{
+    RollbackRecord, RollbackRequest, SandboxPhase, SandboxSource, SandboxSpec, SandboxStatus,
+};
+pub use snapshot::{SnapshotPhase, SnapshotSpec, SnapshotStatus};
+
+/// The kinds this server reconciles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Kind {
+    Sandbox,
+    Snapshot,
+    Fork,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Sandbox, Kind::Snapshot, Kind::Fork];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Sandbox => "Sandbox",
+            Kind::Snapshot => "Snapshot",
+            Kind::Fork => "Fork",
+        }
+    }
+
+    /// The plural used in URLs and data-directory folders.
+    pub fn plural(self) -> &'static str {
+        match self {
+            Kind::Sandbox => "sandboxes",
+            Kind::Snapshot => "snapshots",
+            Kind::Fork => "forks",
+        }
+    }
+
+    pub fn from_plural(plural: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.plural() == plural)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Kind {
+    type Err = String;
+
+    /// Accepts the kind, its plural and its lower-case singular, like kubectl does.
+    fn from_str(s: &str) -> Result<Kind, String> {
+        let lower = s.to_ascii_lowercase();
+        Kind::ALL
+            .into_iter()
+            .find(|k| lower == k.as_str().to_ascii_lowercase() || lower == k.plural())
+            .ok_or_else(|| format!("unknown kind {s:?} (expected sandbox, snapshot or fork)"))
+    }
+}
+
+macro_rules! resource_kind {
+    ($(#[$doc:meta])* $name:ident, $spec:ty, $status:ty) => {
+        $(#[$doc])*
+        #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+        #[serde(rename_all = "camelCase", deny_unknown_fields)]
+        pub struct $name {
+            #[schemars(extend("const" = "agent-sandbox.io/v1"))]
+            pub api_version: String,
+            #[schemars(extend("const" = stringify!($name)))]
+            pub kind: String,
+            #[serde(default)]
+            pub metadata: ObjectMeta,
+            pub spec: $spec,
+            /// Written only by the controller; ignored on input.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub status: Option<$status>,
+        }
+
+        impl $name {
+            pub fn new(name: impl Into<String>, spec: $spec) -> Self {
+                $name {
+                    api_version: API_VERSION.to_string(),
+                    kind: stringify!($name).to_string(),
+                    metadata: ObjectMeta { name: name.into(), ..ObjectMeta::default() },
+                    spec,
+                    status: None,
+                }
+            }
+        }
+
+        impl From<$name> for AnyResource {
+            fn from(r: $name) -> AnyResource {
+                AnyResource::$name(r)
+            }
+        }
+    };
+}
+
+resource_kind!(
+    /// A hardened container plus its `/workspace` volume.
+    Sandbox,
+    SandboxSpec,
+    SandboxStatus
+);
+resource_kind!(
+    /// A stored tar of one sandbox's `/workspace`.
+    Snapshot,
+    SnapshotSpec,
+    SnapshotStatus
+);
+resource_kind!(
+    /// A set of sandboxes started from one snapshot.
+    Fork,
+    ForkSpec,
+    ForkStatus
+);
+
+/// A resource of any kind, as the store keeps it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum AnyResource {
+    Sandbox(Sandbox),
+    Snapshot(Snapshot),
+    Fork(Fork),
+}
+
+impl AnyResource {
+    pub fn kind(&self) -> Kind {
+        match self {
+            AnyResource::Sandbox(_) => Kind::Sandbox,
+            AnyResource::Snapshot(_) => Kind::Snapshot,
+            AnyResource::Fork(_) => Kind::Fork,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.metadata().name
+    }
+
+    pub fn metadata(&self) -> &ObjectMeta {
+        match self {
+            AnyResource::Sandbox(r) => &r.metadata,
+            AnyResource::Snapshot(r) => &r.metadata,
+            AnyResource::Fork(r) => &r.metadata,
+        }
+    }
+
+    pub fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        match self {
+            AnyResource::Sandbox(r) => &mut r.metadata,
+            AnyResource::Snapshot(r) => &mut r.metadata,
+            AnyResource::Fork(r) => &mut r.metadata,
+        }
+    }
+
+    /// The spec as JSON, for comparisons and hashing that must not depend on the kind.
+    pub fn spec_json(&self) -> serde_json::Value {
+        let value = match self {
+            AnyResource::Sandbox(r) => serde_json::to_value(&r.spec),
+            AnyResource::Snapshot(r) => serde_json::to_value(&r.spec),
+            AnyResource::Fork(r) => serde_json::to_value(&r.spec),
+        };
+        value.unwrap_or(serde_json::Value::Null)
+    }
+
+    pub fn status_json(&self) -> Option<serde_json::Value> {
+        match self {
+            AnyResource::Sandbox(r) => r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
+            AnyResource::Snapshot(r) => {
+                r.status.as_ref().and_then(|s| serde_json::to_value(s).ok())
+            }
+            AnyResource::Fork(r) => r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
+        }
+    }
+
+    /// Replaces the status with `status` (JSON of this kind's status type).
+    pub fn set_status_json(&mut self, status: Option<serde_json::Value>) -> Result<(), String> {
+        fn parse<T: serde::de::DeserializeOwned>(
+            v: Option<serde_json::Value>,
+        ) -> Result<Option<T>, String> {
+            v.map(serde_json::from_value)
+                .transpose()
+                .map_err(|e| e.to_string())
+        }
+        match self {
+            AnyResource::Sandbox(r) => r.status = parse(status)?,
+            AnyResource::Snapshot(r) => r.status = parse(status)?,
+            AnyResource::Fork(r) => r.status = parse(status)?,
+        }
+        Ok(())
+    }
+
+    pub fn clear_status(&mut self) {
+        match self {
+            AnyResource::Sandbox(r) => r.status = None,
+            AnyResource::Snapshot(r) => r.status = None,
+            AnyResource::Fork(r) => r.status = None,
+        }
+    }
+
+    /// Whether two documents declare the same thing (spec, labels, annotations), ignoring
+    /// server-set metadata and status.
+    pub fn same_declaration(&self, other: &AnyResource) -> bool {
+        self.kind() == other.kind()
+            && self.spec_json() == other.spec_json()
+            && self.metadata().labels == other.metadata().labels
+            && self.metadata().annotations == other.metadata().annotations
+    }
+
+    /// Only what a person declares: envelope, name, labels, annotations and spec. This is what
+    /// manifest files hold.
+    pub fn declaration(&self) -> AnyResource {
+        let mut out = self.clone();
+        let meta = out.metadata_mut();
+        *meta = ObjectMeta {
+            name: meta.name.clone(),
+            labels: meta.labels.clone(),
+            annotations: meta.annotations.clone(),
+            ..ObjectMeta::default()
+        };
+        out.clear_status();
+        out
+    }
+
+    pub fn as_sandbox(&self) -> Option<&Sandbox> {
+        match self {
+            AnyResource::Sandbox(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn as_snapshot(&self) -> Option<&Snapshot> {
+        match self {
+            AnyResource::Snapshot(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn as_fork(&self) -> Option<&Fork> {
+        match self {
+            AnyResource::Fork(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+}
