@@ -13,6 +13,7 @@
 //! Data flows one way: the API and folders write the store; the controller reads the store and
 //! writes Docker and status; exec and file calls go straight to a sandbox's container.
 
+pub mod api;
 pub mod cli;
 pub mod config;
 pub mod dataplane;
