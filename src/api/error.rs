@@ -4,6 +4,25 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use schemars::JsonSchema;
+use serde::Serialize;
+
+/// The body of every error response, as documented in the OpenAPI document.
+#[derive(Serialize, JsonSchema, Clone, Debug)]
+#[schemars(rename = "Error")]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, JsonSchema, Clone, Debug)]
+pub struct ErrorDetail {
+    /// Machine-readable: `invalid_request`, `unauthorized`, `forbidden`, `not_found`,
+    /// `method_not_allowed`, `conflict`, `payload_too_large`, `validation_error`,
+    /// `limit_exceeded`, `backend_error`, `unavailable` or `internal_error`.
+    pub code: String,
+    /// For people.
+    pub message: String,
+}
 
 /// Every error a handler can return. The variant fixes status and code; the message is for people.
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +87,19 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        let body = serde_json::json!({"error": {"code": code, "message": self.to_string()}});
-        (status, Json(body)).into_response()
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: code.to_string(),
+                message: self.to_string(),
+            },
+        };
+        let mut response = (status, Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
     }
 }

@@ -4,6 +4,7 @@
 //! the controller does the Docker work and the handlers wait for its observed status.
 
 pub mod error;
+pub mod openapi;
 pub mod v1;
 
 use std::sync::Arc;
