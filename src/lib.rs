@@ -16,6 +16,7 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod controller;
 pub mod dataplane;
 pub mod docker;
 pub mod helper_protocol;

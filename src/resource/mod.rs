@@ -23,7 +23,8 @@ pub use meta::{
     API_VERSION, NAME_PATTERN,
 };
 pub use sandbox::{
-    RollbackRecord, RollbackRequest, SandboxPhase, SandboxSource, SandboxSpec, SandboxStatus,
+    AppliedLimits, EffectiveSandbox, RollbackRecord, RollbackRequest, SandboxDefaults,
+    SandboxPhase, SandboxSource, SandboxSpec, SandboxStatus,
 };
 pub use snapshot::{SnapshotPhase, SnapshotSpec, SnapshotStatus};
 

@@ -113,8 +113,23 @@ pub struct SandboxStatus {
     pub source_snapshot: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_rollback: Option<RollbackRecord>,
+    /// The Docker volume currently mounted at `/workspace` (a rollback builds a new one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_volume: Option<String>,
+    /// The CPU, memory and pids limits last applied to the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_limits: Option<AppliedLimits>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AppliedLimits {
+    pub cpus: f64,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u64,
+    pub pids_limit: u64,
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
@@ -123,4 +138,123 @@ pub struct RollbackRecord {
     pub request_id: String,
     pub snapshot: String,
     pub completed_at: DateTime<Utc>,
+}
+
+/// Server defaults and bounds that turn a [`SandboxSpec`] into concrete values.
+#[derive(Clone, Debug)]
+pub struct SandboxDefaults {
+    pub image: String,
+    pub cpus: f64,
+    pub memory_mb: u64,
+    pub pids_limit: u64,
+}
+
+/// A sandbox spec with every default filled in: what the container is actually built from.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EffectiveSandbox {
+    pub image: String,
+    pub cpus: f64,
+    pub memory_mb: u64,
+    pub pids_limit: u64,
+    pub network: bool,
+    pub read_only_rootfs: bool,
+    pub env: BTreeMap<String, String>,
+}
+
+impl SandboxSpec {
+    pub fn effective(&self, defaults: &SandboxDefaults) -> EffectiveSandbox {
+        EffectiveSandbox {
+            image: self.image.clone().unwrap_or_else(|| defaults.image.clone()),
+            cpus: self.cpus.unwrap_or(defaults.cpus),
+            memory_mb: self.memory_mb.unwrap_or(defaults.memory_mb),
+            pids_limit: self.pids_limit.unwrap_or(defaults.pids_limit),
+            network: self.network.unwrap_or(false),
+            read_only_rootfs: self.read_only_rootfs.unwrap_or(true),
+            env: self.env.clone(),
+        }
+    }
+
+    /// When this sandbox's lifetime ends, counted from `anchor` (creation, or a revival).
+    pub fn expires_at(&self, anchor: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let by_ttl = self
+            .ttl_seconds
+            .and_then(|ttl| i64::try_from(ttl).ok())
+            .and_then(chrono::TimeDelta::try_seconds)
+            .and_then(|d| anchor.checked_add_signed(d));
+        match (by_ttl, self.shutdown_time) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+impl EffectiveSandbox {
+    /// The part that shapes the container and cannot change in place: a different hash means a new
+    /// container (the workspace volume is kept). Limits are left out: they are updated live.
+    pub fn container_hash(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let shape = serde_json::json!({
+            "image": self.image,
+            "network": self.network,
+            "readOnlyRootfs": self.read_only_rootfs,
+            "env": self.env,
+        });
+        let digest = Sha256::digest(shape.to_string().as_bytes());
+        hex::encode(&digest[..8])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn defaults() -> SandboxDefaults {
+        SandboxDefaults {
+            image: "img".into(),
+            cpus: 1.0,
+            memory_mb: 512,
+            pids_limit: 256,
+        }
+    }
+
+    #[test]
+    fn limits_do_not_change_the_container_hash_but_shape_does() {
+        let base = SandboxSpec::default().effective(&defaults());
+        let mut limits = base.clone();
+        limits.cpus = 2.0;
+        limits.memory_mb = 1024;
+        assert_eq!(base.container_hash(), limits.container_hash());
+        let mut image = base.clone();
+        image.image = "other".into();
+        assert_ne!(base.container_hash(), image.container_hash());
+        let mut env = base.clone();
+        env.env.insert("A".into(), "b".into());
+        assert_ne!(base.container_hash(), env.container_hash());
+        assert_eq!(
+            base.container_hash(),
+            SandboxSpec::default()
+                .effective(&defaults())
+                .container_hash()
+        );
+    }
+
+    #[test]
+    fn the_earlier_deadline_wins() {
+        let anchor = DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+            .unwrap()
+            .to_utc();
+        let mut spec = SandboxSpec {
+            ttl_seconds: Some(60),
+            ..SandboxSpec::default()
+        };
+        assert_eq!(
+            spec.expires_at(anchor).unwrap().to_rfc3339(),
+            "2026-01-01T00:01:00+00:00"
+        );
+        spec.shutdown_time = Some(anchor + chrono::TimeDelta::seconds(30));
+        assert_eq!(spec.expires_at(anchor), spec.shutdown_time);
+        spec.ttl_seconds = None;
+        assert_eq!(spec.expires_at(anchor), spec.shutdown_time);
+        assert_eq!(SandboxSpec::default().expires_at(anchor), None);
+    }
 }

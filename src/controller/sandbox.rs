@@ -1,0 +1,355 @@
+//! Reconciling one `Sandbox`: its workspace volume and hardened container, expiry, deletion, and
+//! the status that reports all of it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::Utc;
+
+use super::{Controller, Outcome, ReconcileError};
+use crate::docker::{
+    container_name, volume_name, ContainerPlan, EngineError, LABEL_ID, LABEL_MANAGED, LABEL_UID,
+};
+use crate::resource::{
+    set_condition, AppliedLimits, Condition, ConditionStatus, EffectiveSandbox, Kind, Sandbox,
+    SandboxPhase, SandboxStatus,
+};
+use crate::store::Entry;
+
+/// How long to wait before looking again at a sandbox that cannot start for a reason outside our
+/// control (a missing image, say).
+const EXTERNAL_RETRY: Duration = Duration::from_secs(30);
+
+pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, ReconcileError> {
+    let Some(entry) = ctl.store.get(Kind::Sandbox, name) else {
+        // No resource: whatever Docker still has under this name is garbage.
+        remove_docker_objects(ctl, name).await?;
+        return Ok(Outcome::done());
+    };
+    let Some(sandbox) = entry.resource.as_sandbox().cloned() else {
+        return Ok(Outcome::done());
+    };
+    if sandbox.metadata.deletion_timestamp.is_some() {
+        return delete(ctl, &sandbox).await;
+    }
+
+    let mut status = sandbox.status.clone().unwrap_or_default();
+    let generation = sandbox.metadata.generation.unwrap_or(1);
+    let now = Utc::now();
+
+    // Expiry. A folder-owned sandbox that expired stays down until its document changes.
+    if status.phase == SandboxPhase::Expired {
+        if status.expired_generation == Some(generation) {
+            return Ok(Outcome::done());
+        }
+        status.active_since = Some(now);
+        status.expired_generation = None;
+    }
+    let anchor = status
+        .active_since
+        .or(sandbox.metadata.creation_timestamp)
+        .unwrap_or(now);
+    status.active_since = Some(anchor);
+    let expires_at = sandbox.spec.expires_at(anchor);
+    status.expires_at = expires_at;
+    if expires_at.is_some_and(|at| at <= now) {
+        return expire(ctl, &entry, &sandbox, status).await;
+    }
+
+    let effective = sandbox.spec.effective(&ctl.defaults());
+    match ensure_running(ctl, &sandbox, &effective, &mut status).await {
+        Ok(()) => {}
+        Err(ReconcileError::Engine(EngineError::ImageMissing(image))) => {
+            status.phase = SandboxPhase::Failed;
+            let message = format!("image {image} is not present on the docker host");
+            ready(
+                &mut status,
+                ConditionStatus::False,
+                "ImageMissing",
+                &message,
+                generation,
+            );
+            status.message = message;
+            status.observed_generation = Some(generation);
+            write_status(ctl, &sandbox, status).await?;
+            return Ok(Outcome::after(EXTERNAL_RETRY));
+        }
+        Err(error) => {
+            status.phase = SandboxPhase::Failed;
+            status.message = error.to_string();
+            ready(
+                &mut status,
+                ConditionStatus::False,
+                "ReconcileError",
+                &error.to_string(),
+                generation,
+            );
+            write_status(ctl, &sandbox, status).await?;
+            return Err(error);
+        }
+    }
+    status.phase = SandboxPhase::Running;
+    status.message.clear();
+    status.observed_generation = Some(generation);
+    ready(
+        &mut status,
+        ConditionStatus::True,
+        "Running",
+        "",
+        generation,
+    );
+    write_status(ctl, &sandbox, status).await?;
+    Ok(Outcome::at(expires_at))
+}
+
+/// Makes the volume and a running container that matches `effective` exist.
+async fn ensure_running(
+    ctl: &Controller,
+    sandbox: &Sandbox,
+    effective: &EffectiveSandbox,
+    status: &mut SandboxStatus,
+) -> Result<(), ReconcileError> {
+    let name = sandbox.metadata.name.as_str();
+    let uid = sandbox.metadata.uid.clone().unwrap_or_default();
+    let hash = effective.container_hash();
+    let volume = status
+        .workspace_volume
+        .clone()
+        .unwrap_or_else(|| volume_name(name));
+
+    if !ctl.engine.image_exists(&effective.image).await? {
+        return Err(EngineError::ImageMissing(effective.image.clone()).into());
+    }
+    let network = if effective.network {
+        ctl.engine
+            .ensure_network(&ctl.settings.network_name)
+            .await?;
+        Some(ctl.settings.network_name.clone())
+    } else {
+        None
+    };
+    ctl.engine
+        .ensure_volume(&volume, &object_labels(name, &uid))
+        .await?;
+    status.workspace_volume = Some(volume.clone());
+
+    let limits = AppliedLimits {
+        cpus: effective.cpus,
+        memory_mb: effective.memory_mb,
+        pids_limit: effective.pids_limit,
+    };
+    let existing = ctl.engine.inspect_container(&container_name(name)).await?;
+    let reusable = existing.filter(|c| {
+        c.labels.get(LABEL_UID) == Some(&uid)
+            && c.labels.get(crate::docker::LABEL_SPEC_HASH) == Some(&hash)
+            && status.container_id.as_deref().is_none_or(|id| id == c.id)
+    });
+    let details = match reusable {
+        Some(details) => details,
+        None => {
+            // Either nothing is there, or it was built from another spec or resource: replace it,
+            // keeping the workspace volume.
+            ctl.engine.remove_container(&container_name(name)).await?;
+            let plan = ContainerPlan {
+                sandbox: name.to_string(),
+                uid: uid.clone(),
+                image: effective.image.clone(),
+                cpus: limits.cpus,
+                memory_mb: limits.memory_mb,
+                pids_limit: limits.pids_limit,
+                network,
+                read_only_rootfs: effective.read_only_rootfs,
+                env: effective.env.clone(),
+                tmp_size_mb: ctl.settings.tmp_size_mb,
+                user: ctl.settings.sandbox_user.clone(),
+                runtime: non_empty(&ctl.settings.docker_runtime),
+                spec_hash: hash.clone(),
+                helper_volume: ctl.helper_volume().await?,
+                workspace_volume: volume.clone(),
+            };
+            let id = ctl.engine.create_container(&plan).await?;
+            let (uid_num, gid_num) = ctl
+                .settings
+                .sandbox_uid_gid()
+                .map_err(|e| ReconcileError::Other(e.to_string()))?;
+            ctl.engine.prepare_workspace(&id, uid_num, gid_num).await?;
+            status.applied_limits = Some(limits);
+            status.container_id = Some(id.clone());
+            ctl.engine.inspect_container(&id).await?.ok_or_else(|| {
+                ReconcileError::Other(format!("container {id} vanished after create"))
+            })?
+        }
+    };
+    if details.paused {
+        // Paused on purpose (a snapshot freezes the container) or by hand: leave it be.
+        status.container_id = Some(details.id.clone());
+        return Ok(());
+    }
+    if !details.running {
+        ctl.engine.start_container(&details.id).await?;
+    }
+    if status.applied_limits != Some(limits) {
+        ctl.engine
+            .update_limits(
+                &details.id,
+                limits.cpus,
+                limits.memory_mb,
+                limits.pids_limit,
+            )
+            .await?;
+        status.applied_limits = Some(limits);
+    }
+    if status.container_id.as_deref() != Some(details.id.as_str()) || !details.running {
+        status.started_at = Some(Utc::now());
+    }
+    status.container_id = Some(details.id);
+    Ok(())
+}
+
+async fn expire(
+    ctl: &Controller,
+    entry: &Entry,
+    sandbox: &Sandbox,
+    mut status: SandboxStatus,
+) -> Result<Outcome, ReconcileError> {
+    let name = sandbox.metadata.name.as_str();
+    if entry.origin.is_writable() {
+        tracing::info!(sandbox = name, "sandbox expired; deleting it");
+        ctl.store.delete(Kind::Sandbox, name, Default::default())?;
+        return Ok(Outcome::done());
+    }
+    tracing::info!(
+        sandbox = name,
+        "folder-owned sandbox expired; removing its container until its document changes"
+    );
+    remove_docker_objects(ctl, name).await?;
+    let generation = sandbox.metadata.generation.unwrap_or(1);
+    status.phase = SandboxPhase::Expired;
+    status.expired_generation = Some(generation);
+    status.container_id = None;
+    status.workspace_volume = None;
+    status.applied_limits = None;
+    status.observed_generation = Some(generation);
+    let message = "expired; change the document to start it again";
+    ready(
+        &mut status,
+        ConditionStatus::False,
+        "Expired",
+        message,
+        generation,
+    );
+    status.message = message.into();
+    write_status(ctl, sandbox, status).await?;
+    Ok(Outcome::done())
+}
+
+async fn delete(ctl: &Controller, sandbox: &Sandbox) -> Result<Outcome, ReconcileError> {
+    let name = sandbox.metadata.name.as_str();
+    let mut status = sandbox.status.clone().unwrap_or_default();
+    if status.phase != SandboxPhase::Terminating {
+        status.phase = SandboxPhase::Terminating;
+        let generation = sandbox.metadata.generation.unwrap_or(1);
+        ready(
+            &mut status,
+            ConditionStatus::False,
+            "Terminating",
+            "",
+            generation,
+        );
+        write_status(ctl, sandbox, status).await?;
+    }
+    remove_docker_objects(ctl, name).await?;
+    ctl.store.finalize(Kind::Sandbox, name)?;
+    Ok(Outcome::done())
+}
+
+/// Removes the container and every workspace volume labeled with this sandbox's name.
+pub(super) async fn remove_docker_objects(
+    ctl: &Controller,
+    name: &str,
+) -> Result<(), ReconcileError> {
+    ctl.engine.remove_container(&container_name(name)).await?;
+    for volume in ctl.engine.list_volumes().await? {
+        if volume.sandbox() == Some(name) {
+            ctl.engine.remove_volume(&volume.name).await?;
+        }
+    }
+    Ok(())
+}
+
+fn object_labels(name: &str, uid: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_MANAGED.to_string(), "true".to_string()),
+        (LABEL_ID.to_string(), name.to_string()),
+        (LABEL_UID.to_string(), uid.to_string()),
+    ])
+}
+
+fn ready(
+    status: &mut SandboxStatus,
+    verdict: ConditionStatus,
+    reason: &str,
+    message: &str,
+    generation: u64,
+) {
+    set_condition(
+        &mut status.conditions,
+        Condition {
+            type_: "Ready".into(),
+            status: verdict,
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: Utc::now(),
+            observed_generation: Some(generation),
+        },
+    );
+}
+
+/// Writes status only when it changed, so that an idle resync writes nothing.
+async fn write_status(
+    ctl: &Controller,
+    sandbox: &Sandbox,
+    status: SandboxStatus,
+) -> Result<(), ReconcileError> {
+    if sandbox.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let value = serde_json::to_value(&status).map_err(|e| ReconcileError::Other(e.to_string()))?;
+    match ctl
+        .store
+        .update_status(Kind::Sandbox, &sandbox.metadata.name, value)
+    {
+        Ok(_) => Ok(()),
+        // Deleted meanwhile: the next reconcile sees it.
+        Err(crate::store::StoreError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+impl Controller {
+    /// The shared read-only volume holding the in-sandbox helper, created on first use.
+    pub(super) async fn helper_volume(&self) -> Result<Option<String>, ReconcileError> {
+        let Some(binary) = self.helper_binary else {
+            return Ok(None);
+        };
+        let mut ready = self.helper_volume.lock().await;
+        if let Some(name) = ready.as_ref() {
+            return Ok(Some(name.clone()));
+        }
+        let name = helper_volume_name(binary);
+        self.engine.ensure_helper_volume(&name, binary).await?;
+        *ready = Some(name.clone());
+        Ok(Some(name))
+    }
+}
+
+/// Content-addressed, so that a new server version never mounts an old helper.
+pub(super) fn helper_volume_name(binary: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(binary);
+    format!("agent-sandbox-helper-{}", hex::encode(&digest[..6]))
+}
