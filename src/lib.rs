@@ -19,6 +19,7 @@ pub mod config;
 pub mod controller;
 pub mod dataplane;
 pub mod docker;
+pub mod helper_binary;
 pub mod helper_protocol;
 pub mod resource;
 pub mod server;
