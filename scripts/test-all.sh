@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: unit and in-process tests, integration tests against the real Docker
+# daemon (under runc, and under gVisor's runsc when it is registered), and the compatibility suite
+# that drives the server through the published Python SDK.
+#
+# Needs: a running Docker daemon, cargo, python3. Builds the offline test images itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "test images"
+bash scripts/build-test-images.sh
+
+step "build"
+cargo build --all-targets --locked
+
+step "cargo test (runc)"
+cargo test --locked -- --test-threads="${TEST_THREADS:-4}"
+
+if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
+  step "integration tests under gVisor (runsc)"
+  AGENT_SANDBOX_TEST_RUNTIME=runsc cargo test --locked --tests -- --test-threads="${TEST_THREADS:-4}"
+else
+  echo "runsc is not registered with docker: skipping the gVisor pass (scripts/install-runsc.sh adds it)"
+fi
+
+step "Python SDK compatibility suite"
+bash tests/sdk/run.sh
