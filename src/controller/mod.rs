@@ -67,6 +67,9 @@ pub struct Controller {
     engine: Arc<dyn Engine>,
     settings: Arc<Settings>,
     queue: Arc<WorkQueue<Key>>,
+    /// This server's identity, labeled on every object it creates; garbage collection only
+    /// touches objects carrying it.
+    server_id: String,
     /// The helper binary to install in the shared helper volume, when this build carries one.
     helper_binary: Option<&'static [u8]>,
     /// Name of the helper volume once it is known to be ready.
@@ -78,9 +81,11 @@ impl Controller {
         store: Arc<Store>,
         engine: Arc<dyn Engine>,
         settings: Arc<Settings>,
+        server_id: String,
         helper_binary: Option<&'static [u8]>,
     ) -> Arc<Controller> {
         Arc::new(Controller {
+            server_id,
             store,
             engine,
             settings,

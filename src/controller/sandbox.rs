@@ -8,7 +8,8 @@ use chrono::Utc;
 
 use super::{Controller, Outcome, ReconcileError};
 use crate::docker::{
-    container_name, volume_name, ContainerPlan, EngineError, LABEL_ID, LABEL_MANAGED, LABEL_UID,
+    container_name, volume_name, ContainerPlan, EngineError, LABEL_ID, LABEL_MANAGED, LABEL_SERVER,
+    LABEL_UID,
 };
 use crate::resource::{
     set_condition, AppliedLimits, Condition, ConditionStatus, EffectiveSandbox, Kind, Sandbox,
@@ -129,7 +130,7 @@ async fn ensure_running(
         None
     };
     ctl.engine
-        .ensure_volume(&volume, &object_labels(name, &uid))
+        .ensure_volume(&volume, &object_labels(ctl, name, &uid))
         .await?;
     status.workspace_volume = Some(volume.clone());
 
@@ -153,6 +154,7 @@ async fn ensure_running(
             let plan = ContainerPlan {
                 sandbox: name.to_string(),
                 uid: uid.clone(),
+                server: ctl.server_id.clone(),
                 image: effective.image.clone(),
                 cpus: limits.cpus,
                 memory_mb: limits.memory_mb,
@@ -277,9 +279,10 @@ pub(super) async fn remove_docker_objects(
     Ok(())
 }
 
-fn object_labels(name: &str, uid: &str) -> BTreeMap<String, String> {
+pub(super) fn object_labels(ctl: &Controller, name: &str, uid: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         (LABEL_MANAGED.to_string(), "true".to_string()),
+        (LABEL_SERVER.to_string(), ctl.server_id.clone()),
         (LABEL_ID.to_string(), name.to_string()),
         (LABEL_UID.to_string(), uid.to_string()),
     ])

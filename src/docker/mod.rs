@@ -29,6 +29,10 @@ pub const LABEL_ID: &str = "io.agent-sandbox.id";
 pub const LABEL_UID: &str = "io.agent-sandbox.uid";
 /// Label with the hash of the container-shaping part of the spec the container was built from.
 pub const LABEL_SPEC_HASH: &str = "io.agent-sandbox.spec-hash";
+/// Label naming the server instance (its data directory's identity) that owns an object. Garbage
+/// collection only ever touches objects carrying its own value, so several servers — or test
+/// servers running side by side — can share one daemon.
+pub const LABEL_SERVER: &str = "io.agent-sandbox.server";
 /// Label on shared, server-owned objects that belong to no sandbox (the helper volume).
 pub const LABEL_ROLE: &str = "io.agent-sandbox.role";
 
@@ -72,6 +76,8 @@ pub struct ContainerPlan {
     pub sandbox: String,
     /// `metadata.uid` of the sandbox resource.
     pub uid: String,
+    /// Value of [`LABEL_SERVER`]: the identity of the server that owns the container.
+    pub server: String,
     pub image: String,
     pub cpus: f64,
     pub memory_mb: u64,
@@ -263,4 +269,35 @@ pub trait Engine: Send + Sync + 'static {
         path: &str,
         tar: BoxStream<'static, Bytes>,
     ) -> EngineResult<()>;
+
+    // --- setup of server-owned content ---
+
+    /// Makes sure `volume` (labeled [`LABEL_MANAGED`] and [`LABEL_ROLE`]` = helper`) holds
+    /// `binary` as `agent-sandbox-helper` (mode 0555, owned by root) at its root, so that
+    /// sandboxes can mount it read-only at [`HELPER_MOUNT`]. Needs no user image and pulls
+    /// nothing. Idempotent and cheap once the volume holds this exact binary; a different binary
+    /// replaces the old one in place.
+    async fn ensure_helper_volume(&self, volume: &str, binary: &[u8]) -> EngineResult<()> {
+        let _ = (volume, binary);
+        Err(EngineError::Docker {
+            operation: "ensure helper volume".into(),
+            message: "not supported by this engine".into(),
+        })
+    }
+
+    /// Makes the root of the container's `/workspace` volume owned by `uid:gid` (mode 0755), so
+    /// the sandbox user can write there. Works on a created, not yet started container (and on a
+    /// running one); needs no extra container. Idempotent; call it after every create.
+    async fn prepare_workspace(&self, container: &str, uid: u32, gid: u32) -> EngineResult<()> {
+        let _ = (container, uid, gid);
+        Err(EngineError::Docker {
+            operation: "prepare workspace".into(),
+            message: "not supported by this engine".into(),
+        })
+    }
 }
+
+/// File name of the helper binary at the root of the helper volume.
+pub const HELPER_BINARY: &str = "agent-sandbox-helper";
+/// Value of [`LABEL_ROLE`] on the helper volume.
+pub const ROLE_HELPER: &str = "helper";
