@@ -1,14 +1,52 @@
-//! [`Engine`] against the Docker daemon through bollard, negotiating the API version.
+//! [`Engine`] against the Docker daemon through bollard, negotiating the API version (a 20.10
+//! daemon speaks API 1.41).
+//!
+//! This file owns the calls and the mapping of Docker's answers to [`EngineError`]: 404 is
+//! [`EngineError::NotFound`] (or success where the trait promises idempotence), a name clash on
+//! create is [`EngineError::Conflict`], a missing image is [`EngineError::ImageMissing`] (nothing
+//! is ever pulled), a broken connection is [`EngineError::Unreachable`]. The container's shape
+//! lives in [`plan`], events in [`events`], the helper volume in [`helper`].
+//!
+//! Workspace ownership: a fresh volume's root belongs to root, and the sandbox user cannot
+//! change that (it has no capabilities; neither has `docker exec -u 0`). Instead of running an
+//! extra container, [`Engine::prepare_workspace`] PUTs a one-entry tar through the archive API
+//! into `/workspace` of the created (not yet started) container; Docker mounts the container's
+//! volumes for that, the path is a volume so a read-only root filesystem does not refuse it, and
+//! the entry named `/` makes Docker apply its owner and mode to `/workspace` itself (see
+//! [`tarball::root_dir`]). Volumes are mounted with `NoCopy`, so Docker never copies image content
+//! into them nor resets that owner when a later container mounts the volume.
+
+mod events;
+mod helper;
+mod plan;
+mod tarball;
+
+use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
+use bollard::errors::Error as BollardError;
+use bollard::exec::{StartExecOptions, StartExecResults};
+use bollard::models::{ContainerUpdateBody, ExecConfig, NetworkCreateRequest, VolumeCreateRequest};
+use bollard::query_parameters::{
+    CreateContainerOptions, DownloadFromContainerOptions, InspectNetworkOptions,
+    ListContainersOptions, ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
+    UploadToContainerOptions,
+};
 use bytes::Bytes;
-use futures::stream::BoxStream;
-use std::collections::BTreeMap;
+use futures::stream::{self, BoxStream, StreamExt};
+use tokio::sync::Mutex;
 
 use super::*;
+use bollard::container::LogOutput;
+
+use plan::WORKSPACE;
 
 pub struct BollardEngine {
     docker: bollard::Docker,
+    helpers: helper::HelperCache,
+    /// Docker 20.10 happily creates two networks of one name; one creator at a time prevents
+    /// that within this process.
+    networks: Mutex<()>,
 }
 
 impl BollardEngine {
@@ -21,7 +59,79 @@ impl BollardEngine {
             .negotiate_version()
             .await
             .map_err(|e| EngineError::Unreachable(e.to_string()))?;
-        Ok(BollardEngine { docker })
+        Ok(BollardEngine {
+            docker,
+            helpers: helper::HelperCache::default(),
+            networks: Mutex::new(()),
+        })
+    }
+}
+
+fn is_status(e: &BollardError, code: u16) -> bool {
+    matches!(e, BollardError::DockerResponseServerError { status_code, .. } if *status_code == code)
+}
+
+fn server_message(e: &BollardError) -> Option<&str> {
+    match e {
+        BollardError::DockerResponseServerError { message, .. } => Some(message),
+        _ => None,
+    }
+}
+
+/// Maps a bollard error for `operation` on `what` (e.g. "container agent-sandbox-x").
+fn map_err(
+    operation: &str,
+    what: &str,
+) -> impl Fn(BollardError) -> EngineError + Clone + Send + Sync + 'static {
+    let operation = operation.to_string();
+    let what = what.to_string();
+    move |e| match e {
+        BollardError::DockerResponseServerError {
+            status_code: 404, ..
+        } => EngineError::NotFound { what: what.clone() },
+        BollardError::DockerResponseServerError { message, .. } => EngineError::Docker {
+            operation: format!("{operation} {what}"),
+            message,
+        },
+        BollardError::IOError { .. }
+        | BollardError::HyperResponseError { .. }
+        | BollardError::HttpClientError { .. }
+        | BollardError::RequestTimeoutError
+        | BollardError::SocketNotFoundError(_) => {
+            EngineError::Unreachable(format!("{operation} {what}: {e}"))
+        }
+        other => EngineError::Docker {
+            operation: format!("{operation} {what}"),
+            message: other.to_string(),
+        },
+    }
+}
+
+fn managed_filter() -> HashMap<String, Vec<String>> {
+    HashMap::from([("label".to_string(), vec![format!("{LABEL_MANAGED}=true")])])
+}
+
+fn to_btree(labels: Option<HashMap<String, String>>) -> BTreeMap<String, String> {
+    labels.unwrap_or_default().into_iter().collect()
+}
+
+fn started_at(value: Option<&str>) -> Option<chrono::DateTime<chrono::Utc>> {
+    let parsed = chrono::DateTime::parse_from_rfc3339(value?).ok()?;
+    // Docker reports the zero time for containers that never started.
+    (parsed.timestamp() > 0).then(|| parsed.with_timezone(&chrono::Utc))
+}
+
+fn exec_output(
+    item: Result<LogOutput, BollardError>,
+    op: &str,
+) -> Option<EngineResult<ExecOutput>> {
+    match item {
+        Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+            Some(Ok(ExecOutput::Stdout(message)))
+        }
+        Ok(LogOutput::StdErr { message }) => Some(Ok(ExecOutput::Stderr(message))),
+        Ok(LogOutput::StdIn { .. }) => None,
+        Err(e) => Some(Err(map_err("read exec output", op)(e))),
     }
 }
 
@@ -34,77 +144,357 @@ impl Engine for BollardEngine {
             .map(|_| ())
             .map_err(|e| EngineError::Unreachable(e.to_string()))
     }
+
     async fn list_containers(&self) -> EngineResult<Vec<ManagedContainer>> {
-        todo!()
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(managed_filter()),
+            ..Default::default()
+        };
+        let summaries = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(map_err("list", "containers"))?;
+        Ok(summaries
+            .into_iter()
+            .filter_map(|c| {
+                let name = c.names?.first()?.trim_start_matches('/').to_string();
+                Some(ManagedContainer {
+                    id: c.id?,
+                    name,
+                    labels: to_btree(c.labels),
+                    state: c.state.map(|s| s.to_string()).unwrap_or_default(),
+                })
+            })
+            .collect())
     }
+
     async fn list_volumes(&self) -> EngineResult<Vec<ManagedVolume>> {
-        todo!()
+        let options = ListVolumesOptions {
+            filters: Some(managed_filter()),
+        };
+        let response = self
+            .docker
+            .list_volumes(Some(options))
+            .await
+            .map_err(map_err("list", "volumes"))?;
+        Ok(response
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| ManagedVolume {
+                name: v.name,
+                labels: v.labels.into_iter().collect(),
+            })
+            .collect())
     }
+
     async fn ensure_volume(
         &self,
-        _name: &str,
-        _labels: &BTreeMap<String, String>,
+        name: &str,
+        labels: &BTreeMap<String, String>,
     ) -> EngineResult<()> {
-        todo!()
+        let request = VolumeCreateRequest {
+            name: Some(name.to_string()),
+            labels: Some(labels.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        // The local driver answers 201 for an existing volume; 409 means it exists elsewhere.
+        match self.docker.create_volume(request).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_status(&e, 409) => Ok(()),
+            Err(e) => Err(map_err("create", &format!("volume {name}"))(e)),
+        }
     }
-    async fn remove_volume(&self, _name: &str) -> EngineResult<()> {
-        todo!()
+
+    async fn remove_volume(&self, name: &str) -> EngineResult<()> {
+        match self
+            .docker
+            .remove_volume(name, None::<RemoveVolumeOptions>)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if is_status(&e, 404) => Ok(()),
+            Err(e) => Err(map_err("remove", &format!("volume {name}"))(e)),
+        }
     }
-    async fn create_container(&self, _plan: &ContainerPlan) -> EngineResult<String> {
-        todo!()
+
+    async fn create_container(&self, plan: &ContainerPlan) -> EngineResult<String> {
+        let name = container_name(&plan.sandbox);
+        let body = plan::create_body(plan)?;
+        let options = CreateContainerOptions {
+            name: Some(name.clone()),
+            ..Default::default()
+        };
+        match self.docker.create_container(Some(options), body).await {
+            Ok(created) => Ok(created.id),
+            Err(e) if is_status(&e, 409) => Err(EngineError::Conflict {
+                what: format!("container {name}"),
+            }),
+            // 404 names the image, the network or a volume driver; only the image is likely.
+            Err(e) if is_status(&e, 404) && !self.image_exists(&plan.image).await? => {
+                Err(EngineError::ImageMissing(plan.image.clone()))
+            }
+            Err(e) => {
+                let message = server_message(&e).unwrap_or_default().to_string();
+                Err(match map_err("create", &format!("container {name}"))(e) {
+                    EngineError::NotFound { what } => EngineError::NotFound {
+                        what: format!("{what}: {message}"),
+                    },
+                    other => other,
+                })
+            }
+        }
     }
-    async fn start_container(&self, _id: &str) -> EngineResult<()> {
-        todo!()
+
+    async fn start_container(&self, id: &str) -> EngineResult<()> {
+        // 304 (already running) counts as success in bollard.
+        self.docker
+            .start_container(id, None)
+            .await
+            .map_err(map_err("start", &format!("container {id}")))
     }
-    async fn remove_container(&self, _id: &str) -> EngineResult<()> {
-        todo!()
+
+    async fn remove_container(&self, id: &str) -> EngineResult<()> {
+        let options = RemoveContainerOptions {
+            force: true,
+            ..Default::default()
+        };
+        match self.docker.remove_container(id, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(e) if is_status(&e, 404) => Ok(()),
+            Err(e) => Err(map_err("remove", &format!("container {id}"))(e)),
+        }
     }
-    async fn inspect_container(&self, _id: &str) -> EngineResult<Option<ContainerDetails>> {
-        todo!()
+
+    async fn inspect_container(&self, id: &str) -> EngineResult<Option<ContainerDetails>> {
+        let inspected = match self.docker.inspect_container(id, None).await {
+            Ok(i) => i,
+            Err(e) if is_status(&e, 404) => return Ok(None),
+            Err(e) => return Err(map_err("inspect", &format!("container {id}"))(e)),
+        };
+        let state = inspected.state.unwrap_or_default();
+        Ok(Some(ContainerDetails {
+            id: inspected.id.unwrap_or_default(),
+            state: state.status.map(|s| s.to_string()).unwrap_or_default(),
+            running: state.running.unwrap_or(false),
+            paused: state.paused.unwrap_or(false),
+            exit_code: state.exit_code,
+            oom_killed: state.oom_killed.unwrap_or(false),
+            error: state.error.unwrap_or_default(),
+            started_at: started_at(state.started_at.as_deref()),
+            pid: state.pid.unwrap_or(0),
+            labels: to_btree(inspected.config.and_then(|c| c.labels)),
+        }))
     }
+
     async fn update_limits(
         &self,
-        _id: &str,
-        _cpus: f64,
-        _memory_mb: u64,
-        _pids_limit: u64,
+        id: &str,
+        cpus: f64,
+        memory_mb: u64,
+        pids_limit: u64,
     ) -> EngineResult<()> {
-        todo!()
+        let what = format!("container {id}");
+        let invalid = |message: String| EngineError::Docker {
+            operation: format!("update {what}"),
+            message,
+        };
+        let memory = plan::memory_bytes(memory_mb)
+            .ok_or_else(|| invalid(format!("memory of {memory_mb} MiB is out of range")))?;
+        let nano_cpus = plan::nano_cpus(cpus).ok_or_else(|| invalid(format!("cpus {cpus}")))?;
+        let pids = i64::try_from(pids_limit)
+            .map_err(|_| invalid(format!("pids limit {pids_limit} is out of range")))?;
+        let body = ContainerUpdateBody {
+            nano_cpus: Some(nano_cpus),
+            memory: Some(memory),
+            memory_swap: Some(memory),
+            pids_limit: Some(pids),
+            ..Default::default()
+        };
+        self.docker
+            .update_container(id, body)
+            .await
+            .map_err(map_err("update", &what))
     }
-    async fn pause(&self, _id: &str) -> EngineResult<()> {
-        todo!()
+
+    async fn pause(&self, id: &str) -> EngineResult<()> {
+        match self.docker.pause_container(id).await {
+            Ok(()) => Ok(()),
+            Err(e) if server_message(&e).is_some_and(|m| m.contains("already paused")) => Ok(()),
+            Err(e) => Err(map_err("pause", &format!("container {id}"))(e)),
+        }
     }
-    async fn unpause(&self, _id: &str) -> EngineResult<()> {
-        todo!()
+
+    async fn unpause(&self, id: &str) -> EngineResult<()> {
+        match self.docker.unpause_container(id).await {
+            Ok(()) => Ok(()),
+            Err(e) if server_message(&e).is_some_and(|m| m.contains("is not paused")) => Ok(()),
+            Err(e) => Err(map_err("unpause", &format!("container {id}"))(e)),
+        }
     }
-    async fn ensure_network(&self, _name: &str) -> EngineResult<()> {
-        todo!()
+
+    async fn ensure_network(&self, name: &str) -> EngineResult<()> {
+        let what = format!("network {name}");
+        let _one_creator = self.networks.lock().await;
+        match self
+            .docker
+            .inspect_network(name, None::<InspectNetworkOptions>)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => return Err(map_err("inspect", &what)(e)),
+        }
+        let request = NetworkCreateRequest {
+            name: name.to_string(),
+            driver: Some("bridge".into()),
+            options: Some(HashMap::from([(
+                "com.docker.network.bridge.enable_icc".to_string(),
+                "false".to_string(),
+            )])),
+            labels: Some(HashMap::from([(
+                LABEL_MANAGED.to_string(),
+                "true".to_string(),
+            )])),
+            ..Default::default()
+        };
+        match self.docker.create_network(request).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_status(&e, 409) => Ok(()),
+            Err(e) => Err(map_err("create", &what)(e)),
+        }
     }
-    async fn image_exists(&self, _image: &str) -> EngineResult<bool> {
-        todo!()
+
+    async fn image_exists(&self, image: &str) -> EngineResult<bool> {
+        match self.docker.inspect_image(image).await {
+            Ok(_) => Ok(true),
+            Err(e) if is_status(&e, 404) => Ok(false),
+            Err(e) => Err(map_err("inspect", &format!("image {image}"))(e)),
+        }
     }
+
     fn events(&self) -> BoxStream<'static, EngineResult<EngineEvent>> {
-        todo!()
+        events::stream(&self.docker)
     }
-    async fn exec(&self, _container: &str, _plan: &ExecPlan) -> EngineResult<ExecSession> {
-        todo!()
+
+    async fn exec(&self, container: &str, plan: &ExecPlan) -> EngineResult<ExecSession> {
+        let what = format!("container {container}");
+        let config = ExecConfig {
+            attach_stdin: Some(plan.stdin),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            tty: Some(false),
+            env: Some(plan.env.clone()),
+            cmd: Some(plan.argv.clone()),
+            privileged: Some(false),
+            user: (!plan.user.is_empty()).then(|| plan.user.clone()),
+            working_dir: plan.workdir.clone(),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_exec(container, config)
+            .await
+            .map_err(map_err("exec in", &what))?;
+        let started = self
+            .docker
+            .start_exec(&created.id, Some(StartExecOptions::default()))
+            .await
+            .map_err(map_err("start exec in", &what))?;
+        match started {
+            StartExecResults::Attached { output, input } => {
+                let op = format!("exec {}", created.id);
+                let output = output
+                    .filter_map(move |item| std::future::ready(exec_output(item, &op)))
+                    .boxed();
+                Ok(ExecSession {
+                    exec_id: created.id,
+                    output,
+                    input: plan.stdin.then_some(input),
+                })
+            }
+            StartExecResults::Detached => Err(EngineError::Docker {
+                operation: format!("start exec in {what}"),
+                message: "docker did not attach".into(),
+            }),
+        }
     }
-    async fn inspect_exec(&self, _exec_id: &str) -> EngineResult<ExecState> {
-        todo!()
+
+    async fn inspect_exec(&self, exec_id: &str) -> EngineResult<ExecState> {
+        let inspected = self
+            .docker
+            .inspect_exec(exec_id)
+            .await
+            .map_err(map_err("inspect", &format!("exec {exec_id}")))?;
+        Ok(ExecState {
+            running: inspected.running.unwrap_or(false),
+            exit_code: inspected.exit_code,
+            pid: inspected.pid.unwrap_or(0),
+        })
     }
+
     async fn archive_get(
         &self,
-        _container: &str,
-        _path: &str,
+        container: &str,
+        path: &str,
     ) -> EngineResult<BoxStream<'static, EngineResult<Bytes>>> {
-        todo!()
+        let what = format!("{path} in container {container}");
+        let options = DownloadFromContainerOptions { path: path.into() };
+        let mut body = self
+            .docker
+            .download_from_container(container, Some(options))
+            .boxed();
+        let map = map_err("read", &what);
+        // Docker answers 404 before the first byte: surface it here rather than mid-stream.
+        match body.next().await {
+            None => Ok(stream::empty().boxed()),
+            Some(Err(e)) => Err(map(e)),
+            Some(Ok(first)) => Ok(stream::once(async move { Ok(first) })
+                .chain(body.map(move |chunk| chunk.map_err(&map)))
+                .boxed()),
+        }
     }
+
     async fn archive_put(
         &self,
-        _container: &str,
-        _path: &str,
-        _tar: BoxStream<'static, Bytes>,
+        container: &str,
+        path: &str,
+        tar: BoxStream<'static, Bytes>,
     ) -> EngineResult<()> {
-        todo!()
+        let options = UploadToContainerOptions {
+            path: path.into(),
+            ..Default::default()
+        };
+        self.docker
+            .upload_to_container(container, Some(options), bollard::body_stream(tar))
+            .await
+            .map_err(map_err(
+                "write",
+                &format!("{path} in container {container}"),
+            ))
+    }
+
+    async fn ensure_helper_volume(&self, volume: &str, binary: &[u8]) -> EngineResult<()> {
+        helper::ensure(&self.docker, &self.helpers, volume, binary).await
+    }
+
+    async fn prepare_workspace(&self, container: &str, uid: u32, gid: u32) -> EngineResult<()> {
+        let tar = tarball::root_dir(uid, gid, 0o755).map_err(|e| EngineError::Docker {
+            operation: "pack workspace owner".into(),
+            message: e.to_string(),
+        })?;
+        let options = UploadToContainerOptions {
+            path: WORKSPACE.into(),
+            ..Default::default()
+        };
+        self.docker
+            .upload_to_container(container, Some(options), bollard::body_full(tar.into()))
+            .await
+            .map_err(map_err(
+                "prepare workspace of",
+                &format!("container {container}"),
+            ))
     }
 }

@@ -1,0 +1,210 @@
+//! Filling the helper volume without any user image and without a registry.
+//!
+//! Docker can only write into a volume through a container that mounts it, so this imports a
+//! tiny image from an empty root filesystem (`POST /images/create?fromSrc=-`), creates — never
+//! starts — a container from it with the volume mounted, writes the binary through the archive
+//! API, and removes the container. The last entry written is a marker file holding the binary's
+//! SHA-256; a volume whose marker matches is left alone, and a process that has already checked
+//! a volume only confirms that the volume still exists.
+//!
+//! Callers in one process are serialized by a lock. Separate processes filling the same volume
+//! at once write the same bytes; the marker, written last, only ever names a complete binary.
+
+use std::collections::HashMap;
+
+use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
+use bollard::query_parameters::{
+    CreateContainerOptions, CreateImageOptions, DownloadFromContainerOptions,
+    RemoveContainerOptions, UploadToContainerOptions,
+};
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+use tokio::sync::Mutex;
+
+use super::{is_status, map_err, plan::volume_mount, tarball};
+use crate::docker::{
+    EngineError, EngineResult, HELPER_BINARY, HELPER_MOUNT, LABEL_MANAGED, LABEL_ROLE, ROLE_HELPER,
+};
+
+/// Image used only to create the never-started containers that reach into volumes.
+pub const FILLER_IMAGE: &str = "agent-sandbox/volume-filler:1";
+/// [`LABEL_ROLE`] of those containers, so leftovers of a crash are recognisable.
+pub const ROLE_FILLER: &str = "volume-filler";
+/// Marker file next to the binary: the hex SHA-256 of the binary it completes.
+const MARKER: &str = ".agent-sandbox-helper.sha256";
+/// Label on the helper volume recording the digest it was created for (informational: a later
+/// binary replaces the content, labels cannot change).
+const LABEL_HELPER_DIGEST: &str = "io.agent-sandbox.helper-sha256";
+
+/// Volumes this process has seen holding a given digest.
+#[derive(Default)]
+pub struct HelperCache(Mutex<HashMap<String, String>>);
+
+pub async fn ensure(
+    docker: &bollard::Docker,
+    cache: &HelperCache,
+    volume: &str,
+    binary: &[u8],
+) -> EngineResult<()> {
+    let digest = hex::encode(Sha256::digest(binary));
+    let mut checked = cache.0.lock().await;
+    let what = format!("volume {volume}");
+
+    match docker.inspect_volume(volume).await {
+        Ok(existing) => {
+            if existing.labels.get(LABEL_ROLE).map(String::as_str) != Some(ROLE_HELPER) {
+                return Err(EngineError::Conflict {
+                    what: format!("{what} (not a helper volume)"),
+                });
+            }
+            if checked.get(volume) == Some(&digest) {
+                return Ok(());
+            }
+        }
+        Err(e) if is_status(&e, 404) => {
+            let labels = HashMap::from([
+                (LABEL_MANAGED.to_string(), "true".to_string()),
+                (LABEL_ROLE.to_string(), ROLE_HELPER.to_string()),
+                (LABEL_HELPER_DIGEST.to_string(), digest.clone()),
+            ]);
+            let request = VolumeCreateRequest {
+                name: Some(volume.to_string()),
+                labels: Some(labels),
+                ..Default::default()
+            };
+            docker
+                .create_volume(request)
+                .await
+                .map_err(map_err("create helper volume", &what))?;
+        }
+        Err(e) => return Err(map_err("inspect helper volume", &what)(e)),
+    }
+
+    ensure_filler_image(docker).await?;
+    let container = create_filler(docker, volume).await?;
+    let filled = fill(docker, &container, binary, &digest).await;
+    let removed = docker
+        .remove_container(
+            &container,
+            Some(RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await;
+    filled?;
+    if let Err(e) = removed {
+        tracing::warn!(container = %container, error = %e, "could not remove volume filler");
+    }
+    checked.insert(volume.to_string(), digest);
+    Ok(())
+}
+
+async fn ensure_filler_image(docker: &bollard::Docker) -> EngineResult<()> {
+    match docker.inspect_image(FILLER_IMAGE).await {
+        Ok(_) => return Ok(()),
+        Err(e) if is_status(&e, 404) => {}
+        Err(e) => return Err(map_err("inspect image", FILLER_IMAGE)(e)),
+    }
+    let rootfs = tarball::empty_rootfs().map_err(|e| EngineError::Docker {
+        operation: "build filler image".into(),
+        message: e.to_string(),
+    })?;
+    let (repo, tag) = FILLER_IMAGE
+        .rsplit_once(':')
+        .unwrap_or((FILLER_IMAGE, "latest"));
+    let options = CreateImageOptions {
+        from_src: Some("-".into()),
+        repo: Some(repo.into()),
+        tag: Some(tag.into()),
+        changes: vec![format!(
+            "LABEL {LABEL_MANAGED}=true {LABEL_ROLE}={ROLE_FILLER}"
+        )],
+        ..Default::default()
+    };
+    let mut progress =
+        docker.create_image(Some(options), Some(bollard::body_full(rootfs.into())), None);
+    while let Some(item) = progress.next().await {
+        item.map_err(map_err("import image", FILLER_IMAGE))?;
+    }
+    Ok(())
+}
+
+async fn create_filler(docker: &bollard::Docker, volume: &str) -> EngineResult<String> {
+    let name = format!("agent-sandbox-fill-{:016x}", rand::random::<u64>());
+    let body = ContainerCreateBody {
+        image: Some(FILLER_IMAGE.into()),
+        // Never started; Docker only wants some command to accept the create.
+        cmd: Some(vec!["/nonexistent".into()]),
+        labels: Some(HashMap::from([
+            (LABEL_MANAGED.to_string(), "true".to_string()),
+            (LABEL_ROLE.to_string(), ROLE_FILLER.to_string()),
+        ])),
+        host_config: Some(HostConfig {
+            network_mode: Some("none".into()),
+            mounts: Some(vec![volume_mount(volume, HELPER_MOUNT, false)]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let options = CreateContainerOptions {
+        name: Some(name.clone()),
+        ..Default::default()
+    };
+    docker
+        .create_container(Some(options), body)
+        .await
+        .map_err(map_err("create volume filler", &name))?;
+    Ok(name)
+}
+
+async fn fill(
+    docker: &bollard::Docker,
+    container: &str,
+    binary: &[u8],
+    digest: &str,
+) -> EngineResult<()> {
+    if marker(docker, container).await?.as_deref() == Some(digest) {
+        return Ok(());
+    }
+    let tar = tarball::root_files(&[
+        (HELPER_BINARY, 0o555, binary),
+        (MARKER, 0o444, digest.as_bytes()),
+    ])
+    .map_err(|e| EngineError::Docker {
+        operation: "pack helper binary".into(),
+        message: e.to_string(),
+    })?;
+    let options = UploadToContainerOptions {
+        path: HELPER_MOUNT.into(),
+        ..Default::default()
+    };
+    docker
+        .upload_to_container(container, Some(options), bollard::body_full(tar.into()))
+        .await
+        .map_err(map_err("write helper binary", container))
+}
+
+/// The digest the volume's marker names, if it has one.
+async fn marker(docker: &bollard::Docker, container: &str) -> EngineResult<Option<String>> {
+    const LIMIT: usize = 64 * 1024;
+    let options = DownloadFromContainerOptions {
+        path: format!("{HELPER_MOUNT}/{MARKER}"),
+    };
+    let mut stream = docker.download_from_container(container, Some(options));
+    let mut tar = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(bytes) if tar.len() + bytes.len() <= LIMIT => tar.extend_from_slice(&bytes),
+            // A marker this large is not ours; rewriting replaces it.
+            Ok(_) => return Ok(None),
+            Err(e) if is_status(&e, 404) => return Ok(None),
+            Err(e) => return Err(map_err("read helper marker", container)(e)),
+        }
+    }
+    let content = tarball::read_file(&tar, MARKER, 128).map_err(|e| EngineError::Docker {
+        operation: "read helper marker".into(),
+        message: e.to_string(),
+    })?;
+    Ok(content.map(|c| String::from_utf8_lossy(&c).trim().to_string()))
+}

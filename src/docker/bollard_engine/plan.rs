@@ -1,0 +1,255 @@
+//! Turns a [`ContainerPlan`] into Docker's create body: the one place where the security model
+//! becomes container settings. Pure (no I/O), so every property is unit-tested here; nothing in
+//! this file may offer a way to weaken the model (no privileged, capabilities, devices, binds or
+//! host namespaces).
+
+use std::collections::HashMap;
+
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions};
+
+use crate::docker::{
+    ContainerPlan, EngineError, EngineResult, HELPER_BINARY, HELPER_MOUNT, LABEL_ID, LABEL_MANAGED,
+    LABEL_SERVER, LABEL_SPEC_HASH, LABEL_UID,
+};
+
+/// Where the workspace volume is mounted; also the sandbox user's home and working directory.
+pub const WORKSPACE: &str = "/workspace";
+/// Hostname every sandbox sees.
+pub const HOSTNAME: &str = "sandbox";
+/// Main process when no helper volume is mounted: sleeps until told to stop, in any image with a
+/// POSIX shell. The `sleep & wait` lets the TERM trap run at once instead of after the sleep.
+pub const SHELL_IDLE: &str = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done";
+
+const MIB: i64 = 1024 * 1024;
+
+/// The create body for `plan`. Fails only on values Docker would misread (an environment key
+/// that is empty or holds `=` or NUL, limits that overflow).
+pub fn create_body(plan: &ContainerPlan) -> EngineResult<ContainerCreateBody> {
+    let invalid = |message: String| EngineError::Docker {
+        operation: format!(
+            "create container {}",
+            crate::docker::container_name(&plan.sandbox)
+        ),
+        message,
+    };
+
+    // HOME is part of the model (the workspace is home), so the plan's env cannot move it.
+    let mut env = vec![format!("HOME={WORKSPACE}")];
+    for (key, value) in &plan.env {
+        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+            return Err(invalid(format!(
+                "invalid environment variable name {key:?}"
+            )));
+        }
+        if key != "HOME" {
+            env.push(format!("{key}={value}"));
+        }
+    }
+
+    let memory = memory_bytes(plan.memory_mb)
+        .ok_or_else(|| invalid(format!("memory of {} MiB is out of range", plan.memory_mb)))?;
+    let pids = i64::try_from(plan.pids_limit)
+        .map_err(|_| invalid(format!("pids limit {} is out of range", plan.pids_limit)))?;
+    let nano_cpus = nano_cpus(plan.cpus).ok_or_else(|| invalid(format!("cpus {}", plan.cpus)))?;
+
+    let labels = HashMap::from([
+        (LABEL_MANAGED.to_string(), "true".to_string()),
+        (LABEL_ID.to_string(), plan.sandbox.clone()),
+        (LABEL_UID.to_string(), plan.uid.clone()),
+        (LABEL_SERVER.to_string(), plan.server.clone()),
+        (LABEL_SPEC_HASH.to_string(), plan.spec_hash.clone()),
+    ]);
+
+    let mut mounts = vec![volume_mount(&plan.workspace_volume, WORKSPACE, false)];
+    // The image's entrypoint never runs: Entrypoint and Cmd are always both set.
+    let (entrypoint, cmd) = match &plan.helper_volume {
+        Some(helper) => {
+            mounts.push(volume_mount(helper, HELPER_MOUNT, true));
+            (
+                vec![format!("{HELPER_MOUNT}/{HELPER_BINARY}")],
+                vec!["idle".to_string()],
+            )
+        }
+        None => (
+            vec!["/bin/sh".to_string(), "-c".to_string()],
+            vec![SHELL_IDLE.to_string()],
+        ),
+    };
+
+    let host_config = HostConfig {
+        cap_drop: Some(vec!["ALL".into()]),
+        cap_add: Some(vec![]),
+        security_opt: Some(vec!["no-new-privileges".into()]),
+        privileged: Some(false),
+        readonly_rootfs: Some(plan.read_only_rootfs),
+        // Docker adds noexec itself unless the options say `exec`; /tmp stays noexec.
+        tmpfs: Some(HashMap::from([(
+            "/tmp".to_string(),
+            format!("rw,nosuid,nodev,size={}m", plan.tmp_size_mb),
+        )])),
+        network_mode: Some(plan.network.clone().unwrap_or_else(|| "none".into())),
+        memory: Some(memory),
+        memory_swap: Some(memory),
+        nano_cpus: Some(nano_cpus),
+        pids_limit: Some(pids),
+        ipc_mode: Some("private".into()),
+        init: Some(true),
+        runtime: plan.runtime.clone(),
+        devices: Some(vec![]),
+        binds: Some(vec![]),
+        mounts: Some(mounts),
+        ..Default::default()
+    };
+
+    Ok(ContainerCreateBody {
+        image: Some(plan.image.clone()),
+        user: Some(plan.user.clone()),
+        env: Some(env),
+        working_dir: Some(WORKSPACE.into()),
+        hostname: Some(HOSTNAME.into()),
+        entrypoint: Some(entrypoint),
+        cmd: Some(cmd),
+        labels: Some(labels),
+        attach_stdin: Some(false),
+        open_stdin: Some(false),
+        tty: Some(false),
+        host_config: Some(host_config),
+        ..Default::default()
+    })
+}
+
+/// A named-volume mount. `no_copy`, because Docker would otherwise copy the image's content at
+/// the target into an empty volume and reset the volume root's owner to the image's on every new
+/// container, undoing `prepare_workspace`.
+pub fn volume_mount(volume: &str, target: &str, read_only: bool) -> Mount {
+    Mount {
+        typ: Some(MountType::VOLUME),
+        source: Some(volume.to_string()),
+        target: Some(target.to_string()),
+        read_only: Some(read_only),
+        volume_options: Some(MountVolumeOptions {
+            no_copy: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// CPUs as Docker's NanoCpus; `None` for values that are not positive and finite.
+pub fn nano_cpus(cpus: f64) -> Option<i64> {
+    let nanos = (cpus * 1e9).round();
+    (cpus.is_finite() && cpus > 0.0 && nanos >= 1.0 && nanos < i64::MAX as f64)
+        .then_some(nanos as i64)
+}
+
+/// Memory in bytes for a limit in MiB.
+pub fn memory_bytes(memory_mb: u64) -> Option<i64> {
+    i64::try_from(memory_mb).ok()?.checked_mul(MIB)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn plan() -> ContainerPlan {
+        ContainerPlan {
+            sandbox: "demo".into(),
+            uid: "u-1".into(),
+            server: "s-1".into(),
+            image: "img:1".into(),
+            cpus: 1.5,
+            memory_mb: 256,
+            pids_limit: 64,
+            network: None,
+            read_only_rootfs: true,
+            env: BTreeMap::from([
+                ("FOO".to_string(), "bar".to_string()),
+                ("HOME".to_string(), "/root".to_string()),
+            ]),
+            tmp_size_mb: 32,
+            user: "1000:1000".into(),
+            runtime: None,
+            spec_hash: "h".into(),
+            helper_volume: None,
+            workspace_volume: "agent-sandbox-demo-workspace".into(),
+        }
+    }
+
+    #[test]
+    fn hardening_is_complete() {
+        let body = create_body(&plan()).unwrap();
+        let hc = body.host_config.clone().unwrap();
+        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(hc.cap_add, Some(vec![]));
+        assert_eq!(hc.security_opt, Some(vec!["no-new-privileges".to_string()]));
+        assert_eq!(hc.privileged, Some(false));
+        assert_eq!(hc.readonly_rootfs, Some(true));
+        assert_eq!(hc.network_mode.as_deref(), Some("none"));
+        assert_eq!(hc.memory, Some(256 * MIB));
+        assert_eq!(hc.memory_swap, hc.memory);
+        assert_eq!(hc.nano_cpus, Some(1_500_000_000));
+        assert_eq!(hc.pids_limit, Some(64));
+        assert_eq!(hc.ipc_mode.as_deref(), Some("private"));
+        assert_eq!(hc.init, Some(true));
+        assert_eq!(hc.devices, Some(vec![]));
+        assert_eq!(hc.binds, Some(vec![]));
+        assert_eq!(
+            hc.tmpfs.unwrap().get("/tmp").map(String::as_str),
+            Some("rw,nosuid,nodev,size=32m")
+        );
+        let mounts = hc.mounts.unwrap();
+        assert_eq!(mounts.len(), 1);
+        assert_eq!(mounts[0].target.as_deref(), Some("/workspace"));
+        assert_eq!(mounts[0].read_only, Some(false));
+        assert_eq!(body.user.as_deref(), Some("1000:1000"));
+        assert_eq!(body.hostname.as_deref(), Some("sandbox"));
+        assert_eq!(body.working_dir.as_deref(), Some("/workspace"));
+        assert_eq!(body.entrypoint.unwrap()[0], "/bin/sh");
+        let labels = body.labels.unwrap();
+        assert_eq!(labels.get(LABEL_MANAGED).map(String::as_str), Some("true"));
+        assert_eq!(labels.get(LABEL_ID).map(String::as_str), Some("demo"));
+        assert_eq!(labels.get(LABEL_SERVER).map(String::as_str), Some("s-1"));
+    }
+
+    #[test]
+    fn home_cannot_be_overridden() {
+        let env = create_body(&plan()).unwrap().env.unwrap();
+        assert_eq!(
+            env,
+            vec!["HOME=/workspace".to_string(), "FOO=bar".to_string()]
+        );
+    }
+
+    #[test]
+    fn helper_volume_is_read_only_and_runs_idle() {
+        let mut p = plan();
+        p.helper_volume = Some("helper-vol".into());
+        p.network = Some("agent-sandbox-net".into());
+        let body = create_body(&p).unwrap();
+        let hc = body.host_config.unwrap();
+        let mounts = hc.mounts.unwrap();
+        assert_eq!(mounts.len(), 2);
+        assert_eq!(mounts[1].target.as_deref(), Some(HELPER_MOUNT));
+        assert_eq!(mounts[1].read_only, Some(true));
+        assert_eq!(hc.network_mode.as_deref(), Some("agent-sandbox-net"));
+        assert_eq!(
+            body.entrypoint.unwrap(),
+            vec!["/opt/agent-sandbox/agent-sandbox-helper".to_string()]
+        );
+        assert_eq!(body.cmd.unwrap(), vec!["idle".to_string()]);
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        let mut p = plan();
+        p.env.insert("A=B".into(), "x".into());
+        assert!(create_body(&p).is_err());
+        let mut p = plan();
+        p.cpus = f64::NAN;
+        assert!(create_body(&p).is_err());
+        let mut p = plan();
+        p.memory_mb = u64::MAX;
+        assert!(create_body(&p).is_err());
+    }
+}
