@@ -16,16 +16,23 @@
 //! (a bad document keeps its last good version; a name declared twice is an error for the later
 //! declaration), and broadcasts every change. It never talks to Docker.
 
+mod api;
 mod atomic;
 mod folders;
+mod index;
+mod state;
+#[cfg(test)]
+mod tests;
+mod watch;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::broadcast;
 
 use crate::resource::yaml::DocumentError;
 use crate::resource::{AnyResource, Kind};
+use index::{Inner, Source};
 
 pub use atomic::write_atomic;
 
@@ -111,18 +118,71 @@ pub struct WriteOptions {
     pub dry_run: bool,
 }
 
+/// How many events a slow subscriber may fall behind before it sees `Lagged`.
+const EVENT_CAPACITY: usize = 1024;
+
 pub struct Store {
     data_dir: PathBuf,
     watch_dirs: Vec<PathBuf>,
     events: broadcast::Sender<WatchEvent>,
+    inner: Mutex<Inner>,
 }
 
 impl Store {
     /// Opens (creating the layout if needed) and loads everything: data-dir manifests and state,
-    /// then each watched folder. Bad documents are recorded, not fatal.
+    /// then each watched folder. Bad documents are recorded, not fatal; a watched folder that
+    /// cannot be read yet is retried by the watchers (and [`Store::is_fully_loaded`] stays false).
     pub fn open(data_dir: &Path, watch_dirs: &[PathBuf]) -> StoreResult<Arc<Store>> {
-        let _ = (data_dir, watch_dirs);
-        todo!("store::open")
+        let io = |path: PathBuf| move |source| StoreError::Io { path, source };
+        for sub in ["manifests", "state"] {
+            for kind in Kind::ALL {
+                let dir = data_dir.join(sub).join(kind.plural());
+                std::fs::create_dir_all(&dir).map_err(io(dir.clone()))?;
+                atomic::remove_temp_files(&dir);
+            }
+        }
+        let snapshots = data_dir.join("snapshots");
+        std::fs::create_dir_all(&snapshots).map_err(io(snapshots.clone()))?;
+        atomic::remove_temp_files(&snapshots);
+
+        let records = state::load_all(data_dir);
+        let last_rv = records
+            .values()
+            .map(state::Record::resource_version)
+            .max()
+            .unwrap_or(0);
+        let roots = std::iter::once((data_dir.join("manifests"), Origin::DataDir)).chain(
+            watch_dirs
+                .iter()
+                .map(|dir| (dir.clone(), Origin::Folder(dir.clone()))),
+        );
+        let sources = roots
+            .map(|(root, origin)| Source {
+                root,
+                origin,
+                docs: Default::default(),
+                loaded: false,
+                seq: 0,
+                failure: None,
+            })
+            .collect::<Vec<_>>();
+        let source_count = sources.len();
+        let store = Arc::new(Store {
+            data_dir: data_dir.to_path_buf(),
+            watch_dirs: watch_dirs.to_vec(),
+            events: broadcast::channel(EVENT_CAPACITY).0,
+            inner: Mutex::new(Inner {
+                records,
+                last_rv,
+                sources,
+                clashes: Vec::new(),
+                logged: Default::default(),
+            }),
+        });
+        for index in 0..source_count {
+            store.rescan(index);
+        }
+        Ok(store)
     }
 
     pub fn data_dir(&self) -> &Path {
@@ -141,65 +201,114 @@ impl Store {
     /// True once every source has been read completely at least once. Garbage collection waits
     /// for it: a partial view is never a reason to delete.
     pub fn is_fully_loaded(&self) -> bool {
-        todo!()
+        self.lock().sources.iter().all(|s| s.loaded)
     }
 
     pub fn get(&self, kind: Kind, name: &str) -> Option<Entry> {
-        let _ = (kind, name);
-        todo!()
+        let inner = self.lock();
+        inner.records.get(&(kind, name.to_string())).map(|r| Entry {
+            resource: r.resource.clone(),
+            origin: r.origin.clone(),
+            file: r.file.clone(),
+        })
     }
 
     /// All resources of a kind, sorted by creation time then name.
     pub fn list(&self, kind: Kind) -> Vec<Entry> {
-        let _ = kind;
-        todo!()
+        let mut out: Vec<Entry> = {
+            let inner = self.lock();
+            inner
+                .records
+                .range((kind, String::new())..)
+                .take_while(|((k, _), _)| *k == kind)
+                .map(|(_, r)| Entry {
+                    resource: r.resource.clone(),
+                    origin: r.origin.clone(),
+                    file: r.file.clone(),
+                })
+                .collect()
+        };
+        out.sort_by(|a, b| {
+            let key = |e: &Entry| {
+                (
+                    e.resource.metadata().creation_timestamp,
+                    e.resource.name().to_string(),
+                )
+            };
+            key(a).cmp(&key(b))
+        });
+        out
     }
 
-    /// Creates a resource declared through the API. Server metadata in the input is ignored, except
-    /// that `owner_references` are kept when `internal` callers (controllers) pass them.
+    /// Creates a resource declared through the API. Server metadata in the input is ignored. The
+    /// name must be given and valid (the API generates one for a nameless Sandbox first).
     pub fn create(&self, resource: AnyResource, opts: WriteOptions) -> StoreResult<AnyResource> {
-        let _ = (resource, opts);
-        todo!()
+        self.create_owned(resource, Vec::new(), opts)
+    }
+
+    /// [`Store::create`] for controllers: the new resource carries `owner_references` (a Fork's
+    /// children point at their Fork).
+    pub fn create_owned(
+        &self,
+        resource: AnyResource,
+        owner_references: Vec<crate::resource::OwnerReference>,
+        opts: WriteOptions,
+    ) -> StoreResult<AnyResource> {
+        api::create(self, resource, owner_references, opts)
     }
 
     /// Replaces labels, annotations and spec. A `resourceVersion` in the input must be current
-    /// (else [`StoreError::Conflict`]); without one the write is unconditional.
+    /// (else [`StoreError::Conflict`]); without one the write is unconditional. Replacing with an
+    /// identical declaration changes nothing (no new resourceVersion, no event).
     pub fn replace(&self, resource: AnyResource, opts: WriteOptions) -> StoreResult<AnyResource> {
-        let _ = (resource, opts);
-        todo!()
+        api::replace(self, resource, opts)
     }
 
     /// Read-modify-write of a writable resource's declaration, retried on conflicts.
-    pub fn update<F>(&self, kind: Kind, name: &str, mutate: F) -> StoreResult<AnyResource>
+    pub fn update<F>(&self, kind: Kind, name: &str, mut mutate: F) -> StoreResult<AnyResource>
     where
         F: FnMut(&mut AnyResource) -> Result<(), StoreError>,
     {
-        let _ = (kind, name, mutate);
-        todo!()
+        let mut attempts = 0;
+        loop {
+            let entry = self.get(kind, name).ok_or_else(|| StoreError::NotFound {
+                kind,
+                name: name.to_string(),
+            })?;
+            let read_version = entry.resource.metadata().resource_version.clone();
+            let mut resource = entry.resource;
+            mutate(&mut resource)?;
+            // The mutation may not rename the resource or drop the version we read.
+            resource.metadata_mut().name = name.to_string();
+            resource.metadata_mut().resource_version = read_version;
+            match self.replace(resource, WriteOptions::default()) {
+                Err(StoreError::Conflict { .. }) if attempts < 16 => attempts += 1,
+                other => return other,
+            }
+        }
     }
 
     /// Marks a resource for deletion (`deletionTimestamp`); the controller removes what it owns and
-    /// then calls [`Store::finalize`].
+    /// then calls [`Store::finalize`]. Deleting a resource already being deleted changes nothing.
     pub fn delete(&self, kind: Kind, name: &str, opts: WriteOptions) -> StoreResult<AnyResource> {
-        let _ = (kind, name, opts);
-        todo!()
+        api::delete(self, kind, name, opts)
     }
 
-    /// Writes observed status (controller only). Bumps `resourceVersion`, not `generation`.
+    /// Writes observed status (controller only). Bumps `resourceVersion`, not `generation`. Works
+    /// for resources of read-only folders too: status is the server's.
     pub fn update_status(
         &self,
         kind: Kind,
         name: &str,
         status: serde_json::Value,
     ) -> StoreResult<AnyResource> {
-        let _ = (kind, name, status);
-        todo!()
+        api::update_status(self, kind, name, status)
     }
 
-    /// Drops a deleted resource's files and forgets it (controller only, after cleanup).
+    /// Drops a deleted resource's files and forgets it (controller only, after cleanup). Only a
+    /// resource marked for deletion can be finalized; finalizing one already gone is a no-op.
     pub fn finalize(&self, kind: Kind, name: &str) -> StoreResult<()> {
-        let _ = (kind, name);
-        todo!()
+        api::finalize(self, kind, name)
     }
 
     /// Every change from now on.
@@ -207,14 +316,41 @@ impl Store {
         self.events.subscribe()
     }
 
-    /// Documents that failed to parse or validate, or lost a name clash, as of the last scan.
+    /// Documents that failed to parse or validate, or lost a name clash, and folders that could
+    /// not be read, as of the last scan.
     pub fn document_errors(&self) -> Vec<DocumentError> {
-        todo!()
+        self.lock().errors()
+    }
+
+    /// The errors of documents that declare `kind`/`name`.
+    pub fn errors_for(&self, kind: Kind, name: &str) -> Vec<DocumentError> {
+        let mut errors = self.document_errors();
+        errors.retain(|e| {
+            e.identity
+                .as_ref()
+                .is_some_and(|(k, n)| *k == kind && n == name)
+        });
+        errors
     }
 
     /// Watches `<data>/manifests` and every `--watch` folder until the returned task is dropped
-    /// or aborted, rescanning a folder (debounced) whenever something in it changes.
+    /// or aborted, rescanning a folder (debounced) whenever something in it changes, and every
+    /// folder periodically in case a change notification was lost.
     pub fn spawn_watchers(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        todo!()
+        watch::spawn(Arc::clone(self))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves the index as consistent as any single step
+        // leaves it; refusing all further work would be worse.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn emit(&self, event_type: EventType, resource: AnyResource) {
+        // An error only means nobody is subscribed.
+        let _ = self.events.send(WatchEvent {
+            event_type,
+            resource,
+        });
     }
 }
