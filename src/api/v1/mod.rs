@@ -1,2 +1,328 @@
 //! The `/v1` wire contract of agent-sandbox 0.2.1, on top of the store (lifecycle) and the data
-//! plane (exec and files).
+//! plane (exec and files). Clients of that server (its SDK, its MCP server, curl scripts) must
+//! not be able to tell the difference, so this module reproduces its check order, messages,
+//! coercions and byte formats (see `wire` and `lax`).
+//!
+//! It never touches Docker: lifecycle calls write desired state through the store and wait for
+//! the status the controller observes (`wait`); exec and file calls go through the data plane.
+//! Routing quirks shared by every route (405, 404, trailing slashes, auth) belong to the router.
+
+mod common;
+mod exec;
+mod files;
+pub mod lax;
+mod sandboxes;
+mod snapshots;
+pub mod wait;
+pub mod wire;
+
+use std::time::Duration;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{DefaultBodyLimit, Path};
+use axum::http::Method;
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use serde_json::json;
+
+use crate::api::error::ApiError;
+use crate::api::openapi::Operation;
+use crate::api::AppState;
+use crate::dataplane::{
+    paths, DataPlaneError, ExecEvent, ExecRequest, ExecResponse, SandboxTarget,
+};
+use crate::resource::{Sandbox, SandboxPhase};
+
+pub use sandboxes::{SandboxCreate, TimeoutRequest};
+pub use snapshots::{ForkRequest, RollbackBody, SnapshotCreate};
+
+/// Tunables of the `/v1` routes.
+#[derive(Clone, Debug)]
+pub struct V1Options {
+    /// How long a lifecycle call waits for the controller before answering 503.
+    pub wait_timeout: Duration,
+}
+
+impl Default for V1Options {
+    fn default() -> V1Options {
+        V1Options {
+            wait_timeout: wait::DEFAULT_WAIT,
+        }
+    }
+}
+
+/// The `/v1` routes with default options.
+pub fn routes() -> Router<AppState> {
+    routes_with(V1Options::default())
+}
+
+/// The `/v1` routes with explicit options (tests shorten the wait for the controller).
+pub fn routes_with(options: V1Options) -> Router<AppState> {
+    Router::new()
+        .route(
+            "/v1/sandboxes",
+            post(sandboxes::create).get(sandboxes::list),
+        )
+        .route(
+            "/v1/sandboxes/{id}",
+            get(sandboxes::get).delete(sandboxes::delete),
+        )
+        .route("/v1/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
+        .route("/v1/sandboxes/{id}/exec", post(exec::exec))
+        .route("/v1/sandboxes/{id}/exec/stream", post(exec::exec_stream))
+        .route(
+            "/v1/sandboxes/{id}/files",
+            // The write caps its body itself at `max_file_bytes`, while it streams in.
+            get(files::read)
+                .put(files::write)
+                .layer(DefaultBodyLimit::disable()),
+        )
+        .route("/v1/sandboxes/{id}/files/list", get(files::list))
+        .route("/v1/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/v1/sandboxes/{id}/rollback", post(snapshots::rollback))
+        .route("/v1/snapshots", get(snapshots::list))
+        .route(
+            "/v1/snapshots/{id}",
+            get(snapshots::get).delete(snapshots::delete),
+        )
+        .route("/v1/snapshots/{id}/fork", post(snapshots::fork))
+        .layer(Extension(options))
+}
+
+/// The `{id}` of a route; only undecodable bytes make it fail.
+fn path_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    path.map(|Path(id)| id)
+        .map_err(|rejection| ApiError::InvalidRequest(rejection.body_text()))
+}
+
+/// A request path checked and normalized the way the reference does.
+fn valid_path(path: &str) -> Result<String, ApiError> {
+    if path.is_empty() || path.contains('\0') {
+        return Err(ApiError::InvalidRequest(
+            "path must be a non-empty string".into(),
+        ));
+    }
+    paths::normalize(path).map_err(dataplane_error)
+}
+
+/// Where exec and file calls go: the container the controller last observed.
+fn target(sandbox: &Sandbox, require_running: bool) -> Result<SandboxTarget, ApiError> {
+    let name = &sandbox.metadata.name;
+    let not_running = || ApiError::InvalidRequest(format!("sandbox {name} is not running"));
+    let status = sandbox.status.as_ref().ok_or_else(not_running)?;
+    let container_id = status.container_id.clone().ok_or_else(not_running)?;
+    if require_running && status.phase != SandboxPhase::Running {
+        return Err(not_running());
+    }
+    Ok(SandboxTarget {
+        name: name.clone(),
+        container_id,
+        env: sandbox.spec.env.clone(),
+    })
+}
+
+/// Data-plane refusals with the reference's statuses; it answers 400 for a stopped sandbox.
+fn dataplane_error(err: DataPlaneError) -> ApiError {
+    match err {
+        DataPlaneError::InvalidRequest(m) => ApiError::InvalidRequest(m),
+        DataPlaneError::NotFound(m) => ApiError::NotFound(m),
+        DataPlaneError::TooLarge { what, limit } => {
+            ApiError::PayloadTooLarge(format!("{what} is larger than {limit} bytes"))
+        }
+        DataPlaneError::NotRunning(name) => {
+            ApiError::InvalidRequest(format!("sandbox {name} is not running"))
+        }
+        DataPlaneError::Backend(m) => ApiError::Backend(m),
+    }
+}
+
+const SANDBOX_ID: &str = "Sandbox ID (`sb_` + 16 hex digits for API-created sandboxes)";
+const SNAPSHOT_ID: &str = "Snapshot ID (`snap_` + 16 hex digits)";
+
+/// The documented `/v1` routes, for the OpenAPI document.
+pub fn operations() -> Vec<Operation> {
+    let op = |method: Method, path: &str, id: &str, summary: &str| {
+        Operation::new(method, path, id, summary).tag("v1")
+    };
+    vec![
+        op(
+            Method::POST,
+            "/v1/sandboxes",
+            "v1CreateSandbox",
+            "Create a sandbox",
+        )
+        .description(
+            "Writes a Sandbox resource with every value resolved from the request and the \
+                 server's defaults, and answers once the controller reports it running.",
+        )
+        .json_body::<SandboxCreate>()
+        .json::<wire::SandboxInfo>(201, "The new sandbox, running")
+        .errors(&[400, 403, 413, 422, 429, 502, 503]),
+        op(
+            Method::GET,
+            "/v1/sandboxes",
+            "v1ListSandboxes",
+            "List sandboxes",
+        )
+        .json::<wire::SandboxList>(200, "Every sandbox, sorted by created_at"),
+        op(
+            Method::GET,
+            "/v1/sandboxes/{id}",
+            "v1GetSandbox",
+            "Get a sandbox",
+        )
+        .path_param("id", SANDBOX_ID)
+        .json::<wire::SandboxInfo>(200, "The sandbox")
+        .errors(&[404]),
+        op(
+            Method::DELETE,
+            "/v1/sandboxes/{id}",
+            "v1DeleteSandbox",
+            "Delete a sandbox",
+        )
+        .description("Its snapshots remain.")
+        .path_param("id", SANDBOX_ID)
+        .empty(204, "Deleted: container and workspace are gone")
+        .errors(&[403, 404, 503]),
+        op(
+            Method::POST,
+            "/v1/sandboxes/{id}/timeout",
+            "v1SetTimeout",
+            "Set a sandbox's lifetime",
+        )
+        .description("The sandbox now expires `timeout_seconds` from now.")
+        .path_param("id", SANDBOX_ID)
+        .json_body::<TimeoutRequest>()
+        .json::<wire::SandboxInfo>(200, "The sandbox, with its new expires_at")
+        .errors(&[400, 403, 404, 422]),
+        op(
+            Method::POST,
+            "/v1/sandboxes/{id}/exec",
+            "v1Exec",
+            "Run a command",
+        )
+        .path_param("id", SANDBOX_ID)
+        .json_body::<ExecRequest>()
+        .json::<ExecResponse>(200, "The command's output and exit code")
+        .errors(&[400, 404, 422, 502]),
+        op(
+            Method::POST,
+            "/v1/sandboxes/{id}/exec/stream",
+            "v1ExecStream",
+            "Run a command, streaming its output",
+        )
+        .description(
+            "One JSON object per line as output arrives; the last line is the `exit` event.",
+        )
+        .path_param("id", SANDBOX_ID)
+        .json_body::<ExecRequest>()
+        .ndjson::<ExecEvent>(200, "Output events, then exactly one exit event")
+        .errors(&[400, 404, 422, 502]),
+        op(
+            Method::GET,
+            "/v1/sandboxes/{id}/files",
+            "v1ReadFile",
+            "Read a file",
+        )
+        .path_param("id", SANDBOX_ID)
+        .query(
+            "path",
+            true,
+            "File path; relative paths are under /workspace",
+        )
+        .binary(200, "The file's bytes")
+        .errors(&[400, 404, 413, 422, 502]),
+        op(
+            Method::PUT,
+            "/v1/sandboxes/{id}/files",
+            "v1WriteFile",
+            "Write a file under /workspace",
+        )
+        .description("Parent directories are created. The body is the file's content.")
+        .path_param("id", SANDBOX_ID)
+        .query("path", true, "File path, strictly under /workspace")
+        .query_with_schema(
+            "mode",
+            false,
+            "Octal permission bits (default 644)",
+            json!({"type": "string", "pattern": "^[0-7]{3,4}$", "default": "644"}),
+        )
+        .binary_body()
+        .json::<wire::FileInfo>(200, "The written file")
+        .errors(&[400, 404, 413, 422, 502]),
+        op(
+            Method::GET,
+            "/v1/sandboxes/{id}/files/list",
+            "v1ListFiles",
+            "List a directory",
+        )
+        .path_param("id", SANDBOX_ID)
+        .query("path", false, "Directory (default /workspace)")
+        .json::<wire::FileList>(200, "The directory's entries, sorted by name")
+        .errors(&[400, 404, 502]),
+        op(
+            Method::POST,
+            "/v1/sandboxes/{id}/snapshots",
+            "v1CreateSnapshot",
+            "Snapshot a sandbox's workspace",
+        )
+        .path_param("id", SANDBOX_ID)
+        .optional_json_body::<SnapshotCreate>()
+        .json::<wire::SnapshotInfo>(201, "The snapshot, ready")
+        .errors(&[404, 413, 422, 502, 503]),
+        op(
+            Method::POST,
+            "/v1/sandboxes/{id}/rollback",
+            "v1Rollback",
+            "Roll a sandbox back to a snapshot",
+        )
+        .description(
+            "Keeps the sandbox's ID, spec and expiry; replaces its container and workspace \
+                 with the snapshot's content. Running processes stop and /tmp is cleared.",
+        )
+        .path_param("id", SANDBOX_ID)
+        .json_body::<RollbackBody>()
+        .json::<wire::SandboxInfo>(200, "The sandbox, with source_snapshot_id set")
+        .errors(&[403, 404, 422, 502, 503]),
+        op(
+            Method::GET,
+            "/v1/snapshots",
+            "v1ListSnapshots",
+            "List snapshots",
+        )
+        .query("sandbox_id", false, "Only the snapshots of this sandbox")
+        .json::<wire::SnapshotList>(200, "Snapshots, sorted by created_at"),
+        op(
+            Method::GET,
+            "/v1/snapshots/{id}",
+            "v1GetSnapshot",
+            "Get a snapshot",
+        )
+        .path_param("id", SNAPSHOT_ID)
+        .json::<wire::SnapshotInfo>(200, "The snapshot")
+        .errors(&[404]),
+        op(
+            Method::DELETE,
+            "/v1/snapshots/{id}",
+            "v1DeleteSnapshot",
+            "Delete a snapshot",
+        )
+        .path_param("id", SNAPSHOT_ID)
+        .empty(204, "Deleted, with its data")
+        .errors(&[403, 404, 503]),
+        op(
+            Method::POST,
+            "/v1/snapshots/{id}/fork",
+            "v1Fork",
+            "Start a new sandbox from a snapshot",
+        )
+        .description(
+            "The new sandbox gets the snapshot's captured spec plus the overrides, its own \
+                 lifetime, and the snapshot's workspace.",
+        )
+        .path_param("id", SNAPSHOT_ID)
+        .optional_json_body::<ForkRequest>()
+        .json::<wire::SandboxInfo>(201, "The new sandbox, running")
+        .errors(&[400, 403, 404, 422, 429, 502, 503]),
+    ]
+}

@@ -1,0 +1,146 @@
+//! Exec of `/v1`, buffered and streamed. Validation happens here, in the reference's order and
+//! with its messages; running the command is the data plane's job. Every refusal is an ordinary
+//! JSON error sent before a stream starts.
+
+use std::convert::Infallible;
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::Value;
+
+use super::common::live_sandbox;
+use super::lax::{json_object, Bound, Fields};
+use super::sandboxes::check_env;
+use super::wire::{ndjson_line, py_number};
+use super::{dataplane_error, path_id, target, valid_path};
+use crate::api::error::ApiError;
+use crate::api::AppState;
+use crate::dataplane::{paths, Command, ExecRequest, ExecResponse, SandboxTarget};
+
+pub async fn exec(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<ExecResponse>, ApiError> {
+    let (target, request) = prepare(&state, path, &headers, body).await?;
+    let response = state
+        .dataplane
+        .exec(&target, request)
+        .await
+        .map_err(dataplane_error)?;
+    Ok(Json(response))
+}
+
+pub async fn exec_stream(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (target, request) = prepare(&state, path, &headers, body).await?;
+    let events = state
+        .dataplane
+        .exec_stream(&target, request)
+        .await
+        .map_err(dataplane_error)?;
+    let lines = events.map(|event| Ok::<_, Infallible>(Bytes::from(ndjson_line(&event))));
+    let mut response = (StatusCode::OK, Body::from_stream(lines)).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    Ok(response)
+}
+
+/// Reads and checks an exec request; returns where and what to run, defaults filled in.
+async fn prepare(
+    state: &AppState,
+    path: Result<Path<String>, PathRejection>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(SandboxTarget, ExecRequest), ApiError> {
+    let id = path_id(path)?;
+    let obj = json_object(headers, body, true).await?.unwrap_or_default();
+    let mut f = Fields::new(&obj);
+    let command = read_command(&mut f);
+    let env = f.env("env");
+    let workdir = f.opt_str("workdir", None);
+    let timeout = f.opt_float("timeout_seconds", Bound::Gt(0.0));
+    f.finish()?;
+
+    let sandbox = live_sandbox(&state.store, &id)?;
+    let command = match command {
+        Some(Command::Shell(s)) if s.trim().is_empty() => {
+            return Err(ApiError::InvalidRequest("command must not be empty".into()))
+        }
+        Some(Command::Argv(argv)) if argv.is_empty() => {
+            return Err(ApiError::InvalidRequest(
+                "command must be a non-empty string or list of strings".into(),
+            ))
+        }
+        Some(command) => command,
+        None => return Err(ApiError::Validation("body.command: Field required".into())),
+    };
+    let settings = &state.settings;
+    let timeout = timeout.unwrap_or(settings.default_exec_timeout_seconds);
+    if timeout.is_nan() || timeout <= 0.0 || timeout > settings.max_exec_timeout_seconds {
+        return Err(ApiError::InvalidRequest(format!(
+            "timeout_seconds must be in (0, {}]",
+            py_number(settings.max_exec_timeout_seconds)
+        )));
+    }
+    check_env(&env)?;
+    let workdir = match workdir.filter(|w| !w.is_empty()) {
+        None => paths::WORKSPACE.to_string(),
+        Some(w) => valid_path(&w)?,
+    };
+    let target = target(&sandbox, true)?;
+    Ok((
+        target,
+        ExecRequest {
+            command,
+            env,
+            workdir: Some(workdir),
+            timeout_seconds: Some(timeout),
+        },
+    ))
+}
+
+/// `command`: a string or a list of strings, required, never null.
+fn read_command(f: &mut Fields<'_>) -> Option<Command> {
+    match f.raw("command") {
+        None => {
+            f.push_error("command", "Field required");
+            None
+        }
+        Some(Value::String(s)) => Some(Command::Shell(s.clone())),
+        Some(Value::Array(items)) => {
+            let mut argv = Vec::with_capacity(items.len());
+            let mut ok = true;
+            for (i, item) in items.iter().enumerate() {
+                match item {
+                    Value::String(s) => argv.push(s.clone()),
+                    _ => {
+                        f.push_error(&format!("command.{i}"), "Input should be a valid string");
+                        ok = false;
+                    }
+                }
+            }
+            ok.then_some(Command::Argv(argv))
+        }
+        Some(_) => {
+            f.push_error(
+                "command",
+                "Input should be a valid string or a list of strings",
+            );
+            None
+        }
+    }
+}

@@ -1,0 +1,516 @@
+//! Sandbox lifecycle of `/v1`: create, list, get, delete and timeout. Each call validates in the
+//! reference's order, writes desired state to the store, and answers from what the controller
+//! then observes. [`create_from_spec`] is shared with fork.
+
+use std::collections::BTreeMap;
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::{Extension, Json};
+
+use super::common::{live_sandbox, new_id, sandbox_info, sandbox_not_found, store_error};
+use super::lax::{json_object, Bound, Fields};
+use super::wait::{self, Poll};
+use super::wire::{self, py_float, py_repr, SandboxInfo, SandboxList};
+use super::{path_id, V1Options};
+use crate::api::error::ApiError;
+use crate::api::AppState;
+use crate::config::Settings;
+use crate::resource::{AnyResource, Kind, Sandbox, SandboxPhase, SandboxSpec};
+use crate::store::{StoreError, WriteOptions};
+
+/// Body of `POST /v1/sandboxes` (documentation; parsing is lenient, see `lax`).
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct SandboxCreate {
+    /// Default: the server's default image. Must match the server's allowlist.
+    image: Option<String>,
+    /// CPU cores, > 0 and at most the server's maximum.
+    cpus: Option<f64>,
+    /// At least 16 and at most the server's maximum.
+    memory_mb: Option<u64>,
+    /// At least 8 and at most the server's maximum.
+    pids_limit: Option<u64>,
+    /// Default false.
+    network: Option<bool>,
+    /// Default true.
+    read_only_rootfs: Option<bool>,
+    /// Lifetime in seconds (default: the server's default timeout).
+    timeout_seconds: Option<u64>,
+    /// Environment of the sandbox's processes.
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+}
+
+/// Body of `POST /v1/sandboxes/{id}/timeout`.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct TimeoutRequest {
+    /// New lifetime from now, in seconds (at least 1).
+    timeout_seconds: u64,
+}
+
+/// Every value of a new sandbox, before the server's rules are applied.
+pub struct Wanted {
+    pub image: Option<String>,
+    pub cpus: Option<f64>,
+    pub memory_mb: Option<i128>,
+    pub pids_limit: Option<i128>,
+    pub network: bool,
+    pub read_only_rootfs: bool,
+    pub env: BTreeMap<String, String>,
+    pub timeout_seconds: Option<i128>,
+}
+
+/// Refuses env names the reference refuses; the message names the key even when the value is
+/// the problem, as the reference's does.
+pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    for (key, value) in env {
+        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+            return Err(ApiError::InvalidRequest(format!(
+                "invalid environment variable name {}",
+                py_repr(key)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Applies the server's defaults and rules, in the reference's order, and returns a spec with
+/// every value written out (so that a later change of defaults does not change the sandbox).
+pub fn resolve(settings: &Settings, wanted: Wanted) -> Result<SandboxSpec, ApiError> {
+    let image = wanted
+        .image
+        .filter(|i| !i.is_empty())
+        .unwrap_or_else(|| settings.default_image.clone());
+    if !settings.image_allowed(&image) {
+        return Err(ApiError::Forbidden(format!(
+            "image {} is not in the server's allowed_images list",
+            py_repr(&image)
+        )));
+    }
+    let cpus = wanted.cpus.unwrap_or(settings.default_cpus);
+    if cpus.is_nan() || cpus <= 0.0 || cpus > settings.max_cpus {
+        return Err(ApiError::InvalidRequest(format!(
+            "cpus must be in (0, {}]",
+            py_float(settings.max_cpus)
+        )));
+    }
+    let memory_mb = in_range(
+        wanted.memory_mb,
+        settings.default_memory_mb,
+        16,
+        settings.max_memory_mb,
+        "memory_mb",
+    )?;
+    let pids_limit = in_range(
+        wanted.pids_limit,
+        settings.default_pids_limit,
+        8,
+        settings.max_pids_limit,
+        "pids_limit",
+    )?;
+    if wanted.network && !settings.allow_network {
+        return Err(ApiError::Forbidden(
+            "this server does not allow sandboxes with network access".into(),
+        ));
+    }
+    check_env(&wanted.env)?;
+    let ttl = in_range(
+        wanted.timeout_seconds,
+        settings.default_timeout_seconds,
+        1,
+        settings.max_timeout_seconds,
+        "timeout_seconds",
+    )?;
+    Ok(SandboxSpec {
+        image: Some(image),
+        cpus: Some(cpus),
+        memory_mb: Some(memory_mb),
+        pids_limit: Some(pids_limit),
+        network: Some(wanted.network),
+        read_only_rootfs: Some(wanted.read_only_rootfs),
+        env: wanted.env,
+        ttl_seconds: Some(ttl),
+        ..SandboxSpec::default()
+    })
+}
+
+fn in_range(
+    value: Option<i128>,
+    default: u64,
+    min: u64,
+    max: u64,
+    name: &str,
+) -> Result<u64, ApiError> {
+    let value = value.unwrap_or(i128::from(default));
+    if value < i128::from(min) || value > i128::from(max) {
+        return Err(ApiError::InvalidRequest(format!(
+            "{name} must be in [{min}, {max}]"
+        )));
+    }
+    Ok(value as u64)
+}
+
+/// Sandboxes that count against `max_sandboxes`: all but those being deleted or expired.
+fn live_count(state: &AppState) -> usize {
+    state
+        .store
+        .list(Kind::Sandbox)
+        .iter()
+        .filter_map(|e| e.resource.as_sandbox())
+        .filter(|s| {
+            s.metadata.deletion_timestamp.is_none()
+                && !s
+                    .status
+                    .as_ref()
+                    .is_some_and(|st| st.phase == SandboxPhase::Expired)
+        })
+        .count()
+}
+
+/// Writes a new sandbox (within `max_sandboxes`, without races) and waits until it runs. A
+/// sandbox that fails or does not come up in time is deleted again: its caller never learns its
+/// ID, so nobody else would.
+pub async fn create_from_spec(
+    state: &AppState,
+    opts: &V1Options,
+    spec: SandboxSpec,
+) -> Result<SandboxInfo, ApiError> {
+    let events = state.store.subscribe();
+    let created = {
+        let _guard = state.create_lock.lock().await;
+        if live_count(state) >= state.settings.max_sandboxes {
+            return Err(ApiError::LimitExceeded(format!(
+                "the server already runs the maximum of {} sandboxes",
+                state.settings.max_sandboxes
+            )));
+        }
+        let mut attempt = 0;
+        loop {
+            let sandbox = Sandbox::new(new_id("sb_"), spec.clone());
+            match state.store.create(sandbox.into(), WriteOptions::default()) {
+                Ok(created) => break created,
+                Err(StoreError::AlreadyExists { .. }) if attempt < 3 => attempt += 1,
+                Err(err) => return Err(store_error(err)),
+            }
+        }
+    };
+    let id = created.name().to_string();
+    let generation = created.metadata().generation.unwrap_or(0);
+    let result = wait::until(
+        &state.store,
+        events,
+        Kind::Sandbox,
+        &id,
+        opts.wait_timeout,
+        &format!("sandbox {id} to start"),
+        |entry| running(entry.and_then(|e| e.resource.as_sandbox()), &id, generation),
+    )
+    .await;
+    match result {
+        Ok(sandbox) => Ok(sandbox_info(&sandbox, &state.settings)),
+        Err(err) => {
+            if let Err(cleanup) = state
+                .store
+                .delete(Kind::Sandbox, &id, WriteOptions::default())
+            {
+                tracing::warn!(sandbox = %id, error = %cleanup, "cannot delete a sandbox that failed to start");
+            }
+            Err(err)
+        }
+    }
+}
+
+/// Whether a sandbox runs the given generation of its spec, has failed, or is still on its way.
+pub fn running(sandbox: Option<&Sandbox>, id: &str, generation: u64) -> Poll<Sandbox> {
+    let Some(sandbox) = sandbox else {
+        return Poll::Fail(ApiError::Backend(format!(
+            "sandbox {id} was deleted before it started"
+        )));
+    };
+    if sandbox.metadata.deletion_timestamp.is_some() {
+        return Poll::Fail(ApiError::Backend(format!("sandbox {id} is being deleted")));
+    }
+    let Some(status) = sandbox.status.as_ref() else {
+        return Poll::Pending("no status yet".into());
+    };
+    let current = status.observed_generation.unwrap_or(0) >= generation;
+    let condition = wait::ready_condition(&status.conditions, generation);
+    if status.phase == SandboxPhase::Failed && current {
+        return Poll::Fail(ApiError::Backend(wait::explain(
+            &status.message,
+            condition,
+            &format!("sandbox {id} failed"),
+        )));
+    }
+    if let Some(failure) = wait::terminal_failure(&status.conditions, generation) {
+        return Poll::Fail(ApiError::Backend(wait::explain(
+            &failure.message,
+            Some(failure),
+            &format!("sandbox {id} failed"),
+        )));
+    }
+    if status.phase == SandboxPhase::Running && current && status.container_id.is_some() {
+        return Poll::Done(sandbox.clone());
+    }
+    let mut state = format!("phase {:?}", status.phase);
+    if !status.message.is_empty() {
+        state.push_str(": ");
+        state.push_str(&status.message);
+    }
+    Poll::Pending(state)
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(opts): Extension<V1Options>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
+    let obj = json_object(&headers, body, true).await?.unwrap_or_default();
+    let mut f = Fields::new(&obj);
+    let wanted = Wanted {
+        image: f.opt_str("image", None),
+        cpus: f.opt_float("cpus", Bound::Gt(0.0)),
+        memory_mb: f.opt_int("memory_mb", Bound::Ge(16)),
+        pids_limit: f.opt_int("pids_limit", Bound::Ge(8)),
+        network: f.bool_or("network", false),
+        read_only_rootfs: f.bool_or("read_only_rootfs", true),
+        timeout_seconds: f.opt_int("timeout_seconds", Bound::Ge(1)),
+        env: f.env("env"),
+    };
+    f.finish()?;
+    let spec = resolve(&state.settings, wanted)?;
+    let info = create_from_spec(&state, &opts, spec).await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+pub async fn list(State(state): State<AppState>) -> Json<SandboxList> {
+    let mut sandboxes: Vec<(Option<chrono::DateTime<chrono::Utc>>, SandboxInfo)> = state
+        .store
+        .list(Kind::Sandbox)
+        .iter()
+        .filter_map(|e| e.resource.as_sandbox())
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+        .map(|s| {
+            (
+                s.metadata.creation_timestamp,
+                sandbox_info(s, &state.settings),
+            )
+        })
+        .collect();
+    sandboxes.sort_by_key(|a| a.0);
+    Json(SandboxList {
+        sandboxes: sandboxes.into_iter().map(|(_, info)| info).collect(),
+    })
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    let id = path_id(path)?;
+    let sandbox = live_sandbox(&state.store, &id)?;
+    Ok(Json(sandbox_info(&sandbox, &state.settings)))
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    Extension(opts): Extension<V1Options>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let id = path_id(path)?;
+    let events = state.store.subscribe();
+    live_sandbox(&state.store, &id)?;
+    state
+        .store
+        .delete(Kind::Sandbox, &id, WriteOptions::default())
+        .map_err(store_error)?;
+    wait::until(
+        &state.store,
+        events,
+        Kind::Sandbox,
+        &id,
+        opts.wait_timeout,
+        &format!("sandbox {id} to be removed"),
+        |entry| match entry {
+            None => Poll::Done(()),
+            Some(e) => Poll::Pending(
+                match e.resource.as_sandbox().and_then(|s| s.status.as_ref()) {
+                    Some(status) => format!("phase {:?}", status.phase),
+                    None => "no status yet".into(),
+                },
+            ),
+        },
+    )
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn set_timeout(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    let id = path_id(path)?;
+    let obj = json_object(&headers, body, true).await?.unwrap_or_default();
+    let mut f = Fields::new(&obj);
+    let timeout = f.req_int("timeout_seconds", Bound::Ge(1));
+    f.finish()?;
+    let timeout = timeout.unwrap_or(1);
+    let max = state.settings.max_timeout_seconds;
+    if timeout < 1 || timeout > i128::from(max) {
+        return Err(ApiError::InvalidRequest(format!(
+            "timeout_seconds must be in [1, {max}]"
+        )));
+    }
+    live_sandbox(&state.store, &id)?;
+    let seconds = i64::try_from(timeout).unwrap_or(i64::MAX);
+    let deadline = wire::truncate_to_micros(chrono::Utc::now())
+        + chrono::TimeDelta::try_seconds(seconds).unwrap_or(chrono::TimeDelta::MAX);
+    let updated = state
+        .store
+        .update(Kind::Sandbox, &id, |resource| match resource {
+            AnyResource::Sandbox(sandbox) => {
+                if sandbox.metadata.deletion_timestamp.is_some() {
+                    return Err(StoreError::Terminating {
+                        kind: Kind::Sandbox,
+                        name: sandbox.metadata.name.clone(),
+                    });
+                }
+                sandbox.spec.shutdown_time = Some(deadline);
+                sandbox.spec.ttl_seconds = None;
+                Ok(())
+            }
+            _ => Err(StoreError::Invalid(format!("{id} is not a sandbox"))),
+        })
+        .map_err(store_error)?;
+    let sandbox = updated.as_sandbox().ok_or_else(|| sandbox_not_found(&id))?;
+    let mut info = sandbox_info(sandbox, &state.settings);
+    info.expires_at = Some(wire::timestamp(deadline));
+    Ok(Json(info))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn wanted() -> Wanted {
+        Wanted {
+            image: None,
+            cpus: None,
+            memory_mb: None,
+            pids_limit: None,
+            network: false,
+            read_only_rootfs: true,
+            env: BTreeMap::new(),
+            timeout_seconds: None,
+        }
+    }
+
+    fn message(err: ApiError) -> (u16, String) {
+        (err.status_and_code().0.as_u16(), err.to_string())
+    }
+
+    #[test]
+    fn resolves_every_value_and_checks_in_the_reference_order() {
+        let mut settings = Settings::for_tests(PathBuf::from("/tmp/x"));
+        settings.allowed_images = vec!["agent-sandbox-ref-test:*".into()];
+        settings.default_image = "agent-sandbox-ref-test:latest".into();
+        let spec = resolve(&settings, wanted()).unwrap();
+        assert_eq!(spec.image.as_deref(), Some("agent-sandbox-ref-test:latest"));
+        assert_eq!(spec.cpus, Some(1.0));
+        assert_eq!(spec.memory_mb, Some(512));
+        assert_eq!(spec.pids_limit, Some(256));
+        assert_eq!(spec.network, Some(false));
+        assert_eq!(spec.read_only_rootfs, Some(true));
+        assert_eq!(spec.ttl_seconds, Some(900));
+
+        let w = Wanted {
+            image: Some("python:3.12-slim".into()),
+            cpus: Some(5.0),
+            ..wanted()
+        };
+        assert_eq!(
+            message(resolve(&settings, w).unwrap_err()),
+            (
+                403,
+                "image 'python:3.12-slim' is not in the server's allowed_images list".into()
+            )
+        );
+        let w = Wanted {
+            cpus: Some(5.0),
+            memory_mb: Some(5000),
+            ..wanted()
+        };
+        assert_eq!(
+            message(resolve(&settings, w).unwrap_err()),
+            (400, "cpus must be in (0, 4.0]".into())
+        );
+        let w = Wanted {
+            memory_mb: Some(5000),
+            ..wanted()
+        };
+        assert_eq!(
+            message(resolve(&settings, w).unwrap_err()),
+            (400, "memory_mb must be in [16, 4096]".into())
+        );
+        let w = Wanted {
+            pids_limit: Some(5000),
+            ..wanted()
+        };
+        assert_eq!(
+            message(resolve(&settings, w).unwrap_err()),
+            (400, "pids_limit must be in [8, 4096]".into())
+        );
+        let w = Wanted {
+            timeout_seconds: Some(100_000),
+            ..wanted()
+        };
+        assert_eq!(
+            message(resolve(&settings, w).unwrap_err()),
+            (400, "timeout_seconds must be in [1, 86400]".into())
+        );
+        let mut env = BTreeMap::new();
+        env.insert("A=B".to_string(), "x".to_string());
+        let w = Wanted { env, ..wanted() };
+        assert_eq!(
+            message(resolve(&settings, w).unwrap_err()),
+            (400, "invalid environment variable name 'A=B'".into())
+        );
+        let mut env = BTreeMap::new();
+        env.insert("A".to_string(), "x\0y".to_string());
+        let w = Wanted { env, ..wanted() };
+        assert_eq!(
+            message(resolve(&settings, w).unwrap_err()),
+            (400, "invalid environment variable name 'A'".into())
+        );
+        settings.allow_network = false;
+        let w = Wanted {
+            network: true,
+            ..wanted()
+        };
+        assert_eq!(
+            message(resolve(&settings, w).unwrap_err()),
+            (
+                403,
+                "this server does not allow sandboxes with network access".into()
+            )
+        );
+        let w = Wanted {
+            image: Some(String::new()),
+            ..wanted()
+        };
+        assert!(
+            resolve(&settings, w).is_ok(),
+            "an empty image means the default"
+        );
+    }
+}

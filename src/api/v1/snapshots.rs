@@ -1,0 +1,332 @@
+//! Snapshots of `/v1` and what is built from them: take, list, get and delete a snapshot; roll a
+//! sandbox back to one; fork a new sandbox from one. Like the sandbox calls, each writes desired
+//! state and waits for the controller's observed status.
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::{Extension, Json};
+
+use super::common::{
+    live_sandbox, new_id, ready_snapshot, sandbox_info, snapshot_info, snapshot_not_found,
+    store_error,
+};
+use super::lax::{json_object, query_params, Bound, Fields};
+use super::sandboxes::{create_from_spec, resolve, running, Wanted};
+use super::wait::{self, Poll};
+use super::wire::{SandboxInfo, SnapshotInfo, SnapshotList};
+use super::{path_id, V1Options};
+use crate::api::error::ApiError;
+use crate::api::AppState;
+use crate::resource::{
+    AnyResource, ConditionStatus, Kind, RollbackRequest, Snapshot, SnapshotPhase, SnapshotSpec,
+};
+use crate::store::{StoreError, WriteOptions};
+
+/// Body of `POST /v1/sandboxes/{id}/snapshots` (optional).
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct SnapshotCreate {
+    /// A label for people, at most 128 characters.
+    name: Option<String>,
+}
+
+/// Body of `POST /v1/sandboxes/{id}/rollback`.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct RollbackBody {
+    snapshot_id: String,
+}
+
+/// Body of `POST /v1/snapshots/{id}/fork` (optional). Everything else comes from the spec the
+/// snapshot captured.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct ForkRequest {
+    /// Lifetime of the new sandbox (default: the server's default; not inherited).
+    timeout_seconds: Option<u64>,
+    network: Option<bool>,
+    cpus: Option<f64>,
+    memory_mb: Option<u64>,
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(opts): Extension<V1Options>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<(StatusCode, Json<SnapshotInfo>), ApiError> {
+    let sandbox_id = path_id(path)?;
+    let obj = json_object(&headers, body, false)
+        .await?
+        .unwrap_or_default();
+    let mut f = Fields::new(&obj);
+    let name = f.opt_str("name", Some(128));
+    f.finish()?;
+    live_sandbox(&state.store, &sandbox_id)?;
+
+    let events = state.store.subscribe();
+    let spec = SnapshotSpec {
+        sandbox: sandbox_id.clone(),
+        display_name: name,
+    };
+    let mut attempt = 0;
+    let created = loop {
+        let snapshot = Snapshot::new(new_id("snap_"), spec.clone());
+        match state.store.create(snapshot.into(), WriteOptions::default()) {
+            Ok(created) => break created,
+            Err(StoreError::AlreadyExists { .. }) if attempt < 3 => attempt += 1,
+            Err(err) => return Err(store_error(err)),
+        }
+    };
+    let id = created.name().to_string();
+    let result = wait::until(
+        &state.store,
+        events,
+        Kind::Snapshot,
+        &id,
+        opts.wait_timeout,
+        &format!("snapshot {id} of sandbox {sandbox_id}"),
+        |entry| {
+            snapshot_ready(
+                entry.and_then(|e| e.resource.as_snapshot()),
+                &id,
+                &sandbox_id,
+            )
+        },
+    )
+    .await;
+    match result {
+        Ok(snapshot) => Ok((StatusCode::CREATED, Json(snapshot_info(&snapshot)))),
+        Err(err) => {
+            // A failed snapshot is of no use to anyone and its ID was never handed out.
+            if let Err(cleanup) = state
+                .store
+                .delete(Kind::Snapshot, &id, WriteOptions::default())
+            {
+                tracing::warn!(snapshot = %id, error = %cleanup, "cannot delete a failed snapshot");
+            }
+            Err(err)
+        }
+    }
+}
+
+fn snapshot_ready(snapshot: Option<&Snapshot>, id: &str, sandbox_id: &str) -> Poll<Snapshot> {
+    let Some(snapshot) = snapshot else {
+        return Poll::Fail(ApiError::Backend(format!(
+            "snapshot {id} was deleted before it was taken"
+        )));
+    };
+    let Some(status) = snapshot.status.as_ref() else {
+        return Poll::Pending("no status yet".into());
+    };
+    let condition = status.conditions.iter().find(|c| c.type_ == "Ready");
+    let failed = status.phase == SnapshotPhase::Failed
+        || wait::terminal_failure(&status.conditions, 0).is_some();
+    if failed {
+        let message = wait::explain(
+            &status.message,
+            condition,
+            &format!("snapshot of sandbox {sandbox_id} failed"),
+        );
+        let reason = condition
+            .filter(|c| c.status == ConditionStatus::False)
+            .map(|c| c.reason.as_str());
+        return Poll::Fail(match reason {
+            Some("TooLarge") => ApiError::PayloadTooLarge(message),
+            Some("SandboxNotFound") => {
+                ApiError::NotFound(format!("sandbox {sandbox_id} not found"))
+            }
+            _ => ApiError::Backend(message),
+        });
+    }
+    if status.phase == SnapshotPhase::Ready {
+        return Poll::Done(snapshot.clone());
+    }
+    Poll::Pending(format!("phase {:?}", status.phase))
+}
+
+pub async fn list(State(state): State<AppState>, RawQuery(query): RawQuery) -> Json<SnapshotList> {
+    let filter = query_params(query.as_deref()).remove("sandbox_id");
+    let mut snapshots: Vec<_> = state
+        .store
+        .list(Kind::Snapshot)
+        .iter()
+        .filter_map(|e| e.resource.as_snapshot())
+        .filter(|s| {
+            s.metadata.deletion_timestamp.is_none()
+                && s.status
+                    .as_ref()
+                    .is_some_and(|st| st.phase == SnapshotPhase::Ready)
+                && filter.as_ref().is_none_or(|f| *f == s.spec.sandbox)
+        })
+        .map(|s| (s.metadata.creation_timestamp, snapshot_info(s)))
+        .collect();
+    snapshots.sort_by_key(|a| a.0);
+    Json(SnapshotList {
+        snapshots: snapshots.into_iter().map(|(_, info)| info).collect(),
+    })
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<SnapshotInfo>, ApiError> {
+    let id = path_id(path)?;
+    Ok(Json(snapshot_info(&ready_snapshot(&state.store, &id)?)))
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    Extension(opts): Extension<V1Options>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let id = path_id(path)?;
+    let events = state.store.subscribe();
+    let exists = state
+        .store
+        .get(Kind::Snapshot, &id)
+        .is_some_and(|e| e.resource.metadata().deletion_timestamp.is_none());
+    if !exists {
+        return Err(snapshot_not_found(&id));
+    }
+    state
+        .store
+        .delete(Kind::Snapshot, &id, WriteOptions::default())
+        .map_err(store_error)?;
+    wait::until(
+        &state.store,
+        events,
+        Kind::Snapshot,
+        &id,
+        opts.wait_timeout,
+        &format!("snapshot {id} to be removed"),
+        |entry| match entry {
+            None => Poll::Done(()),
+            Some(_) => Poll::Pending("deletion in progress".into()),
+        },
+    )
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn rollback(
+    State(state): State<AppState>,
+    Extension(opts): Extension<V1Options>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    let id = path_id(path)?;
+    let obj = json_object(&headers, body, true).await?.unwrap_or_default();
+    let mut f = Fields::new(&obj);
+    let snapshot_id = f.req_str("snapshot_id");
+    f.finish()?;
+    let snapshot_id = snapshot_id.unwrap_or_default();
+    // The reference looks the snapshot up first: an unknown snapshot wins over an unknown sandbox.
+    ready_snapshot(&state.store, &snapshot_id)?;
+    live_sandbox(&state.store, &id)?;
+
+    let events = state.store.subscribe();
+    let request_id = new_id("r-");
+    let request = RollbackRequest {
+        snapshot: snapshot_id.clone(),
+        request_id: request_id.clone(),
+    };
+    let updated = state
+        .store
+        .update(Kind::Sandbox, &id, |resource| match resource {
+            AnyResource::Sandbox(sandbox) if sandbox.metadata.deletion_timestamp.is_none() => {
+                sandbox.spec.rollback = Some(request.clone());
+                Ok(())
+            }
+            _ => Err(StoreError::NotFound {
+                kind: Kind::Sandbox,
+                name: id.clone(),
+            }),
+        })
+        .map_err(store_error)?;
+    let generation = updated.metadata().generation.unwrap_or(0);
+    let sandbox = wait::until(
+        &state.store,
+        events,
+        Kind::Sandbox,
+        &id,
+        opts.wait_timeout,
+        &format!("sandbox {id} to roll back to {snapshot_id}"),
+        |entry| {
+            let sandbox = entry.and_then(|e| e.resource.as_sandbox());
+            if sandbox.is_some_and(|s| rollback_snapshot_missing(s, generation)) {
+                return Poll::Fail(snapshot_not_found(&snapshot_id));
+            }
+            let done = sandbox
+                .and_then(|s| s.status.as_ref())
+                .and_then(|s| s.last_rollback.as_ref())
+                .is_some_and(|r| r.request_id == request_id);
+            match running(sandbox, &id, generation) {
+                Poll::Done(s) if done => Poll::Done(s),
+                Poll::Done(_) => Poll::Pending("rollback not done yet".into()),
+                other => other,
+            }
+        },
+    )
+    .await?;
+    let mut info = sandbox_info(&sandbox, &state.settings);
+    info.source_snapshot_id = Some(snapshot_id);
+    Ok(Json(info))
+}
+
+/// The snapshot vanished between our check and the controller's rollback.
+fn rollback_snapshot_missing(sandbox: &crate::resource::Sandbox, generation: u64) -> bool {
+    sandbox.status.as_ref().is_some_and(|s| {
+        wait::terminal_failure(&s.conditions, generation)
+            .is_some_and(|c| c.reason == "SnapshotNotFound")
+    })
+}
+
+pub async fn fork(
+    State(state): State<AppState>,
+    Extension(opts): Extension<V1Options>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
+    let snapshot_id = path_id(path)?;
+    let obj = json_object(&headers, body, false)
+        .await?
+        .unwrap_or_default();
+    let mut f = Fields::new(&obj);
+    let timeout_seconds = f.opt_int("timeout_seconds", Bound::Ge(1));
+    let network = f.opt_bool("network");
+    let cpus = f.opt_float("cpus", Bound::Gt(0.0));
+    let memory_mb = f.opt_int("memory_mb", Bound::Ge(16));
+    f.finish()?;
+    let snapshot = ready_snapshot(&state.store, &snapshot_id)?;
+    let captured = snapshot
+        .status
+        .as_ref()
+        .and_then(|s| s.sandbox_spec.clone())
+        .unwrap_or_default();
+    let wanted = Wanted {
+        image: captured.image.clone(),
+        cpus: cpus.or(captured.cpus),
+        memory_mb: memory_mb.or(captured.memory_mb.map(i128::from)),
+        pids_limit: captured.pids_limit.map(i128::from),
+        network: network.unwrap_or(captured.network.unwrap_or(false)),
+        read_only_rootfs: captured.read_only_rootfs.unwrap_or(true),
+        env: captured.env.clone(),
+        // Like the reference: the new sandbox gets its own lifetime, never the source's.
+        timeout_seconds,
+    };
+    let mut spec = resolve(&state.settings, wanted)?;
+    spec.source = Some(crate::resource::SandboxSource {
+        snapshot: snapshot_id,
+    });
+    let info = create_from_spec(&state, &opts, spec).await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
