@@ -292,12 +292,18 @@ impl Store {
             let source = &mut inner.sources[index];
             match scan {
                 Ok(scan) => {
-                    let merged = folders::merge_scan(&source.docs, scan);
+                    let mut merged = folders::merge_scan(&source.docs, scan);
                     if merged.kept_because_empty {
-                        tracing::warn!(
-                            folder = %root.display(),
-                            "every manifest file in the folder is empty; keeping what it declared before"
-                        );
+                        // Visible in the API too, so that whoever emptied the files learns why
+                        // nothing was deleted.
+                        merged.docs.errors.push(folders::error_at(
+                            &root,
+                            format!(
+                                "every manifest file here is empty; keeping the {} resources it \
+                                 declared before (remove the files to delete them)",
+                                merged.docs.count()
+                            ),
+                        ));
                     }
                     source.docs = merged.docs;
                     source.loaded = true;
