@@ -14,6 +14,7 @@
 //! writes Docker and status; exec and file calls go straight to a sandbox's container.
 
 pub mod api;
+pub mod archive;
 pub mod cli;
 pub mod config;
 pub mod controller;
