@@ -1,0 +1,745 @@
+//! `BollardEngine` against the real Docker daemon and the offline busybox test image: the
+//! hardening as Docker reports it and as it looks from inside, limits, events, the archive API,
+//! workspace ownership, the helper volume and idempotent removal.
+//!
+//! Every object carries a per-test name prefix; a guard removes whatever matches it with the
+//! docker CLI when the test ends, failed or not. `AGENT_SANDBOX_TEST_RUNTIME=runsc` runs the
+//! containers under gVisor.
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use agent_sandbox::docker::{
+    container_name, volume_name, BollardEngine, ContainerPlan, Engine, EngineError, EngineEvent,
+    ExecOutput, ExecPlan, HELPER_MOUNT, LABEL_ID, LABEL_MANAGED, LABEL_ROLE, LABEL_SPEC_HASH,
+    LABEL_UID, ROLE_HELPER,
+};
+use bytes::Bytes;
+use futures::stream::{self, StreamExt};
+use tokio::io::AsyncWriteExt;
+
+const IMAGE: &str = "agent-sandbox-test/busybox:latest";
+
+/// Removes every container, volume and network whose name contains the prefix.
+struct Cleanup {
+    prefix: String,
+}
+
+impl Cleanup {
+    fn new(tag: &str) -> Cleanup {
+        Cleanup {
+            prefix: format!("t{:08x}{tag}", rand::random::<u32>()),
+        }
+    }
+
+    fn sandbox(&self, name: &str) -> String {
+        format!("{}-{name}", self.prefix)
+    }
+
+    fn list(&self, args: &[&str]) -> Vec<String> {
+        let filter = format!("name={}", self.prefix);
+        let output = Command::new("docker")
+            .args(args)
+            .args(["--filter", &filter, "-q"])
+            .output();
+        match output {
+            Ok(o) => String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .map(str::to_string)
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let containers = self.list(&["ps", "-a"]);
+        if !containers.is_empty() {
+            let _ = Command::new("docker")
+                .args(["rm", "-f"])
+                .args(&containers)
+                .output();
+        }
+        let volumes = self.list(&["volume", "ls"]);
+        if !volumes.is_empty() {
+            let _ = Command::new("docker")
+                .args(["volume", "rm", "-f"])
+                .args(&volumes)
+                .output();
+        }
+        let networks = self.list(&["network", "ls"]);
+        if !networks.is_empty() {
+            let _ = Command::new("docker")
+                .args(["network", "rm"])
+                .args(&networks)
+                .output();
+        }
+    }
+}
+
+fn runtime() -> Option<String> {
+    std::env::var("AGENT_SANDBOX_TEST_RUNTIME")
+        .ok()
+        .filter(|r| !r.is_empty())
+}
+
+fn plan(sandbox: &str) -> ContainerPlan {
+    ContainerPlan {
+        sandbox: sandbox.to_string(),
+        uid: format!("uid-{sandbox}"),
+        server: "docker-engine-test".into(),
+        image: IMAGE.into(),
+        cpus: 0.5,
+        memory_mb: 96,
+        pids_limit: 50,
+        network: None,
+        read_only_rootfs: true,
+        env: BTreeMap::from([
+            ("FOO".to_string(), "bar baz".to_string()),
+            ("HOME".to_string(), "/root".to_string()),
+        ]),
+        tmp_size_mb: 16,
+        user: "1000:1000".into(),
+        runtime: runtime(),
+        spec_hash: "hash-1".into(),
+        helper_volume: None,
+        workspace_volume: volume_name(sandbox),
+    }
+}
+
+fn volume_labels(sandbox: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_MANAGED.to_string(), "true".to_string()),
+        (LABEL_ID.to_string(), sandbox.to_string()),
+    ])
+}
+
+async fn connect() -> BollardEngine {
+    BollardEngine::connect().await.expect("docker daemon")
+}
+
+async fn raw_docker() -> bollard::Docker {
+    bollard::Docker::connect_with_local_defaults()
+        .unwrap()
+        .negotiate_version()
+        .await
+        .unwrap()
+}
+
+/// Volume + prepared workspace + started container; returns the container ID.
+async fn running_sandbox(engine: &BollardEngine, plan: &ContainerPlan) -> String {
+    engine
+        .ensure_volume(&plan.workspace_volume, &volume_labels(&plan.sandbox))
+        .await
+        .unwrap();
+    let id = engine.create_container(plan).await.unwrap();
+    engine.prepare_workspace(&id, 1000, 1000).await.unwrap();
+    engine.start_container(&id).await.unwrap();
+    id
+}
+
+struct Ran {
+    stdout: String,
+    stderr: String,
+    code: i64,
+}
+
+async fn run_as(engine: &BollardEngine, id: &str, user: &str, script: &str) -> Ran {
+    let plan = ExecPlan {
+        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        env: vec!["PATH=/bin:/usr/bin".into()],
+        workdir: None,
+        user: user.into(),
+        stdin: false,
+    };
+    let session = engine.exec(id, &plan).await.unwrap();
+    let (stdout, stderr) = collect(session.output).await;
+    let code = exit_code(engine, &session.exec_id).await;
+    Ran {
+        stdout,
+        stderr,
+        code,
+    }
+}
+
+async fn run(engine: &BollardEngine, id: &str, script: &str) -> Ran {
+    run_as(engine, id, "", script).await
+}
+
+async fn collect(
+    mut output: futures::stream::BoxStream<
+        'static,
+        Result<ExecOutput, agent_sandbox::docker::EngineError>,
+    >,
+) -> (String, String) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    while let Some(chunk) = output.next().await {
+        match chunk.unwrap() {
+            ExecOutput::Stdout(b) => out.extend_from_slice(&b),
+            ExecOutput::Stderr(b) => err.extend_from_slice(&b),
+        }
+    }
+    (
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    )
+}
+
+async fn exit_code(engine: &BollardEngine, exec_id: &str) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = engine.inspect_exec(exec_id).await.unwrap();
+        if !state.running {
+            return state.exit_code.expect("finished exec has an exit code");
+        }
+        assert!(Instant::now() < deadline, "exec did not finish");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn status_field<'a>(status: &'a str, field: &str) -> &'a str {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("{field} missing in /proc/self/status"))
+}
+
+#[tokio::test]
+async fn hardened_container_as_docker_reports_it() {
+    let guard = Cleanup::new("inspect");
+    let engine = connect().await;
+    let name = guard.sandbox("a");
+    let plan = plan(&name);
+    let id = running_sandbox(&engine, &plan).await;
+
+    let inspected = raw_docker()
+        .await
+        .inspect_container(&id, None)
+        .await
+        .unwrap();
+    let config = inspected.config.unwrap();
+    let hc = inspected.host_config.unwrap();
+    assert_eq!(
+        inspected.name.as_deref(),
+        Some(&*format!("/{}", container_name(&name)))
+    );
+    assert_eq!(config.user.as_deref(), Some("1000:1000"));
+    assert_eq!(config.hostname.as_deref(), Some("sandbox"));
+    assert_eq!(config.working_dir.as_deref(), Some("/workspace"));
+    let env = config.env.unwrap();
+    assert!(env.contains(&"HOME=/workspace".to_string()), "{env:?}");
+    assert!(!env.contains(&"HOME=/root".to_string()), "{env:?}");
+    assert!(env.contains(&"FOO=bar baz".to_string()), "{env:?}");
+    let labels = config.labels.unwrap();
+    assert_eq!(labels.get(LABEL_MANAGED).map(String::as_str), Some("true"));
+    assert_eq!(labels.get(LABEL_ID), Some(&name));
+    assert_eq!(labels.get(LABEL_UID), Some(&format!("uid-{name}")));
+    assert_eq!(
+        labels.get(LABEL_SPEC_HASH).map(String::as_str),
+        Some("hash-1")
+    );
+    // The image's entrypoint never runs: ours replaces it.
+    assert_eq!(
+        config.entrypoint.unwrap(),
+        vec!["/bin/sh".to_string(), "-c".to_string()]
+    );
+
+    assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+    assert!(hc.cap_add.unwrap_or_default().is_empty());
+    assert_eq!(hc.security_opt, Some(vec!["no-new-privileges".to_string()]));
+    assert_eq!(hc.privileged, Some(false));
+    assert_eq!(hc.readonly_rootfs, Some(true));
+    assert_eq!(
+        hc.tmpfs.unwrap().get("/tmp").map(String::as_str),
+        Some("rw,nosuid,nodev,size=16m")
+    );
+    assert_eq!(hc.network_mode.as_deref(), Some("none"));
+    assert_eq!(hc.memory, Some(96 * 1024 * 1024));
+    assert_eq!(hc.memory_swap, hc.memory);
+    assert_eq!(hc.nano_cpus, Some(500_000_000));
+    assert_eq!(hc.pids_limit, Some(50));
+    assert_eq!(hc.ipc_mode.as_deref(), Some("private"));
+    assert_eq!(hc.init, Some(true));
+    assert!(hc.devices.unwrap_or_default().is_empty());
+    assert!(hc.binds.unwrap_or_default().is_empty());
+    assert_eq!(
+        hc.runtime.as_deref(),
+        Some(runtime().as_deref().unwrap_or("runc"))
+    );
+
+    let mounts = inspected.mounts.unwrap();
+    assert_eq!(mounts.len(), 1, "{mounts:?}");
+    assert_eq!(mounts[0].destination.as_deref(), Some("/workspace"));
+    assert_eq!(mounts[0].name.as_deref(), Some(&*volume_name(&name)));
+    assert_eq!(mounts[0].rw, Some(true));
+
+    let details = engine.inspect_container(&id).await.unwrap().unwrap();
+    assert!(details.running);
+    assert_eq!(details.state, "running");
+    assert!(details.started_at.is_some());
+    assert_eq!(details.labels.get(LABEL_ID), Some(&name));
+}
+
+#[tokio::test]
+async fn hardened_container_as_seen_from_inside() {
+    let guard = Cleanup::new("inside");
+    let engine = connect().await;
+    let plan = plan(&guard.sandbox("a"));
+    let id = running_sandbox(&engine, &plan).await;
+
+    let ran = run(
+        &engine,
+        &id,
+        "id -u; id -g; echo $HOME; hostname; pwd; echo $FOO",
+    )
+    .await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert_eq!(
+        ran.stdout,
+        "1000\n1000\n/workspace\nsandbox\n/workspace\nbar baz\n"
+    );
+    // An init process is PID 1 and the idle loop, not the image's entrypoint, is its child.
+    let ran = run(&engine, &id, "tr '\\0' ' ' < /proc/1/cmdline").await;
+    assert!(
+        ran.stdout.starts_with("/sbin/docker-init -- /bin/sh -c "),
+        "{}",
+        ran.stdout
+    );
+
+    let status = run(&engine, &id, "cat /proc/self/status").await.stdout;
+    assert_eq!(status_field(&status, "CapEff:"), "0000000000000000");
+    assert_eq!(status_field(&status, "CapBnd:"), "0000000000000000");
+    assert_eq!(status_field(&status, "NoNewPrivs:"), "1");
+
+    let ran = run(&engine, &id, "touch /rootfs-write").await;
+    assert_ne!(ran.code, 0, "the root filesystem must be read-only");
+    let ran = run(&engine, &id, "echo x > /tmp/t && cat /tmp/t").await;
+    assert_eq!(
+        (ran.code, ran.stdout.as_str()),
+        (0, "x\n"),
+        "{}",
+        ran.stderr
+    );
+    let ran = run(&engine, &id, "echo y > /workspace/w && ls -ln /workspace/w").await;
+    assert_eq!(
+        ran.code, 0,
+        "sandbox user must write /workspace: {}",
+        ran.stderr
+    );
+    assert!(ran.stdout.contains(" 1000 "), "{}", ran.stdout);
+
+    let nets = run(&engine, &id, "ls /sys/class/net").await.stdout;
+    assert_eq!(nets.split_whitespace().collect::<Vec<_>>(), vec!["lo"]);
+
+    if runtime().is_none() {
+        // gVisor keeps /tmp inside its own kernel and reports other mount options.
+        let mounts = run(&engine, &id, "grep ' /tmp ' /proc/mounts").await.stdout;
+        for option in ["nosuid", "nodev", "noexec", "size=16384k"] {
+            assert!(mounts.contains(option), "/tmp lacks {option}: {mounts}");
+        }
+    }
+
+    // An exec with stdin: what goes in comes out, and closing stdin ends the command.
+    let session = engine
+        .exec(
+            &id,
+            &ExecPlan {
+                argv: vec!["cat".into()],
+                env: vec!["PATH=/bin".into()],
+                user: "1000:1000".into(),
+                stdin: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut input = session.input.expect("stdin writer");
+    input.write_all(b"through stdin\n").await.unwrap();
+    input.shutdown().await.unwrap();
+    let (stdout, _) = tokio::time::timeout(Duration::from_secs(10), collect(session.output))
+        .await
+        .expect("cat ends when stdin closes");
+    assert_eq!(stdout, "through stdin\n");
+    assert_eq!(exit_code(&engine, &session.exec_id).await, 0);
+}
+
+#[tokio::test]
+async fn workspace_is_root_owned_until_prepared() {
+    let guard = Cleanup::new("prep");
+    let engine = connect().await;
+    let plan = plan(&guard.sandbox("a"));
+    engine
+        .ensure_volume(&plan.workspace_volume, &volume_labels(&plan.sandbox))
+        .await
+        .unwrap();
+    let id = engine.create_container(&plan).await.unwrap();
+    engine.start_container(&id).await.unwrap();
+    let ran = run(&engine, &id, "touch /workspace/f").await;
+    assert_ne!(
+        ran.code, 0,
+        "a fresh volume must not be writable by the sandbox user"
+    );
+
+    // Works on a running container too, and the owner survives a new container.
+    engine.prepare_workspace(&id, 1000, 1000).await.unwrap();
+    let ran = run(
+        &engine,
+        &id,
+        "touch /workspace/f && stat -c '%u:%g %a' /workspace",
+    )
+    .await;
+    assert_eq!(
+        (ran.code, ran.stdout.as_str()),
+        (0, "1000:1000 755\n"),
+        "{}",
+        ran.stderr
+    );
+    engine.remove_container(&id).await.unwrap();
+    let id = engine.create_container(&plan).await.unwrap();
+    engine.start_container(&id).await.unwrap();
+    let ran = run(&engine, &id, "ls /workspace && touch /workspace/g").await;
+    assert_eq!(
+        (ran.code, ran.stdout.as_str()),
+        (0, "f\n"),
+        "{}",
+        ran.stderr
+    );
+}
+
+#[tokio::test]
+async fn limits_update_and_pause() {
+    let guard = Cleanup::new("limits");
+    let engine = connect().await;
+    let plan = plan(&guard.sandbox("a"));
+    let id = running_sandbox(&engine, &plan).await;
+
+    engine.update_limits(&id, 1.25, 128, 80).await.unwrap();
+    let hc = raw_docker()
+        .await
+        .inspect_container(&id, None)
+        .await
+        .unwrap()
+        .host_config
+        .unwrap();
+    assert_eq!(hc.nano_cpus, Some(1_250_000_000));
+    assert_eq!(hc.memory, Some(128 * 1024 * 1024));
+    assert_eq!(hc.memory_swap, Some(128 * 1024 * 1024));
+    assert_eq!(hc.pids_limit, Some(80));
+
+    engine.pause(&id).await.unwrap();
+    engine.pause(&id).await.unwrap();
+    let details = engine.inspect_container(&id).await.unwrap().unwrap();
+    assert!(details.paused);
+    assert_eq!(details.state, "paused");
+    engine.unpause(&id).await.unwrap();
+    engine.unpause(&id).await.unwrap();
+    let details = engine.inspect_container(&id).await.unwrap().unwrap();
+    assert!(details.running && !details.paused);
+}
+
+type Events = tokio::sync::mpsc::UnboundedReceiver<Result<EngineEvent, EngineError>>;
+
+/// Waits for `object action` about `sandbox`, skipping other events.
+async fn wait_for(rx: &mut Events, sandbox: &str, object: &str, action: &str) {
+    let wanted = EngineEvent {
+        object: object.into(),
+        action: action.into(),
+        sandbox: Some(sandbox.into()),
+    };
+    let found = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(event) = rx.recv().await {
+            if event.unwrap() == wanted {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(found, Ok(true), "no {object} {action} event");
+}
+
+#[tokio::test]
+async fn events_report_die_and_destroy() {
+    let guard = Cleanup::new("events");
+    let engine = connect().await;
+    let name = guard.sandbox("a");
+    let plan = plan(&name);
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut events = engine.events();
+    let pump = tokio::spawn(async move {
+        while let Some(event) = events.next().await {
+            if tx.send(event).is_err() {
+                break;
+            }
+        }
+    });
+    // The volume's create event proves the subscription is live before anything else happens.
+    let labels = volume_labels(&name);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        engine
+            .ensure_volume(&plan.workspace_volume, &labels)
+            .await
+            .unwrap();
+        let got = tokio::time::timeout(Duration::from_millis(300), rx.recv()).await;
+        if let Ok(Some(Ok(event))) = got {
+            if event.object == "volume" && event.sandbox.as_deref() == Some(name.as_str()) {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "event stream never delivered");
+    }
+
+    let id = engine.create_container(&plan).await.unwrap();
+    engine.prepare_workspace(&id, 1000, 1000).await.unwrap();
+    engine.start_container(&id).await.unwrap();
+    wait_for(&mut rx, &name, "container", "start").await;
+    engine.remove_container(&id).await.unwrap();
+    wait_for(&mut rx, &name, "container", "die").await;
+    wait_for(&mut rx, &name, "container", "destroy").await;
+    engine.remove_volume(&plan.workspace_volume).await.unwrap();
+    wait_for(&mut rx, &name, "volume", "destroy").await;
+    pump.abort();
+}
+
+#[tokio::test]
+async fn archive_round_trip_through_workspace() {
+    let guard = Cleanup::new("archive");
+    let engine = connect().await;
+    let plan = plan(&guard.sandbox("a"));
+    let id = running_sandbox(&engine, &plan).await;
+
+    let content = vec![b'z'; 300_000];
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(content.len() as u64);
+    header.set_mode(0o644);
+    header.set_uid(1000);
+    header.set_gid(1000);
+    builder
+        .append_data(&mut header, "dir/data.bin", &content[..])
+        .unwrap();
+    let tar = builder.into_inner().unwrap();
+    // Sent in pieces, as a streamed upload would be.
+    let chunks: Vec<Bytes> = tar.chunks(7_000).map(Bytes::copy_from_slice).collect();
+    engine
+        .archive_put(&id, "/workspace", stream::iter(chunks).boxed())
+        .await
+        .unwrap();
+
+    let ran = run(
+        &engine,
+        &id,
+        "wc -c < /workspace/dir/data.bin; echo more >> /workspace/dir/data.bin",
+    )
+    .await;
+    assert_eq!(
+        (ran.code, ran.stdout.trim()),
+        (0, "300000"),
+        "{}",
+        ran.stderr
+    );
+
+    let mut body = engine
+        .archive_get(&id, "/workspace/dir/data.bin")
+        .await
+        .unwrap();
+    let mut tar = Vec::new();
+    while let Some(chunk) = body.next().await {
+        tar.extend_from_slice(&chunk.unwrap());
+    }
+    let mut archive = tar::Archive::new(&tar[..]);
+    let mut entry = archive.entries().unwrap().next().unwrap().unwrap();
+    assert_eq!(entry.path().unwrap().to_str(), Some("data.bin"));
+    let mut back = Vec::new();
+    std::io::Read::read_to_end(&mut entry, &mut back).unwrap();
+    assert_eq!(back.len(), 300_005);
+    assert!(back.ends_with(b"zzmore\n"));
+
+    let missing = engine.archive_get(&id, "/workspace/nope").await;
+    assert!(matches!(missing, Err(EngineError::NotFound { .. })));
+    // The archive API refuses the read-only root filesystem, even on a running container.
+    let refused = engine
+        .archive_put(&id, "/etc", stream::iter(vec![Bytes::from(tar)]).boxed())
+        .await;
+    assert!(refused.is_err());
+}
+
+#[tokio::test]
+async fn helper_volume_is_filled_once_and_runs_the_idle_helper() {
+    let guard = Cleanup::new("helper");
+    let engine = connect().await;
+    let volume = format!("{}-helper", guard.prefix);
+    // A stand-in for the real helper: it only has to idle until told to stop.
+    let binary = b"#!/bin/sh\n[ \"$1\" = idle ] || exit 2\ntrap 'exit 0' TERM\nwhile :; do sleep 3600 & wait $!; done\n";
+
+    engine.ensure_helper_volume(&volume, binary).await.unwrap();
+    engine.ensure_helper_volume(&volume, binary).await.unwrap();
+    // A fresh engine (no memory of the volume) finds the marker and writes nothing.
+    connect()
+        .await
+        .ensure_helper_volume(&volume, binary)
+        .await
+        .unwrap();
+
+    let listed = engine.list_volumes().await.unwrap();
+    let ours = listed
+        .iter()
+        .find(|v| v.name == volume)
+        .expect("helper volume listed");
+    assert_eq!(
+        ours.labels.get(LABEL_ROLE).map(String::as_str),
+        Some(ROLE_HELPER)
+    );
+    let fillers = Command::new("docker")
+        .args(["ps", "-aq", "--filter", &format!("volume={volume}")])
+        .output()
+        .unwrap();
+    assert!(fillers.stdout.is_empty(), "filler containers left behind");
+
+    let mut plan = plan(&guard.sandbox("a"));
+    plan.helper_volume = Some(volume.clone());
+    let id = running_sandbox(&engine, &plan).await;
+    let details = engine.inspect_container(&id).await.unwrap().unwrap();
+    assert!(details.running, "idle helper must keep the container up");
+    let ran = run(
+        &engine,
+        &id,
+        &format!("stat -c '%u:%g %a' {HELPER_MOUNT}/agent-sandbox-helper; tr '\\0' ' ' < /proc/1/cmdline; echo; touch {HELPER_MOUNT}/x"),
+    )
+    .await;
+    assert_eq!(
+        ran.stdout,
+        format!("0:0 555\n/sbin/docker-init -- {HELPER_MOUNT}/agent-sandbox-helper idle \n"),
+        "{}",
+        ran.stderr
+    );
+    assert_ne!(ran.code, 0, "the helper volume must be read-only");
+
+    let inspected = raw_docker()
+        .await
+        .inspect_container(&id, None)
+        .await
+        .unwrap();
+    let mounts = inspected.mounts.unwrap();
+    let helper = mounts
+        .iter()
+        .find(|m| m.destination.as_deref() == Some(HELPER_MOUNT))
+        .expect("helper mount");
+    assert_eq!(helper.rw, Some(false));
+    assert_eq!(mounts.len(), 2);
+
+    // A new binary replaces the old one in place.
+    let newer = b"#!/bin/sh\necho v2\n";
+    engine.ensure_helper_volume(&volume, newer).await.unwrap();
+    let ran = run(
+        &engine,
+        &id,
+        &format!("cat {HELPER_MOUNT}/agent-sandbox-helper"),
+    )
+    .await;
+    assert_eq!(ran.stdout.as_bytes(), newer);
+}
+
+#[tokio::test]
+async fn create_and_remove_are_idempotent_and_errors_are_typed() {
+    let guard = Cleanup::new("idem");
+    let engine = connect().await;
+    let name = guard.sandbox("a");
+    let plan = plan(&name);
+    let labels = volume_labels(&name);
+    engine
+        .ensure_volume(&plan.workspace_volume, &labels)
+        .await
+        .unwrap();
+    engine
+        .ensure_volume(&plan.workspace_volume, &labels)
+        .await
+        .unwrap();
+    let id = engine.create_container(&plan).await.unwrap();
+    assert!(matches!(
+        engine.create_container(&plan).await,
+        Err(EngineError::Conflict { .. })
+    ));
+
+    let containers = engine.list_containers().await.unwrap();
+    let ours = containers.iter().find(|c| c.id == id).expect("listed");
+    assert_eq!(ours.name, container_name(&name));
+    assert_eq!(ours.state, "created");
+    assert_eq!(ours.sandbox(), Some(name.as_str()));
+    let volumes = engine.list_volumes().await.unwrap();
+    assert!(volumes
+        .iter()
+        .any(|v| v.name == plan.workspace_volume && v.sandbox() == Some(name.as_str())));
+
+    engine.remove_container(&id).await.unwrap();
+    engine.remove_container(&id).await.unwrap();
+    assert_eq!(engine.inspect_container(&id).await.unwrap(), None);
+    engine.remove_volume(&plan.workspace_volume).await.unwrap();
+    engine.remove_volume(&plan.workspace_volume).await.unwrap();
+
+    let mut missing = plan.clone();
+    missing.image = "agent-sandbox-test/does-not-exist:1".into();
+    assert!(matches!(
+        engine.create_container(&missing).await,
+        Err(EngineError::ImageMissing(_))
+    ));
+    assert!(engine.image_exists(IMAGE).await.unwrap());
+    assert!(!engine.image_exists(&missing.image).await.unwrap());
+    assert!(matches!(
+        engine
+            .start_container("agent-sandbox-no-such-container")
+            .await,
+        Err(EngineError::NotFound { .. })
+    ));
+}
+
+#[tokio::test]
+async fn network_is_an_isolated_bridge() {
+    let guard = Cleanup::new("net");
+    let engine = connect().await;
+    let network = format!("{}-net", guard.prefix);
+    engine.ensure_network(&network).await.unwrap();
+    engine.ensure_network(&network).await.unwrap();
+
+    let docker = raw_docker().await;
+    let listed = docker
+        .list_networks(Some(bollard::query_parameters::ListNetworksOptions {
+            filters: Some(HashMap::from([("name".to_string(), vec![network.clone()])])),
+        }))
+        .await
+        .unwrap();
+    let same_name: Vec<_> = listed
+        .iter()
+        .filter(|n| n.name.as_deref() == Some(&*network))
+        .collect();
+    assert_eq!(same_name.len(), 1);
+    let net = same_name[0];
+    assert_eq!(net.driver.as_deref(), Some("bridge"));
+    assert_eq!(
+        net.options
+            .as_ref()
+            .and_then(|o| o.get("com.docker.network.bridge.enable_icc"))
+            .map(String::as_str),
+        Some("false")
+    );
+    assert_eq!(
+        net.labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_MANAGED))
+            .map(String::as_str),
+        Some("true")
+    );
+
+    let mut plan = plan(&guard.sandbox("a"));
+    plan.network = Some(network.clone());
+    let id = running_sandbox(&engine, &plan).await;
+    let nets = run(&engine, &id, "ls /sys/class/net").await.stdout;
+    let mut nets: Vec<_> = nets.split_whitespace().collect();
+    nets.sort();
+    assert_eq!(nets, vec!["eth0", "lo"]);
+}
