@@ -17,7 +17,8 @@ pub struct ErrorBody {
 #[derive(Serialize, JsonSchema, Clone, Debug)]
 pub struct ErrorDetail {
     /// Machine-readable: `invalid_request`, `unauthorized`, `forbidden`, `not_found`,
-    /// `method_not_allowed`, `conflict`, `payload_too_large`, `validation_error`,
+    /// `method_not_allowed`, `conflict`, `payload_too_large`, `unsupported_media_type`,
+    /// `validation_error`,
     /// `limit_exceeded`, `backend_error`, `unavailable` or `internal_error`.
     pub code: String,
     /// For people.
@@ -48,6 +49,9 @@ pub enum ApiError {
     /// 413 `payload_too_large`
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// 415 `unsupported_media_type`
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     /// 422 `validation_error`
     #[error("{0}")]
     Validation(String),
@@ -75,6 +79,9 @@ impl ApiError {
             ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            ApiError::UnsupportedMediaType(_) => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            }
             ApiError::Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation_error"),
             ApiError::LimitExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "limit_exceeded"),
             ApiError::Backend(_) => (StatusCode::BAD_GATEWAY, "backend_error"),
@@ -101,5 +108,102 @@ impl IntoResponse for ApiError {
             );
         }
         response
+    }
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> ApiError {
+        use crate::store::StoreError as S;
+        match e {
+            S::NotFound { .. } => ApiError::NotFound(e.to_string()),
+            S::AlreadyExists { .. } | S::Conflict { .. } | S::Terminating { .. } => {
+                ApiError::Conflict(e.to_string())
+            }
+            S::ReadOnly { .. } => ApiError::Forbidden(e.to_string()),
+            S::Invalid(message) => ApiError::InvalidRequest(message),
+            // The path is the server's business; the log has it, the client gets the cause.
+            S::Io {
+                ref path,
+                ref source,
+            } => {
+                tracing::error!(path = %path.display(), error = %source, "store I/O failed");
+                ApiError::Internal(format!("the server could not write its data: {source}"))
+            }
+        }
+    }
+}
+
+impl From<crate::dataplane::DataPlaneError> for ApiError {
+    fn from(e: crate::dataplane::DataPlaneError) -> ApiError {
+        use crate::dataplane::DataPlaneError as D;
+        match e {
+            D::InvalidRequest(message) => ApiError::InvalidRequest(message),
+            D::NotFound(message) => ApiError::NotFound(message),
+            D::TooLarge { .. } => ApiError::PayloadTooLarge(e.to_string()),
+            D::NotRunning(_) => ApiError::Conflict(e.to_string()),
+            D::Backend(message) => ApiError::Backend(message),
+        }
+    }
+}
+
+/// A document that does not parse or match its schema: 422, naming line and field.
+impl From<crate::resource::yaml::DocumentError> for ApiError {
+    fn from(e: crate::resource::yaml::DocumentError) -> ApiError {
+        ApiError::Validation(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::Kind;
+    use crate::store::StoreError;
+
+    #[test]
+    fn store_errors_map_to_the_contract() {
+        let status = |e: StoreError| ApiError::from(e).status_and_code();
+        let name = || "x".to_string();
+        assert_eq!(
+            status(StoreError::NotFound {
+                kind: Kind::Sandbox,
+                name: name()
+            })
+            .0,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            status(StoreError::Terminating {
+                kind: Kind::Sandbox,
+                name: name()
+            })
+            .0,
+            StatusCode::CONFLICT
+        );
+        let read_only = ApiError::from(StoreError::ReadOnly {
+            kind: Kind::Sandbox,
+            name: name(),
+            folder: "/srv/gitops".into(),
+        });
+        assert_eq!(
+            read_only.status_and_code(),
+            (StatusCode::FORBIDDEN, "forbidden")
+        );
+        assert!(read_only.to_string().contains("/srv/gitops"));
+        assert_eq!(
+            status(StoreError::Invalid("bad".into())).0,
+            StatusCode::BAD_REQUEST
+        );
+    }
+
+    #[tokio::test]
+    async fn unauthorized_carries_www_authenticate() {
+        let response = ApiError::Unauthorized("no".into()).into_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(response.headers()["www-authenticate"], "Bearer");
+        let body = axum::body::to_bytes(response.into_body(), 1024)
+            .await
+            .unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(value["error"]["code"], "unauthorized");
     }
 }

@@ -3,16 +3,31 @@
 //! map errors in one place ([`error::ApiError`]). Lifecycle changes only ever go through the store;
 //! the controller does the Docker work and the handlers wait for its observed status.
 
+pub mod auth;
+pub mod body;
 pub mod error;
+pub mod health;
+pub mod http;
 pub mod openapi;
+pub mod resources;
 pub mod v1;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
 use crate::config::Settings;
 use crate::dataplane::DataPlane;
 use crate::docker::Engine;
 use crate::store::Store;
+use error::ApiError;
+use openapi::Operation;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -23,4 +38,193 @@ pub struct AppState {
     pub engine: Arc<dyn Engine>,
     /// Serializes `/v1` creates so that `max_sandboxes` is never overshot by concurrent requests.
     pub create_lock: Arc<tokio::sync::Mutex<()>>,
+    /// The API keys requests must present (or none, when authentication is off).
+    pub keys: Arc<auth::ApiKeys>,
+}
+
+/// The whole HTTP API. Routing comes first (unknown path 404, wrong method 405, both without a
+/// key, as the reference does), then authentication for everything but `/healthz` and
+/// `/openapi.json`, then the handler.
+pub fn router(state: AppState) -> Router {
+    let protected = Router::new()
+        .merge(resources::routes())
+        .merge(v1::routes())
+        .route_layer(middleware::from_fn_with_state(
+            state.keys.clone(),
+            auth::require_key,
+        ));
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/openapi.json", get(openapi_json))
+        .merge(protected)
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(not_found)
+        .layer(middleware::from_fn(common_error_shape))
+        // Sets the default for body extractors; a route that takes larger bodies sets its own
+        // `DefaultBodyLimit` closer to the handler, which wins.
+        .layer(DefaultBodyLimit::max(body::MAX_JSON_BODY))
+        .layer(
+            TraceLayer::new_for_http()
+                // Method and path only: headers carry API keys and are never logged.
+                .make_span_with(|request: &Request| {
+                    tracing::info_span!(
+                        "http",
+                        method = %request.method(),
+                        path = %request.uri().path(),
+                    )
+                })
+                .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
+        )
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("Not Found".into())
+}
+
+/// The framework adds the `Allow` header to this response.
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed("Method Not Allowed".into())
+}
+
+/// Rewrites error responses that do not already use the common error shape (the framework's
+/// own rejections, which are plain text) into it, keeping status and headers.
+async fn common_error_shape(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = match axum::body::to_bytes(body, 64 * 1024).await {
+        Ok(bytes) if !bytes.is_empty() => String::from_utf8_lossy(&bytes).into_owned(),
+        _ => status.canonical_reason().unwrap_or("error").to_string(),
+    };
+    let error = match status {
+        StatusCode::BAD_REQUEST => ApiError::InvalidRequest(text),
+        StatusCode::UNAUTHORIZED => ApiError::Unauthorized(text),
+        StatusCode::FORBIDDEN => ApiError::Forbidden(text),
+        StatusCode::NOT_FOUND => ApiError::NotFound(text),
+        StatusCode::METHOD_NOT_ALLOWED => ApiError::MethodNotAllowed(text),
+        StatusCode::CONFLICT => ApiError::Conflict(text),
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge(text),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::UnsupportedMediaType(text),
+        StatusCode::UNPROCESSABLE_ENTITY => ApiError::Validation(text),
+        StatusCode::TOO_MANY_REQUESTS => ApiError::LimitExceeded(text),
+        StatusCode::BAD_GATEWAY => ApiError::Backend(text),
+        StatusCode::SERVICE_UNAVAILABLE => ApiError::Unavailable(text),
+        StatusCode::INTERNAL_SERVER_ERROR => ApiError::Internal(text),
+        _ => {
+            let body = error::ErrorBody {
+                error: error::ErrorDetail {
+                    code: "http_error".into(),
+                    message: text,
+                },
+            };
+            let mut fresh = (status, axum::Json(body)).into_response();
+            keep_headers(&mut parts.headers, &mut fresh);
+            return fresh;
+        }
+    };
+    let mut fresh = error.into_response();
+    *fresh.status_mut() = status;
+    keep_headers(&mut parts.headers, &mut fresh);
+    fresh
+}
+
+fn keep_headers(old: &mut axum::http::HeaderMap, fresh: &mut Response) {
+    for name in [
+        header::CONTENT_TYPE,
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+    ] {
+        old.remove(name);
+    }
+    for (name, value) in old.drain().filter_map(|(n, v)| n.map(|n| (n, v))) {
+        fresh.headers_mut().insert(name, value);
+    }
+}
+
+/// Every documented route: health, the OpenAPI document itself, the resource API and `/v1`.
+pub fn operations() -> Vec<Operation> {
+    let mut ops = vec![
+        Operation::new(
+            Method::GET,
+            "/healthz",
+            "healthz",
+            "Server and Docker health",
+        )
+        .public()
+        .tag("health")
+        .json::<health::Health>(200, "The server and Docker answer")
+        .errors(&[503]),
+        Operation::new(
+            Method::GET,
+            "/openapi.json",
+            "openapi",
+            "This OpenAPI document",
+        )
+        .public()
+        .tag("health")
+        .json_object(200, "The OpenAPI 3.1 document"),
+    ];
+    ops.extend(resources::operations());
+    ops.extend(v1::operations());
+    ops
+}
+
+/// The OpenAPI document of the whole API, as served and committed in `docs/openapi.json`.
+pub fn openapi_document() -> serde_json::Value {
+    openapi::document(&operations())
+}
+
+async fn openapi_json() -> Response {
+    static TEXT: OnceLock<String> = OnceLock::new();
+    let text = TEXT.get_or_init(|| openapi::to_text(&openapi_document()));
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        text.as_str(),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn committed_openapi_is_current() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/openapi.json");
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        let current = openapi::to_text(&openapi_document());
+        assert!(
+            committed == current,
+            "{} is stale: run `cargo run -- openapi docs/openapi.json` to regenerate it",
+            path.display()
+        );
+    }
+
+    #[test]
+    fn every_route_is_documented_once() {
+        let ops = operations();
+        let mut seen = std::collections::BTreeSet::new();
+        for op in &ops {
+            assert!(
+                seen.insert((op.method.to_string(), op.path.clone())),
+                "{} {} documented twice",
+                op.method,
+                op.path
+            );
+        }
+        let ids: std::collections::BTreeSet<_> = ops.iter().map(|o| &o.operation_id).collect();
+        assert_eq!(ids.len(), ops.len(), "operation ids must be unique");
+    }
 }

@@ -34,6 +34,8 @@ pub enum Body {
     Ndjson(SchemaFn),
     /// `application/octet-stream`: raw bytes.
     Binary,
+    /// `application/json`: any JSON object (a document with no Rust type of its own).
+    JsonObject,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -227,6 +229,11 @@ impl Operation {
         self.reply(status, description, Some(Body::Ndjson(schema::<T>())))
     }
 
+    /// A JSON success response that is any object.
+    pub fn json_object(self, status: u16, description: impl Into<String>) -> Self {
+        self.reply(status, description, Some(Body::JsonObject))
+    }
+
     /// A raw-bytes success response.
     pub fn binary(self, status: u16, description: impl Into<String>) -> Self {
         self.reply(status, description, Some(Body::Binary))
@@ -259,6 +266,7 @@ fn content(body: Body, generator: &mut SchemaGenerator) -> Value {
             })
         }
         Body::Ndjson(f) => json!({"application/x-ndjson": {"schema": f(generator)}}),
+        Body::JsonObject => json!({"application/json": {"schema": {"type": "object"}}}),
         Body::Binary => {
             json!({"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}})
         }
@@ -274,6 +282,7 @@ fn error_description(status: u16) -> &'static str {
         405 => "Method not allowed",
         409 => "Conflict",
         413 => "Payload too large",
+        415 => "Unsupported Content-Type",
         422 => "The body does not match the schema",
         429 => "Sandbox limit reached",
         502 => "Docker failed or is unreachable",
@@ -327,11 +336,22 @@ fn operation_value(op: &Operation, generator: &mut SchemaGenerator) -> Value {
     }
     let mut responses = Map::new();
     for reply in &op.replies {
-        let mut value = json!({"description": reply.description});
+        // Several replies with one status are one response with several content types.
+        let value = responses
+            .entry(reply.status.to_string())
+            .or_insert_with(|| json!({"description": reply.description}));
         if let Some(body) = reply.body {
-            value["content"] = content(body, generator);
+            if let (Some(value), Value::Object(more)) =
+                (value.as_object_mut(), content(body, generator))
+            {
+                let all = value
+                    .entry("content")
+                    .or_insert_with(|| Value::Object(Map::new()));
+                if let Some(all) = all.as_object_mut() {
+                    all.extend(more);
+                }
+            }
         }
-        responses.insert(reply.status.to_string(), value);
     }
     let error_ref = schema::<ErrorBody>()(generator);
     let mut errors = op.errors.clone();

@@ -32,12 +32,32 @@ pub enum Command {
         #[arg(default_value = "schemas")]
         dir: PathBuf,
     },
+    /// Write the OpenAPI document of the HTTP API (to stdout without a path).
+    ///
+    /// Example: agent-sandbox openapi docs/openapi.json
+    Openapi { path: Option<PathBuf> },
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(settings) => crate::server::run_blocking(settings),
+        Command::Openapi { path } => {
+            let document = crate::api::openapi_document();
+            match path {
+                None => {
+                    print!("{}", crate::api::openapi::to_text(&document));
+                    ExitCode::SUCCESS
+                }
+                Some(path) => match crate::api::openapi::write(&document, &path) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("error: cannot write {}: {e}", path.display());
+                        ExitCode::FAILURE
+                    }
+                },
+            }
+        }
         Command::Schemas { dir } => match crate::resource::schema::write_schemas(&dir) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
