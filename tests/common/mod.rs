@@ -1,0 +1,360 @@
+//! Shared harness for integration tests: runs the real `agent-sandbox` binary against the real
+//! Docker daemon with its own data directory, port and server identity, and cleans up every Docker
+//! object it created, even when a test fails.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const TEST_IMAGE: &str = "agent-sandbox-test/busybox:latest";
+pub const API: &str = "/apis/agent-sandbox.io/v1";
+
+/// A unique, valid resource-name prefix for one test.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", rand::random::<u32>())
+}
+
+/// The runtime integration tests run under (`AGENT_SANDBOX_TEST_RUNTIME=runsc` for gVisor).
+pub fn test_runtime() -> String {
+    std::env::var("AGENT_SANDBOX_TEST_RUNTIME").unwrap_or_default()
+}
+
+pub struct Server {
+    child: Option<Child>,
+    pub url: String,
+    pub key: String,
+    pub data_dir: PathBuf,
+    pub watch_dir: PathBuf,
+    _tmp: tempfile::TempDir,
+    port: u16,
+    extra_env: Vec<(String, String)>,
+    pub log_path: PathBuf,
+}
+
+impl Server {
+    pub fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    /// Starts a server with extra `AGENT_SANDBOX_*` settings.
+    pub fn start_with(env: &[(&str, &str)]) -> Server {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let data_dir = tmp.path().join("data");
+        let watch_dir = tmp.path().join("gitops");
+        std::fs::create_dir_all(&watch_dir).unwrap();
+        let port = free_port();
+        let mut server = Server {
+            child: None,
+            url: format!("http://127.0.0.1:{port}"),
+            key: format!("test-key-{:032x}", rand::random::<u128>()),
+            data_dir,
+            watch_dir,
+            log_path: tmp.path().join("server.log"),
+            _tmp: tmp,
+            port,
+            extra_env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agent-sandbox"));
+        cmd.arg("serve")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("AGENT_SANDBOX_PORT", self.port.to_string())
+            .env("AGENT_SANDBOX_DATA_DIR", &self.data_dir)
+            .env("AGENT_SANDBOX_WATCH_DIRS", &self.watch_dir)
+            .env("AGENT_SANDBOX_API_KEYS", &self.key)
+            .env("AGENT_SANDBOX_DEFAULT_IMAGE", TEST_IMAGE)
+            .env("AGENT_SANDBOX_DOCKER_RUNTIME", test_runtime())
+            .env("AGENT_SANDBOX_REAP_INTERVAL_SECONDS", "0.5")
+            .env("AGENT_SANDBOX_LOG", "info,agent_sandbox=debug")
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log));
+        if let Ok(host) = std::env::var("DOCKER_HOST") {
+            cmd.env("DOCKER_HOST", host);
+        }
+        for (k, v) in &self.extra_env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("start agent-sandbox"));
+        self.wait_healthy(Duration::from_secs(30));
+    }
+
+    pub fn wait_healthy(&mut self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(resp) = ureq_get(&format!("{}/healthz", self.url), None) {
+                if resp.0 == 200 {
+                    return;
+                }
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("server exited with {status}:\n{}", self.log());
+                }
+            }
+            assert!(Instant::now() < deadline, "server not healthy in time:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// SIGKILL, no cleanup: what a crash looks like.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// SIGTERM and wait for a graceful exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "no graceful exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let (status, text) = http(method, &format!("{}{}", self.url, path), Some(&self.key), body.map(|b| b.to_string()), "application/json");
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, value)
+    }
+
+    pub fn request_raw(&self, method: &str, path: &str, body: Option<String>, content_type: &str) -> (u16, String) {
+        http(method, &format!("{}{}", self.url, path), Some(&self.key), body, content_type)
+    }
+
+    pub fn get(&self, kind_plural: &str, name: &str) -> Option<Value> {
+        let (status, body) = self.request("GET", &format!("{API}/{kind_plural}/{name}"), None);
+        (status == 200).then_some(body)
+    }
+
+    /// Polls until `check` holds for the resource, or panics with the last state and server log.
+    pub fn wait_for(&self, kind_plural: &str, name: &str, what: &str, limit: Duration, check: impl Fn(Option<&Value>) -> bool) -> Option<Value> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let current = self.get(kind_plural, name);
+            if check(current.as_ref()) {
+                return current;
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {kind_plural}/{name} to be {what}; last: {current:#?}\nserver log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn wait_running(&self, name: &str) -> Value {
+        self.wait_for("sandboxes", name, "Running", Duration::from_secs(60), |r| {
+            r.is_some_and(|r| r["status"]["phase"] == "Running" && r["status"]["observedGeneration"] == r["metadata"]["generation"])
+        })
+        .unwrap()
+    }
+
+    pub fn wait_gone(&self, kind_plural: &str, name: &str) {
+        self.wait_for(kind_plural, name, "gone", Duration::from_secs(60), |r| r.is_none());
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+        // Remove what this server's sandboxes left, matched by the data directory's manifests and
+        // state: every sandbox name the server knew.
+        let mut names = Vec::new();
+        for dir in ["manifests/sandboxes", "state/sandboxes"] {
+            if let Ok(entries) = std::fs::read_dir(self.data_dir.join(dir)) {
+                for e in entries.flatten() {
+                    let n = e.file_name().to_string_lossy().to_string();
+                    if let Some(stem) = n.strip_suffix(".yaml").or_else(|| n.strip_suffix(".json")) {
+                        names.push(stem.to_string());
+                    }
+                }
+            }
+        }
+        for name in names {
+            cleanup_sandbox_objects(&name);
+        }
+    }
+}
+
+/// Removes containers and volumes labeled with this sandbox name.
+pub fn cleanup_sandbox_objects(name: &str) {
+    let filter = format!("label=io.agent-sandbox.id={name}");
+    let ids = docker(&["ps", "-aq", "--filter", &filter]);
+    for id in ids.split_whitespace() {
+        let _ = docker_status(&["rm", "-f", id]);
+    }
+    let vols = docker(&["volume", "ls", "-q", "--filter", &filter]);
+    for v in vols.split_whitespace() {
+        let _ = docker_status(&["volume", "rm", "-f", v]);
+    }
+}
+
+pub fn docker(args: &[&str]) -> String {
+    let out = Command::new("docker").args(args).output().expect("docker CLI");
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+pub fn docker_status(args: &[&str]) -> bool {
+    Command::new("docker").args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+/// `docker inspect` of one object as JSON, or `None` when it does not exist.
+pub fn inspect(args: &[&str]) -> Option<Value> {
+    let mut full = vec!["inspect"];
+    full.extend_from_slice(args);
+    let out = Command::new("docker").args(&full).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let value: Value = serde_json::from_slice(&out.stdout).ok()?;
+    value.as_array()?.first().cloned()
+}
+
+pub fn container(name: &str) -> Option<Value> {
+    inspect(&["--type", "container", &format!("agent-sandbox-{name}")])
+}
+
+/// Runs a command in the sandbox's container as the sandbox user, returning (exit code, stdout).
+pub fn docker_exec(name: &str, script: &str) -> (i32, String) {
+    let out = Command::new("docker")
+        .args(["exec", "-u", "1000:1000", &format!("agent-sandbox-{name}"), "sh", "-c", script])
+        .output()
+        .expect("docker exec");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).to_string())
+}
+
+/// Managed containers carrying `io.agent-sandbox.id=<name>`.
+pub fn containers_of(name: &str) -> Vec<String> {
+    docker(&["ps", "-aq", "--filter", &format!("label=io.agent-sandbox.id={name}")])
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+pub fn volumes_of(name: &str) -> Vec<String> {
+    docker(&["volume", "ls", "-q", "--filter", &format!("label=io.agent-sandbox.id={name}")])
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+pub fn write_manifest(dir: &Path, file: &str, text: &str) {
+    let path = dir.join(file);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    let tmp = dir.join(format!(".{}.tmp", file.replace('/', "_")));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+}
+
+pub fn sandbox_manifest(name: &str, extra_spec: &str) -> String {
+    format!(
+        "apiVersion: agent-sandbox.io/v1\nkind: Sandbox\nmetadata:\n  name: {name}\nspec:\n  image: {TEST_IMAGE}\n{extra_spec}"
+    )
+}
+
+pub fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn ureq_get(url: &str, key: Option<&str>) -> Result<(u16, String), String> {
+    let (status, body) = http("GET", url, key, None, "application/json");
+    if status == 0 {
+        Err(body)
+    } else {
+        Ok((status, body))
+    }
+}
+
+/// A minimal blocking HTTP/1.1 client over std, so tests need no async runtime. Returns status 0
+/// and the error text when the connection fails.
+pub fn http(method: &str, url: &str, key: Option<&str>, body: Option<String>, content_type: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").expect("http url");
+    let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}"))).unwrap_or((rest, "/".into()));
+    let mut stream = match std::net::TcpStream::connect(host) {
+        Ok(s) => s,
+        Err(e) => return (0, e.to_string()),
+    };
+    stream.set_read_timeout(Some(Duration::from_secs(120))).ok();
+    let body = body.unwrap_or_default();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    if !body.is_empty() {
+        req.push_str(&format!("Content-Type: {content_type}\r\n"));
+    }
+    if let Some(key) = key {
+        req.push_str(&format!("Authorization: Bearer {key}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(&body);
+    if let Err(e) = stream.write_all(req.as_bytes()) {
+        return (0, e.to_string());
+    }
+    let mut raw = Vec::new();
+    if let Err(e) = stream.read_to_end(&mut raw) {
+        if raw.is_empty() {
+            return (0, e.to_string());
+        }
+    }
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let Some((head, rest)) = text.split_once("\r\n\r\n") else {
+        return (0, text);
+    };
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    let body = if chunked { dechunk(rest) } else { rest.to_string() };
+    (status, body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}

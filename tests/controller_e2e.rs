@@ -1,0 +1,371 @@
+//! End-to-end tests of the declarative core against the real Docker daemon: manifests in folders,
+//! the resource API, the reconcile loop, expiry, crash recovery and garbage collection.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn container_id(name: &str) -> String {
+    container(name).expect("container exists")["Id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn manifests_in_a_watched_folder_become_hardened_running_containers() {
+    let server = Server::start();
+    let (a, b) = (unique("fold-a"), unique("fold-b"));
+    let text = format!(
+        "{}\n---\n{}",
+        sandbox_manifest(&a, "  memoryMB: 128\n  pidsLimit: 64\n  cpus: 0.5\n  env:\n    GREETING: hi\n"),
+        sandbox_manifest(&b, "")
+    );
+    write_manifest(&server.watch_dir, "team/two.yaml", &text);
+    let sandbox = server.wait_running(&a);
+    server.wait_running(&b);
+    assert_eq!(sandbox["metadata"]["generation"], 1);
+    assert_eq!(sandbox["status"]["conditions"][0]["type"], "Ready");
+    assert_eq!(sandbox["status"]["conditions"][0]["status"], "True");
+
+    let c = container(&a).expect("container");
+    assert_eq!(c["State"]["Running"], true);
+    assert_eq!(c["Id"], sandbox["status"]["containerID"]);
+    let host = &c["HostConfig"];
+    assert_eq!(c["Config"]["User"], "1000:1000");
+    assert_eq!(c["Config"]["Hostname"], "sandbox");
+    assert!(c["Config"]["Env"].as_array().unwrap().contains(&json!("HOME=/workspace")));
+    assert!(c["Config"]["Env"].as_array().unwrap().contains(&json!("GREETING=hi")));
+    assert_eq!(host["CapDrop"], json!(["ALL"]));
+    assert!(host["SecurityOpt"].as_array().unwrap().iter().any(|o| o.as_str().unwrap().starts_with("no-new-privileges")));
+    assert_eq!(host["ReadonlyRootfs"], true);
+    assert_eq!(host["NetworkMode"], "none");
+    assert_eq!(host["Memory"], 128 * 1024 * 1024);
+    assert_eq!(host["MemorySwap"], 128 * 1024 * 1024);
+    assert_eq!(host["NanoCpus"], 500_000_000);
+    assert_eq!(host["PidsLimit"], 64);
+    assert_eq!(host["IpcMode"], "private");
+    assert_eq!(host["Init"], true);
+    assert_eq!(host["Privileged"], false);
+    let tmpfs = host["Tmpfs"]["/tmp"].as_str().unwrap();
+    assert!(tmpfs.contains("nosuid") && tmpfs.contains("nodev") && tmpfs.contains("size="), "{tmpfs}");
+    assert_eq!(c["Config"]["Labels"]["io.agent-sandbox.managed"], "true");
+    assert_eq!(c["Config"]["Labels"]["io.agent-sandbox.id"], a.as_str());
+    assert!(c["Config"]["Labels"]["io.agent-sandbox.spec-hash"].is_string());
+    assert_eq!(c["Config"]["Labels"]["io.agent-sandbox.uid"], sandbox["metadata"]["uid"]);
+
+    // And from inside.
+    let (code, out) = docker_exec(&a, "id -u; id -g; echo $HOME; hostname; touch /x 2>/dev/null && echo rootfs-writable; touch /workspace/ok && echo ws-ok");
+    assert_eq!(code, 0, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines, ["1000", "1000", "/workspace", "sandbox", "ws-ok"]);
+    // The workspace volume belongs to the sandbox and is owned by the sandbox user.
+    assert_eq!(volumes_of(&a).len(), 1);
+    let (_, owner) = docker_exec(&a, "stat -c %u:%g /workspace");
+    assert_eq!(owner.trim(), "1000:1000");
+}
+
+#[test]
+fn editing_a_manifest_applies_the_change_and_keeps_the_workspace() {
+    let server = Server::start();
+    let name = unique("edit");
+    write_manifest(&server.watch_dir, "s.yaml", &sandbox_manifest(&name, "  cpus: 0.5\n"));
+    server.wait_running(&name);
+    let first = container_id(&name);
+    assert_eq!(docker_exec(&name, "echo kept > /workspace/file").0, 0);
+
+    // A limit changes in place: same container, new limit.
+    write_manifest(&server.watch_dir, "s.yaml", &sandbox_manifest(&name, "  cpus: 1.5\n"));
+    let s = server.wait_for("sandboxes", &name, "at generation 2", Duration::from_secs(30), |r| {
+        r.is_some_and(|r| r["status"]["observedGeneration"] == 2 && r["status"]["phase"] == "Running")
+    }).unwrap();
+    assert_eq!(s["metadata"]["generation"], 2);
+    assert_eq!(container_id(&name), first, "a limit change must not replace the container");
+    assert_eq!(container(&name).unwrap()["HostConfig"]["NanoCpus"], 1_500_000_000i64);
+
+    // The env shapes the container: a new one, same workspace.
+    write_manifest(&server.watch_dir, "s.yaml", &sandbox_manifest(&name, "  cpus: 1.5\n  env:\n    MODE: two\n"));
+    server.wait_for("sandboxes", &name, "at generation 3", Duration::from_secs(30), |r| {
+        r.is_some_and(|r| r["status"]["observedGeneration"] == 3 && r["status"]["phase"] == "Running")
+    });
+    let second = container_id(&name);
+    assert_ne!(second, first);
+    let (_, out) = docker_exec(&name, "cat /workspace/file; echo $MODE");
+    assert_eq!(out, "kept\ntwo\n");
+    assert_eq!(containers_of(&name).len(), 1);
+
+    // Labels are not spec: no generation bump, no new container.
+    let labeled = sandbox_manifest(&name, "  cpus: 1.5\n  env:\n    MODE: two\n")
+        .replace("metadata:\n", "metadata:\n  labels:\n    team: blue\n");
+    write_manifest(&server.watch_dir, "s.yaml", &labeled);
+    let s = server.wait_for("sandboxes", &name, "labeled", Duration::from_secs(30), |r| {
+        r.is_some_and(|r| r["metadata"]["labels"]["team"] == "blue")
+    }).unwrap();
+    assert_eq!(s["metadata"]["generation"], 3);
+    assert_eq!(container_id(&name), second);
+}
+
+#[test]
+fn an_invalid_document_is_isolated_and_its_last_good_version_kept() {
+    let server = Server::start();
+    let (good, bad) = (unique("good"), unique("bad"));
+    let both = |good_extra: &str, bad_extra: &str| {
+        format!("{}---\n{}", sandbox_manifest(&good, good_extra), sandbox_manifest(&bad, bad_extra))
+    };
+    write_manifest(&server.watch_dir, "pair.yaml", &both("  cpus: 0.5\n", "  cpus: 0.5\n"));
+    server.wait_running(&good);
+    server.wait_running(&bad);
+    let bad_container = container_id(&bad);
+
+    write_manifest(&server.watch_dir, "pair.yaml", &both("  cpus: 1.0\n", "  cpus: -4\n  privileged: true\n"));
+    server.wait_for("sandboxes", &good, "updated", Duration::from_secs(30), |r| {
+        r.is_some_and(|r| r["spec"]["cpus"] == 1.0 && r["status"]["observedGeneration"] == 2)
+    });
+    let (status, errors) = server.request("GET", &format!("{API}/errors"), None);
+    assert_eq!(status, 200);
+    let text = errors.to_string();
+    assert!(text.contains("pair.yaml"), "{text}");
+    assert!(text.contains("cpus") || text.contains("privileged"), "{text}");
+    // The bad one keeps its last good spec and container.
+    let b = server.get("sandboxes", &bad).expect("last good kept");
+    assert_eq!(b["spec"]["cpus"], 0.5);
+    assert_eq!(container_id(&bad), bad_container);
+    assert!(server.log().contains("pair.yaml"), "the log names the file");
+}
+
+#[test]
+fn removing_a_manifest_removes_container_and_volume() {
+    let server = Server::start();
+    let (keep, drop_) = (unique("keep"), unique("drop"));
+    write_manifest(&server.watch_dir, "keep.yaml", &sandbox_manifest(&keep, ""));
+    write_manifest(&server.watch_dir, "drop.yaml", &sandbox_manifest(&drop_, ""));
+    server.wait_running(&keep);
+    server.wait_running(&drop_);
+    std::fs::remove_file(server.watch_dir.join("drop.yaml")).unwrap();
+    server.wait_gone("sandboxes", &drop_);
+    wait_until("container and volume removed", Duration::from_secs(30), || {
+        containers_of(&drop_).is_empty() && volumes_of(&drop_).is_empty()
+    });
+    assert_eq!(containers_of(&keep).len(), 1);
+}
+
+#[test]
+fn containers_removed_or_stopped_by_hand_come_back_with_their_workspace() {
+    let server = Server::start();
+    let name = unique("heal");
+    write_manifest(&server.watch_dir, "s.yaml", &sandbox_manifest(&name, ""));
+    server.wait_running(&name);
+    assert_eq!(docker_exec(&name, "echo data > /workspace/f").0, 0);
+    let first = container_id(&name);
+
+    assert!(docker_status(&["rm", "-f", &format!("agent-sandbox-{name}")]));
+    wait_until("container recreated", Duration::from_secs(30), || {
+        container(&name).is_some_and(|c| c["State"]["Running"] == true && c["Id"] != first.as_str())
+    });
+    assert_eq!(docker_exec(&name, "cat /workspace/f").1, "data\n");
+
+    assert!(docker_status(&["stop", "-t", "1", &format!("agent-sandbox-{name}")]));
+    wait_until("container restarted", Duration::from_secs(30), || {
+        container(&name).is_some_and(|c| c["State"]["Running"] == true)
+    });
+    assert_eq!(docker_exec(&name, "cat /workspace/f").1, "data\n");
+    assert_eq!(containers_of(&name).len(), 1);
+}
+
+#[test]
+fn kill_9_and_restart_adopts_containers_and_collects_orphans() {
+    let mut server = Server::start();
+    let name = unique("adopt");
+    write_manifest(&server.watch_dir, "s.yaml", &sandbox_manifest(&name, ""));
+    server.wait_running(&name);
+    let before = container_id(&name);
+    server.kill9();
+
+    // An orphan of this server: labeled as ours, but no resource declares it.
+    let server_id = std::fs::read_to_string(server.data_dir.join("server-id")).unwrap();
+    let orphan = unique("orphan");
+    let labels = [
+        "io.agent-sandbox.managed=true".to_string(),
+        format!("io.agent-sandbox.id={orphan}"),
+        format!("io.agent-sandbox.server={}", server_id.trim()),
+    ];
+    let mut args = vec!["create".to_string(), "--name".into(), format!("agent-sandbox-{orphan}")];
+    for l in &labels {
+        args.push("--label".into());
+        args.push(l.clone());
+    }
+    args.push(TEST_IMAGE.into());
+    args.push("true".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(docker_status(&args), "create orphan");
+    let mut vol_args = vec!["volume", "create"];
+    let vol_labels: Vec<String> = labels.iter().map(|l| format!("--label={l}")).collect();
+    vol_args.extend(vol_labels.iter().map(String::as_str));
+    let orphan_volume = format!("agent-sandbox-{orphan}-workspace");
+    vol_args.push(&orphan_volume);
+    assert!(docker_status(&vol_args), "create orphan volume");
+
+    server.restart();
+    server.wait_running(&name);
+    wait_until("orphans collected", Duration::from_secs(30), || {
+        containers_of(&orphan).is_empty() && volumes_of(&orphan).is_empty()
+    });
+    assert_eq!(container_id(&name), before, "the running container is adopted, not recreated");
+    assert_eq!(containers_of(&name).len(), 1);
+    cleanup_sandbox_objects(&orphan);
+}
+
+#[test]
+fn resource_api_create_conflict_dry_run_watch_and_delete() {
+    let server = Server::start();
+    let name = unique("api");
+    let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+        "metadata": {"name": name}, "spec": {"image": TEST_IMAGE, "cpus": 0.5}});
+
+    // dryRun writes nothing.
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes?dryRun=All"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    assert!(!server.data_dir.join(format!("manifests/sandboxes/{name}.yaml")).exists());
+    assert!(server.get("sandboxes", &name).is_none());
+
+    let (status, created) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{created}");
+    assert!(server.data_dir.join(format!("manifests/sandboxes/{name}.yaml")).exists());
+    let running = server.wait_running(&name);
+    assert!(!containers_of(&name).is_empty());
+
+    // A PUT with a stale resourceVersion is refused.
+    let mut stale = created.clone();
+    stale["spec"]["cpus"] = json!(1.0);
+    let (status, body) = server.request("PUT", &format!("{API}/sandboxes/{name}"), Some(&stale));
+    assert_eq!(status, 409, "{body}");
+    let mut fresh = running.clone();
+    fresh["spec"]["cpus"] = json!(1.0);
+    let (status, body) = server.request("PUT", &format!("{API}/sandboxes/{name}"), Some(&fresh));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["metadata"]["generation"], 2);
+
+    let (status, body) = server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
+    assert!(status == 200 || status == 202, "{status} {body}");
+    server.wait_gone("sandboxes", &name);
+    wait_until("docker objects removed", Duration::from_secs(30), || {
+        containers_of(&name).is_empty() && volumes_of(&name).is_empty()
+    });
+    assert!(!server.data_dir.join(format!("manifests/sandboxes/{name}.yaml")).exists());
+    assert!(!server.data_dir.join(format!("state/sandboxes/{name}.json")).exists());
+}
+
+#[test]
+fn watch_streams_added_modified_and_deleted() {
+    use std::io::{BufRead, BufReader, Write};
+    let server = Server::start();
+    let name = unique("watch");
+    let host = server.url.trim_start_matches("http://").to_string();
+    let mut stream = std::net::TcpStream::connect(&host).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(stream, "GET {API}/sandboxes?watch=true HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {}\r\n\r\n", server.key).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for line in BufReader::new(stream).lines() {
+            let Ok(line) = line else { break };
+            if let Ok(event) = serde_json::from_str::<Value>(line.trim()) {
+                if let Some(t) = event["type"].as_str() {
+                    seen.push((t.to_string(), event["object"]["metadata"]["name"].as_str().unwrap_or("").to_string()));
+                    if t == "DELETED" {
+                        break;
+                    }
+                }
+            }
+        }
+        seen
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    write_manifest(&server.data_dir.join("manifests/sandboxes"), &format!("{name}.yaml"), &sandbox_manifest(&name, ""));
+    server.wait_running(&name);
+    let (status, _) = server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
+    assert!(status < 300);
+    let seen = reader.join().unwrap();
+    let ours: Vec<&str> = seen.iter().filter(|(_, n)| n == &name).map(|(t, _)| t.as_str()).collect();
+    assert_eq!(ours.first(), Some(&"ADDED"), "{seen:?}");
+    assert!(ours.contains(&"MODIFIED"), "{seen:?}");
+    assert_eq!(ours.last(), Some(&"DELETED"), "{seen:?}");
+}
+
+#[test]
+fn a_folder_owned_sandbox_cannot_be_changed_or_deleted_through_the_api() {
+    let server = Server::start();
+    let name = unique("owned");
+    write_manifest(&server.watch_dir, "s.yaml", &sandbox_manifest(&name, ""));
+    let current = server.wait_running(&name);
+    let (status, body) = server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
+    assert_eq!(status, 403, "{body}");
+    assert!(body.to_string().contains(server.watch_dir.to_str().unwrap()), "names the folder: {body}");
+    let (status, _) = server.request("PUT", &format!("{API}/sandboxes/{name}"), Some(&current));
+    assert_eq!(status, 403);
+    assert!(server.get("sandboxes", &name).is_some());
+    assert_eq!(containers_of(&name).len(), 1);
+}
+
+#[test]
+fn expiry_deletes_api_sandboxes_and_parks_folder_sandboxes_until_their_document_changes() {
+    let server = Server::start();
+    let (api, folder) = (unique("ttl-api"), unique("ttl-dir"));
+    let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+        "metadata": {"name": api}, "spec": {"image": TEST_IMAGE, "ttlSeconds": 3}});
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    write_manifest(&server.watch_dir, "ttl.yaml", &sandbox_manifest(&folder, "  ttlSeconds: 3\n"));
+    server.wait_running(&api);
+    let running = server.wait_running(&folder);
+    assert!(running["status"]["expiresAt"].is_string());
+
+    server.wait_gone("sandboxes", &api);
+    let expired = server.wait_for("sandboxes", &folder, "Expired", Duration::from_secs(30), |r| {
+        r.is_some_and(|r| r["status"]["phase"] == "Expired")
+    }).unwrap();
+    assert_eq!(expired["status"]["conditions"][0]["status"], "False");
+    wait_until("expired containers removed", Duration::from_secs(30), || {
+        containers_of(&api).is_empty() && containers_of(&folder).is_empty()
+    });
+
+    // It stays expired...
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(server.get("sandboxes", &folder).unwrap()["status"]["phase"], "Expired");
+    assert!(containers_of(&folder).is_empty());
+    // ...until its document changes.
+    write_manifest(&server.watch_dir, "ttl.yaml", &sandbox_manifest(&folder, "  ttlSeconds: 600\n"));
+    server.wait_running(&folder);
+    assert_eq!(containers_of(&folder).len(), 1);
+}
+
+#[test]
+fn sigterm_shuts_down_gracefully_and_leaves_sandboxes_running() {
+    let mut server = Server::start();
+    let name = unique("term");
+    write_manifest(&server.watch_dir, "s.yaml", &sandbox_manifest(&name, ""));
+    server.wait_running(&name);
+    let status = server.terminate();
+    assert!(status.success(), "exit status {status}");
+    assert_eq!(container(&name).unwrap()["State"]["Running"], true);
+}
+
+#[test]
+fn an_invalid_setting_stops_the_server_with_a_message_naming_it() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
+        .arg("serve")
+        .env("AGENT_SANDBOX_ALLOW_NETWORK", "maybe")
+        .env("AGENT_SANDBOX_DATA_DIR", std::env::temp_dir().join("never-used"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ALLOW_NETWORK") || err.contains("allow-network"), "{err}");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
+        .arg("serve")
+        .env("AGENT_SANDBOX_SANDBOX_USER", "0:0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("AGENT_SANDBOX_SANDBOX_USER"));
+}
