@@ -117,6 +117,15 @@ fn walk(dir: &Path, root: &Path, scan: &mut Scan, depth: usize) -> std::io::Resu
             continue;
         }
         if !is_yaml_name(&path) {
+            // Linked folders are never walked (their targets inside the tree are walked anyway);
+            // one that leads outside is worth telling about.
+            if file_type.is_symlink() {
+                if let Ok(target) = std::fs::canonicalize(&path) {
+                    if target.is_dir() && !target.starts_with(root) {
+                        scan.errors.push(outside(&path, &target));
+                    }
+                }
+            }
             continue;
         }
         // Resolve every file, symlink or not: a folder replaced by a symlink mid-scan must not
@@ -136,13 +145,7 @@ fn walk(dir: &Path, root: &Path, scan: &mut Scan, depth: usize) -> std::io::Resu
             }
         };
         if !target.starts_with(root) {
-            scan.errors.push(error_at(
-                &path,
-                format!(
-                    "symlink points outside the watched folder (to {}); not followed",
-                    target.display()
-                ),
-            ));
+            scan.errors.push(outside(&path, &target));
             continue;
         }
         if !target.is_file() {
@@ -154,6 +157,16 @@ fn walk(dir: &Path, root: &Path, scan: &mut Scan, depth: usize) -> std::io::Resu
         scan.files.insert(path, read);
     }
     Ok(())
+}
+
+fn outside(link: &Path, target: &Path) -> DocumentError {
+    error_at(
+        link,
+        format!(
+            "symlink points outside the watched folder (to {}); not followed",
+            target.display()
+        ),
+    )
 }
 
 /// Reads at most one byte more than the parser accepts, so that a huge file costs nothing.

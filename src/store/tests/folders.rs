@@ -186,11 +186,17 @@ fn symlinks_out_of_a_folder_are_not_followed() {
         f.folder.join("alias.yml"),
     )
     .unwrap();
+    let outside_dir = f.folder.parent().unwrap().join("elsewhere");
+    std::fs::create_dir(&outside_dir).unwrap();
+    std::fs::write(outside_dir.join("x.yaml"), doc("evil2", "one")).unwrap();
+    std::os::unix::fs::symlink(&outside_dir, f.folder.join("linked")).unwrap();
     let store = f.open();
     assert!(store.get(Kind::Sandbox, "evil").is_none());
+    assert!(store.get(Kind::Sandbox, "evil2").is_none());
     let errors = store.document_errors();
     let named = |p: &Path| errors.iter().any(|e| e.file.as_deref() == Some(p));
     assert!(named(&f.folder.join("link.yaml")), "{errors:?}");
+    assert!(named(&f.folder.join("linked")), "{errors:?}");
     // A link within the folder is read, and its declaration clashes with its target's.
     assert!(store.get(Kind::Sandbox, "inside").is_some());
     assert!(
