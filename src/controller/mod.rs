@@ -7,9 +7,12 @@
 //! after a crash at any point, converges to the same result. This module never parses documents
 //! and never serves HTTP; it talks to Docker only through [`Engine`].
 
+mod fork;
 mod gc;
 pub mod queue;
+pub mod restore;
 mod sandbox;
+mod snapshot;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,6 +77,8 @@ pub struct Controller {
     helper_binary: Option<&'static [u8]>,
     /// Name of the helper volume once it is known to be ready.
     helper_volume: tokio::sync::Mutex<Option<String>>,
+    /// Snapshots in progress: which containers they hold paused, which files they write.
+    snapshots: Arc<snapshot::Tracker>,
 }
 
 impl Controller {
@@ -92,6 +97,7 @@ impl Controller {
             queue: WorkQueue::new(Backoff::default()),
             helper_binary,
             helper_volume: tokio::sync::Mutex::new(None),
+            snapshots: Arc::default(),
         })
     }
 
@@ -157,9 +163,8 @@ impl Controller {
     pub async fn reconcile(&self, key: &Key) -> Result<Outcome, ReconcileError> {
         match key.0 {
             Kind::Sandbox => sandbox::reconcile(self, &key.1).await,
-            // Snapshot and Fork reconcilers arrive with the snapshot feature; until then their
-            // documents are stored and served but nothing acts on them.
-            Kind::Snapshot | Kind::Fork => Ok(Outcome::done()),
+            Kind::Snapshot => snapshot::reconcile(self, &key.1).await,
+            Kind::Fork => fork::reconcile(self, &key.1).await,
         }
     }
 
@@ -221,6 +226,7 @@ impl Controller {
             if let Err(error) = gc::collect_garbage(&self).await {
                 tracing::warn!(%error, "garbage collection failed");
             }
+            snapshot::collect_data(&self);
         }
     }
 

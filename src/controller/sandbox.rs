@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 
+use super::restore::{self, RestoreError};
 use super::{Controller, Outcome, ReconcileError};
 use crate::docker::{
     container_name, volume_name, ContainerPlan, EngineError, LABEL_ID, LABEL_MANAGED, LABEL_SERVER,
@@ -20,6 +21,8 @@ use crate::store::Entry;
 /// How long to wait before looking again at a sandbox that cannot start for a reason outside our
 /// control (a missing image, say).
 const EXTERNAL_RETRY: Duration = Duration::from_secs(30);
+/// How often a sandbox waiting for its source snapshot to become ready looks again.
+const SNAPSHOT_WAIT: Duration = Duration::from_secs(1);
 
 pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, ReconcileError> {
     let Some(entry) = ctl.store.get(Kind::Sandbox, name) else {
@@ -58,6 +61,44 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     }
 
     let effective = sandbox.spec.effective(&ctl.defaults());
+
+    // A sandbox started from a snapshot gets its first workspace from it before anything runs.
+    if let Err(error) = restore::ensure_source(ctl, &sandbox, &effective, &mut status).await {
+        let waiting = matches!(error, RestoreError::SnapshotNotReady(_));
+        status.phase = if waiting {
+            SandboxPhase::Pending
+        } else {
+            SandboxPhase::Failed
+        };
+        let message = error.to_string();
+        ready(
+            &mut status,
+            ConditionStatus::False,
+            error.reason(),
+            &message,
+            generation,
+        );
+        status.message = message.clone();
+        status.observed_generation = Some(generation);
+        write_status(ctl, &sandbox, status).await?;
+        if waiting {
+            return Ok(Outcome::after(SNAPSHOT_WAIT));
+        }
+        return Err(ReconcileError::Other(message));
+    }
+
+    // A new rollback request. Its status write is the commit point, so it happens at once; a
+    // failure leaves the old workspace, which ensure_running brings back up below.
+    let rollback_error =
+        match restore::ensure_rollback(ctl, &sandbox, &effective, &mut status).await {
+            Ok(true) => {
+                write_status(ctl, &sandbox, status.clone()).await?;
+                None
+            }
+            Ok(false) => None,
+            Err(error) => Some(error),
+        };
+
     match ensure_running(ctl, &sandbox, &effective, &mut status).await {
         Ok(()) => {}
         Err(ReconcileError::Engine(EngineError::ImageMissing(image))) => {
@@ -92,6 +133,37 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     status.phase = SandboxPhase::Running;
     status.message.clear();
     status.observed_generation = Some(generation);
+    if sandbox.spec.rollback.is_some() || status.last_rollback.is_some() {
+        if let Some(current) = status.workspace_volume.clone() {
+            if let Err(error) = restore::remove_stray_volumes(ctl, name, &current).await {
+                tracing::warn!(sandbox = name, %error, "removing replaced workspaces failed");
+            }
+        }
+    }
+    if let Some(error) = rollback_error {
+        // The sandbox runs as it was; the request stays pending and is retried with backoff.
+        let request = sandbox
+            .spec
+            .rollback
+            .as_ref()
+            .map(|r| r.request_id.as_str())
+            .unwrap_or_default();
+        let message = format!("rollback {request:?} failed: {error}");
+        let reason = match error {
+            RestoreError::SnapshotNotReady(_) => "WaitingForSnapshot",
+            _ => "RollbackFailed",
+        };
+        ready(
+            &mut status,
+            ConditionStatus::False,
+            reason,
+            &message,
+            generation,
+        );
+        status.message = message.clone();
+        write_status(ctl, &sandbox, status).await?;
+        return Err(ReconcileError::Other(message));
+    }
     ready(
         &mut status,
         ConditionStatus::True,
@@ -118,17 +190,6 @@ async fn ensure_running(
         .clone()
         .unwrap_or_else(|| volume_name(name));
 
-    if !ctl.engine.image_exists(&effective.image).await? {
-        return Err(EngineError::ImageMissing(effective.image.clone()).into());
-    }
-    let network = if effective.network {
-        ctl.engine
-            .ensure_network(&ctl.settings.network_name)
-            .await?;
-        Some(ctl.settings.network_name.clone())
-    } else {
-        None
-    };
     ctl.engine
         .ensure_volume(&volume, &object_labels(ctl, name, &uid))
         .await?;
@@ -150,25 +211,8 @@ async fn ensure_running(
         None => {
             // Either nothing is there, or it was built from another spec or resource: replace it,
             // keeping the workspace volume.
+            let plan = plan_for(ctl, sandbox, effective, &volume).await?;
             ctl.engine.remove_container(&container_name(name)).await?;
-            let plan = ContainerPlan {
-                sandbox: name.to_string(),
-                uid: uid.clone(),
-                server: ctl.server_id.clone(),
-                image: effective.image.clone(),
-                cpus: limits.cpus,
-                memory_mb: limits.memory_mb,
-                pids_limit: limits.pids_limit,
-                network,
-                read_only_rootfs: effective.read_only_rootfs,
-                env: effective.env.clone(),
-                tmp_size_mb: ctl.settings.tmp_size_mb,
-                user: ctl.settings.sandbox_user.clone(),
-                runtime: non_empty(&ctl.settings.docker_runtime),
-                spec_hash: hash.clone(),
-                helper_volume: ctl.helper_volume().await?,
-                workspace_volume: volume.clone(),
-            };
             let id = ctl.engine.create_container(&plan).await?;
             let (uid_num, gid_num) = ctl
                 .settings
@@ -183,9 +227,13 @@ async fn ensure_running(
         }
     };
     if details.paused {
-        // Paused on purpose (a snapshot freezes the container) or by hand: leave it be.
-        status.container_id = Some(details.id.clone());
-        return Ok(());
+        if ctl.snapshots.holds_paused(name) {
+            // A snapshot froze it and will thaw it.
+            status.container_id = Some(details.id.clone());
+            return Ok(());
+        }
+        // Nobody holds it paused (a snapshot interrupted by a crash, or a hand): thaw it.
+        ctl.engine.unpause(&details.id).await?;
     }
     if !details.running {
         ctl.engine.start_container(&details.id).await?;
@@ -206,6 +254,45 @@ async fn ensure_running(
     }
     status.container_id = Some(details.id);
     Ok(())
+}
+
+/// The container `sandbox` should have, with its workspace on `volume`. Checks that the image is
+/// present and makes sure the network and helper volume it needs exist.
+pub(super) async fn plan_for(
+    ctl: &Controller,
+    sandbox: &Sandbox,
+    effective: &EffectiveSandbox,
+    volume: &str,
+) -> Result<ContainerPlan, ReconcileError> {
+    if !ctl.engine.image_exists(&effective.image).await? {
+        return Err(EngineError::ImageMissing(effective.image.clone()).into());
+    }
+    let network = if effective.network {
+        ctl.engine
+            .ensure_network(&ctl.settings.network_name)
+            .await?;
+        Some(ctl.settings.network_name.clone())
+    } else {
+        None
+    };
+    Ok(ContainerPlan {
+        sandbox: sandbox.metadata.name.clone(),
+        uid: sandbox.metadata.uid.clone().unwrap_or_default(),
+        server: ctl.server_id.clone(),
+        image: effective.image.clone(),
+        cpus: effective.cpus,
+        memory_mb: effective.memory_mb,
+        pids_limit: effective.pids_limit,
+        network,
+        read_only_rootfs: effective.read_only_rootfs,
+        env: effective.env.clone(),
+        tmp_size_mb: ctl.settings.tmp_size_mb,
+        user: ctl.settings.sandbox_user.clone(),
+        runtime: non_empty(&ctl.settings.docker_runtime),
+        spec_hash: effective.container_hash(),
+        helper_volume: ctl.helper_volume().await?,
+        workspace_volume: volume.to_string(),
+    })
 }
 
 async fn expire(

@@ -1,0 +1,343 @@
+//! Reconciling one `Fork`: exactly `spec.replicas` child Sandboxes named `<fork>-<index>`, each
+//! started from the snapshot (its captured spec plus the fork's overrides, `source` set to the
+//! snapshot), owned by the Fork through an owner reference. Scaling down deletes the highest
+//! indices; deleting the Fork deletes its children first. This module only writes desired state:
+//! the children's own reconciles (run by the workers in parallel) build their containers.
+
+use std::time::Duration;
+
+use chrono::Utc;
+
+use super::{Controller, Outcome, ReconcileError};
+use crate::resource::{
+    is_valid_name, set_condition, AnyResource, Condition, ConditionStatus, Fork, ForkPhase,
+    ForkStatus, Kind, OwnerReference, Sandbox, SandboxPhase, SandboxSource, SandboxSpec,
+    SnapshotPhase, API_VERSION,
+};
+use crate::store::{StoreError, WriteOptions};
+
+/// How often a fork waiting for its snapshot, or for children to go, looks again.
+const WAIT: Duration = Duration::from_secs(1);
+const MISSING_RETRY: Duration = Duration::from_secs(10);
+
+pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, ReconcileError> {
+    let Some(entry) = ctl.store.get(Kind::Fork, name) else {
+        return Ok(Outcome::done());
+    };
+    let Some(fork) = entry.resource.as_fork().cloned() else {
+        return Ok(Outcome::done());
+    };
+    let children = children_of(ctl, &fork);
+    if fork.metadata.deletion_timestamp.is_some() {
+        return delete(ctl, &fork, &children);
+    }
+
+    let generation = fork.metadata.generation.unwrap_or(1);
+    let mut status = fork.status.clone().unwrap_or_default();
+    status.observed_generation = Some(generation);
+
+    // Scaling down works whatever the snapshot's state.
+    let replicas = fork.spec.replicas;
+    for child in &children {
+        if index_of(name, &child.metadata.name).is_none_or(|i| i >= replicas)
+            && child.metadata.deletion_timestamp.is_none()
+        {
+            delete_child(ctl, &child.metadata.name)?;
+        }
+    }
+
+    let (template, problem) = match template(ctl, &fork) {
+        Ok(template) => (Some(template), None),
+        Err(problem) => (None, Some(problem)),
+    };
+    let mut conflicts = Vec::new();
+    if let Some(template) = &template {
+        for index in 0..replicas {
+            let child_name = child_name(name, index);
+            if !is_valid_name(&child_name) {
+                conflicts.push(format!("child name {child_name:?} is not a valid name"));
+                continue;
+            }
+            match ctl.store.get(Kind::Sandbox, &child_name) {
+                None => create_child(ctl, &fork, &child_name, template)?,
+                Some(existing) => {
+                    let owned = existing
+                        .resource
+                        .as_sandbox()
+                        .is_some_and(|s| is_owned_by(s, &fork));
+                    if !owned {
+                        conflicts.push(format!(
+                            "sandbox {child_name:?} exists and does not belong to this fork"
+                        ));
+                    } else if existing
+                        .resource
+                        .as_sandbox()
+                        .is_some_and(|s| &s.spec != template)
+                    {
+                        update_child(ctl, &child_name, template)?;
+                    }
+                }
+            }
+        }
+    }
+
+    let children = children_of(ctl, &fork);
+    let current: Vec<&Sandbox> = children
+        .iter()
+        .filter(|c| index_of(name, &c.metadata.name).is_some_and(|i| i < replicas))
+        .collect();
+    status.children = current.iter().map(|c| c.metadata.name.clone()).collect();
+    status.ready_replicas = current
+        .iter()
+        .filter(|c| {
+            c.status
+                .as_ref()
+                .is_some_and(|s| s.phase == SandboxPhase::Running)
+        })
+        .count() as u32;
+
+    let outcome;
+    let (phase, verdict, reason, message) = if let Some(problem) = problem {
+        outcome = Outcome::after(problem.retry);
+        (
+            problem.phase,
+            ConditionStatus::False,
+            problem.reason,
+            problem.message,
+        )
+    } else if !conflicts.is_empty() {
+        outcome = Outcome::after(MISSING_RETRY);
+        (
+            ForkPhase::Failed,
+            ConditionStatus::False,
+            "ChildConflict",
+            conflicts.join("; "),
+        )
+    } else if status.ready_replicas == replicas && status.children.len() == replicas as usize {
+        outcome = Outcome::done();
+        (
+            ForkPhase::Ready,
+            ConditionStatus::True,
+            "Ready",
+            String::new(),
+        )
+    } else {
+        // Children report their progress as status changes, which requeue this fork.
+        outcome = Outcome::done();
+        let message = format!("{} of {replicas} children running", status.ready_replicas);
+        (
+            ForkPhase::Progressing,
+            ConditionStatus::False,
+            "Progressing",
+            message,
+        )
+    };
+    status.phase = phase;
+    status.message = message.clone();
+    set_condition(
+        &mut status.conditions,
+        Condition {
+            type_: "Ready".into(),
+            status: verdict,
+            reason: reason.into(),
+            message,
+            last_transition_time: Utc::now(),
+            observed_generation: Some(generation),
+        },
+    );
+    write_status(ctl, &fork, status)?;
+    Ok(outcome)
+}
+
+struct Problem {
+    phase: ForkPhase,
+    reason: &'static str,
+    message: String,
+    retry: Duration,
+}
+
+/// The spec every child gets: the snapshot's captured spec, the overrides, the snapshot as source.
+fn template(ctl: &Controller, fork: &Fork) -> Result<SandboxSpec, Problem> {
+    let snapshot_name = &fork.spec.snapshot;
+    let snapshot = ctl
+        .store
+        .get(Kind::Snapshot, snapshot_name)
+        .and_then(|e| e.resource.as_snapshot().cloned())
+        .filter(|s| s.metadata.deletion_timestamp.is_none());
+    let Some(snapshot) = snapshot else {
+        return Err(Problem {
+            phase: ForkPhase::Failed,
+            reason: "SnapshotNotFound",
+            message: format!("snapshot {snapshot_name:?} does not exist"),
+            retry: MISSING_RETRY,
+        });
+    };
+    let status = snapshot.status.clone().unwrap_or_default();
+    match status.phase {
+        SnapshotPhase::Pending => Err(Problem {
+            phase: ForkPhase::Pending,
+            reason: "WaitingForSnapshot",
+            message: format!("snapshot {snapshot_name:?} is not ready yet"),
+            retry: WAIT,
+        }),
+        SnapshotPhase::Failed => Err(Problem {
+            phase: ForkPhase::Failed,
+            reason: "SnapshotFailed",
+            message: format!("snapshot {snapshot_name:?} failed: {}", status.message),
+            retry: MISSING_RETRY,
+        }),
+        SnapshotPhase::Ready => {
+            let mut spec = status.sandbox_spec.unwrap_or_else(|| SandboxSpec {
+                image: status.image.clone(),
+                ..SandboxSpec::default()
+            });
+            let overrides = &fork.spec.overrides;
+            spec.ttl_seconds = overrides.ttl_seconds.or(spec.ttl_seconds);
+            spec.network = overrides.network.or(spec.network);
+            spec.cpus = overrides.cpus.or(spec.cpus);
+            spec.memory_mb = overrides.memory_mb.or(spec.memory_mb);
+            spec.source = Some(SandboxSource {
+                snapshot: snapshot_name.clone(),
+            });
+            spec.rollback = None;
+            spec.shutdown_time = None;
+            Ok(spec)
+        }
+    }
+}
+
+/// `<fork>-<index>`.
+pub fn child_name(fork: &str, index: u32) -> String {
+    format!("{fork}-{index}")
+}
+
+fn index_of(fork: &str, child: &str) -> Option<u32> {
+    let digits = child.strip_prefix(fork)?.strip_prefix('-')?;
+    // `<fork>-01` is not a name this controller makes.
+    if digits.len() > 1 && digits.starts_with('0') {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+fn owner_reference(fork: &Fork) -> OwnerReference {
+    OwnerReference {
+        api_version: API_VERSION.to_string(),
+        kind: Kind::Fork.as_str().to_string(),
+        name: fork.metadata.name.clone(),
+        uid: fork.metadata.uid.clone().unwrap_or_default(),
+    }
+}
+
+fn is_owned_by(sandbox: &Sandbox, fork: &Fork) -> bool {
+    let wanted = owner_reference(fork);
+    sandbox
+        .metadata
+        .owner_references
+        .iter()
+        .any(|r| r.kind == wanted.kind && r.name == wanted.name && r.uid == wanted.uid)
+}
+
+/// This fork's children, by owner reference, in index order.
+fn children_of(ctl: &Controller, fork: &Fork) -> Vec<Sandbox> {
+    let mut children: Vec<Sandbox> = ctl
+        .store
+        .list(Kind::Sandbox)
+        .into_iter()
+        .filter_map(|e| e.resource.as_sandbox().cloned())
+        .filter(|s| is_owned_by(s, fork))
+        .collect();
+    children.sort_by_key(|c| {
+        (
+            index_of(&fork.metadata.name, &c.metadata.name),
+            c.metadata.name.clone(),
+        )
+    });
+    children
+}
+
+fn create_child(
+    ctl: &Controller,
+    fork: &Fork,
+    name: &str,
+    spec: &SandboxSpec,
+) -> Result<(), ReconcileError> {
+    let mut child = Sandbox::new(name, spec.clone());
+    child.metadata.labels = fork.metadata.labels.clone();
+    match ctl.store.create_owned(
+        AnyResource::Sandbox(child),
+        vec![owner_reference(fork)],
+        WriteOptions::default(),
+    ) {
+        Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn update_child(ctl: &Controller, name: &str, spec: &SandboxSpec) -> Result<(), ReconcileError> {
+    let result = ctl.store.update(Kind::Sandbox, name, |resource| {
+        if let AnyResource::Sandbox(sandbox) = resource {
+            sandbox.spec = spec.clone();
+        }
+        Ok(())
+    });
+    match result {
+        Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Terminating { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn delete_child(ctl: &Controller, name: &str) -> Result<(), ReconcileError> {
+    match ctl
+        .store
+        .delete(Kind::Sandbox, name, WriteOptions::default())
+    {
+        Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Terminating { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes every child, waits until they are gone, then drops the Fork.
+fn delete(ctl: &Controller, fork: &Fork, children: &[Sandbox]) -> Result<Outcome, ReconcileError> {
+    if children.is_empty() {
+        ctl.store.finalize(Kind::Fork, &fork.metadata.name)?;
+        return Ok(Outcome::done());
+    }
+    for child in children {
+        if child.metadata.deletion_timestamp.is_none() {
+            delete_child(ctl, &child.metadata.name)?;
+        }
+    }
+    // Each child's removal requeues this fork too; the timer is a safety net.
+    Ok(Outcome::after(WAIT))
+}
+
+fn write_status(ctl: &Controller, fork: &Fork, status: ForkStatus) -> Result<(), ReconcileError> {
+    if fork.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let value = serde_json::to_value(&status).map_err(|e| ReconcileError::Other(e.to_string()))?;
+    match ctl
+        .store
+        .update_status(Kind::Fork, &fork.metadata.name, value)
+    {
+        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn child_indices() {
+        assert_eq!(child_name("f", 3), "f-3");
+        assert_eq!(index_of("f", "f-3"), Some(3));
+        assert_eq!(index_of("f", "f-0"), Some(0));
+        assert_eq!(index_of("f", "f-03"), None);
+        assert_eq!(index_of("f", "g-3"), None);
+        assert_eq!(index_of("f", "f-x"), None);
+        assert_eq!(index_of("f-1", "f-1-2"), Some(2));
+    }
+}

@@ -1,0 +1,348 @@
+//! Restoring a snapshot into a sandbox: the first workspace of a sandbox started from
+//! `spec.source`, and rollbacks (`spec.rollback`). Both build a NEW workspace volume and fill it
+//! through Docker's archive API on a created, not yet started container.
+//!
+//! Order is what makes this safe. The stored tar is validated whole by [`crate::archive`] before
+//! Docker is touched, so a refused snapshot changes nothing; it is rewritten (owner forced, fresh
+//! headers) a second time while streaming, and any difference aborts the restore. A volume counts
+//! as restored only once `status.workspaceVolume` names it: an interrupted restore leaves an
+//! unrecorded volume that the retry replaces (its name is fixed per request) or the stray-volume
+//! cleanup removes. This module decides nothing about when to restore; `sandbox.rs` does.
+
+use std::io::{BufReader, Write};
+use std::path::PathBuf;
+
+use chrono::Utc;
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::sandbox::{object_labels, plan_for};
+use super::Controller;
+use crate::archive::{self, ArchiveError, ChannelWriter, Limits, Policy};
+use crate::docker::{container_name, volume_name, ContainerPlan, EngineError, LABEL_SERVER};
+use crate::resource::{
+    set_condition, AppliedLimits, Condition, ConditionStatus, EffectiveSandbox, Kind,
+    RollbackRecord, Sandbox, SandboxStatus, SnapshotPhase,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error("snapshot {0:?} does not exist")]
+    SnapshotNotFound(String),
+    #[error("snapshot {0:?} is not ready yet")]
+    SnapshotNotReady(String),
+    #[error("snapshot {name:?} failed: {message}")]
+    SnapshotFailed { name: String, message: String },
+    #[error("the data of snapshot {name:?} is missing ({path})")]
+    DataMissing { name: String, path: String },
+    #[error("snapshot {name:?} was refused and nothing was restored: {error}")]
+    Refused { name: String, error: ArchiveError },
+    #[error("docker: {0}")]
+    Engine(#[from] EngineError),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl RestoreError {
+    /// The condition reason reporting this error.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RestoreError::SnapshotNotFound(_) => "SnapshotNotFound",
+            RestoreError::SnapshotNotReady(_) => "WaitingForSnapshot",
+            RestoreError::SnapshotFailed { .. } => "SnapshotFailed",
+            RestoreError::DataMissing { .. } => "SnapshotDataMissing",
+            RestoreError::Refused { .. } => "SnapshotRefused",
+            RestoreError::Engine(EngineError::ImageMissing(_)) => "ImageMissing",
+            RestoreError::Engine(_) | RestoreError::Other(_) => "RestoreFailed",
+        }
+    }
+}
+
+impl From<super::ReconcileError> for RestoreError {
+    fn from(error: super::ReconcileError) -> RestoreError {
+        match error {
+            super::ReconcileError::Engine(e) => RestoreError::Engine(e),
+            other => RestoreError::Other(other.to_string()),
+        }
+    }
+}
+
+/// A snapshot whose data passed validation.
+pub struct Validated {
+    name: String,
+    path: PathBuf,
+}
+
+/// Finds a Ready snapshot's data and validates all of it.
+pub async fn validated(ctl: &Controller, name: &str) -> Result<Validated, RestoreError> {
+    let entry = ctl
+        .store
+        .get(Kind::Snapshot, name)
+        .ok_or_else(|| RestoreError::SnapshotNotFound(name.to_string()))?;
+    let snapshot = entry
+        .resource
+        .as_snapshot()
+        .ok_or_else(|| RestoreError::SnapshotNotFound(name.to_string()))?;
+    if snapshot.metadata.deletion_timestamp.is_some() {
+        return Err(RestoreError::SnapshotNotFound(name.to_string()));
+    }
+    let status = snapshot.status.clone().unwrap_or_default();
+    match status.phase {
+        SnapshotPhase::Pending => return Err(RestoreError::SnapshotNotReady(name.to_string())),
+        SnapshotPhase::Failed => {
+            return Err(RestoreError::SnapshotFailed {
+                name: name.to_string(),
+                message: status.message,
+            })
+        }
+        SnapshotPhase::Ready => {}
+    }
+    let path = ctl.store.snapshot_path(name);
+    if !path.is_file() {
+        return Err(RestoreError::DataMissing {
+            name: name.to_string(),
+            path: path.display().to_string(),
+        });
+    }
+    let policy = restore_policy(ctl)?;
+    let file_path = path.clone();
+    let checked = tokio::task::spawn_blocking(move || {
+        let file = std::fs::File::open(&file_path)
+            .map_err(|e| ArchiveError::Read(format!("{}: {e}", file_path.display())))?;
+        archive::validate(BufReader::new(file), &policy)
+    })
+    .await
+    .map_err(|e| RestoreError::Other(e.to_string()))?;
+    checked.map_err(|error| RestoreError::Refused {
+        name: name.to_string(),
+        error,
+    })?;
+    Ok(Validated {
+        name: name.to_string(),
+        path,
+    })
+}
+
+fn restore_policy(ctl: &Controller) -> Result<Policy, RestoreError> {
+    let owner = ctl
+        .settings
+        .sandbox_uid_gid()
+        .map_err(|e| RestoreError::Other(e.to_string()))?;
+    Ok(Policy::restore(
+        owner,
+        Limits::with_max_bytes(ctl.settings.max_snapshot_bytes),
+    ))
+}
+
+/// Makes `plan.workspace_volume` a new volume holding the snapshot, mounted by a newly created
+/// (not started) container of `plan`, whose ID is returned. The container name must be free.
+/// On error both are removed again.
+pub async fn populate_volume(
+    ctl: &Controller,
+    sandbox: &Sandbox,
+    plan: &ContainerPlan,
+    snapshot: &Validated,
+) -> Result<String, RestoreError> {
+    let name = sandbox.metadata.name.as_str();
+    let uid = sandbox.metadata.uid.clone().unwrap_or_default();
+    let volume = plan.workspace_volume.as_str();
+    // Whatever an interrupted attempt left there is not trusted.
+    ctl.engine.remove_volume(volume).await?;
+    ctl.engine
+        .ensure_volume(volume, &object_labels(ctl, name, &uid))
+        .await?;
+    let id = match ctl.engine.create_container(plan).await {
+        Ok(id) => id,
+        Err(error) => {
+            let _ = ctl.engine.remove_volume(volume).await;
+            return Err(error.into());
+        }
+    };
+    match fill(ctl, &id, snapshot).await {
+        Ok(()) => Ok(id),
+        Err(error) => {
+            let _ = ctl.engine.remove_container(&id).await;
+            let _ = ctl.engine.remove_volume(volume).await;
+            Err(error)
+        }
+    }
+}
+
+async fn fill(ctl: &Controller, container: &str, snapshot: &Validated) -> Result<(), RestoreError> {
+    let (uid, gid) = ctl
+        .settings
+        .sandbox_uid_gid()
+        .map_err(|e| RestoreError::Other(e.to_string()))?;
+    ctl.engine.prepare_workspace(container, uid, gid).await?;
+    let policy = restore_policy(ctl)?;
+    let path = snapshot.path.clone();
+    let (writer, chunks) = ChannelWriter::new(8);
+    let rewrite = tokio::task::spawn_blocking(move || {
+        let file = std::fs::File::open(&path)
+            .map_err(|e| ArchiveError::Read(format!("{}: {e}", path.display())))?;
+        let (_, mut writer) = archive::transform(BufReader::new(file), writer, &policy)?;
+        writer
+            .flush()
+            .map_err(|e| ArchiveError::Write(e.to_string()))
+    });
+    let put = ctl
+        .engine
+        .archive_put(container, "/workspace", ReceiverStream::new(chunks).boxed())
+        .await;
+    let rewritten = rewrite
+        .await
+        .map_err(|e| RestoreError::Other(e.to_string()))?;
+    // The data may have changed since validation: then the put got a cut-off archive, and what
+    // Docker made of it is discarded with the volume.
+    rewritten.map_err(|error| RestoreError::Refused {
+        name: snapshot.name.clone(),
+        error,
+    })?;
+    put?;
+    Ok(())
+}
+
+/// Before a sandbox's first container: builds its first workspace from `spec.source`. Later
+/// changes of `spec.source` never rebuild anything; they are reported in a condition.
+pub(super) async fn ensure_source(
+    ctl: &Controller,
+    sandbox: &Sandbox,
+    effective: &EffectiveSandbox,
+    status: &mut SandboxStatus,
+) -> Result<(), RestoreError> {
+    let name = sandbox.metadata.name.as_str();
+    let Some(source) = &sandbox.spec.source else {
+        status.conditions.retain(|c| c.type_ != SOURCE_CONDITION);
+        return Ok(());
+    };
+    if status.workspace_volume.is_some() {
+        note_source_change(status, sandbox, &source.snapshot);
+        return Ok(());
+    }
+    let snapshot = validated(ctl, &source.snapshot).await?;
+    let volume = volume_name(name);
+    let plan = plan_for(ctl, sandbox, effective, &volume).await?;
+    ctl.engine.remove_container(&container_name(name)).await?;
+    let id = populate_volume(ctl, sandbox, &plan, &snapshot).await?;
+    status.workspace_volume = Some(volume);
+    status.container_id = Some(id);
+    status.applied_limits = Some(limits_of(&plan));
+    status.source_snapshot = Some(source.snapshot.clone());
+    Ok(())
+}
+
+const SOURCE_CONDITION: &str = "SourceApplied";
+
+/// `spec.source` is immutable: a workspace built from one snapshot (or from none) stays.
+fn note_source_change(status: &mut SandboxStatus, sandbox: &Sandbox, wanted: &str) {
+    if status.last_rollback.is_some() {
+        // The workspace has been replaced since; the original source no longer shows.
+        return;
+    }
+    if status.source_snapshot.as_deref() == Some(wanted) {
+        status.conditions.retain(|c| c.type_ != SOURCE_CONDITION);
+        return;
+    }
+    let built_from = match &status.source_snapshot {
+        Some(snapshot) => format!("snapshot {snapshot:?}"),
+        None => "no snapshot".to_string(),
+    };
+    set_condition(
+        &mut status.conditions,
+        Condition {
+            type_: SOURCE_CONDITION.into(),
+            status: ConditionStatus::False,
+            reason: "Immutable".into(),
+            message: format!(
+                "spec.source is immutable: the workspace was built from {built_from}; the change \
+                 to snapshot {wanted:?} is ignored (use a rollback to replace the workspace)"
+            ),
+            last_transition_time: Utc::now(),
+            observed_generation: sandbox.metadata.generation,
+        },
+    );
+}
+
+/// Carries out a new `spec.rollback` request: a fresh volume from the snapshot, then a new
+/// container on it, and only then the old workspace goes. Returns whether a rollback was done.
+/// The caller must persist `status` at once: that write is what makes the rollback complete.
+pub(super) async fn ensure_rollback(
+    ctl: &Controller,
+    sandbox: &Sandbox,
+    effective: &EffectiveSandbox,
+    status: &mut SandboxStatus,
+) -> Result<bool, RestoreError> {
+    let name = sandbox.metadata.name.as_str();
+    let Some(request) = &sandbox.spec.rollback else {
+        return Ok(false);
+    };
+    let done = status
+        .last_rollback
+        .as_ref()
+        .is_some_and(|r| r.request_id == request.request_id);
+    if done {
+        return Ok(false);
+    }
+    // A snapshot of this sandbox in progress finishes first.
+    let _lock = ctl.snapshots.lock(name).await;
+    let snapshot = validated(ctl, &request.snapshot).await?;
+    let volume = rollback_volume(name, &request.request_id);
+    let plan = plan_for(ctl, sandbox, effective, &volume).await?;
+    // From here on the sandbox is down until the new container runs; on failure the normal
+    // reconcile brings the old workspace back up in a new container.
+    ctl.engine.remove_container(&container_name(name)).await?;
+    let id = populate_volume(ctl, sandbox, &plan, &snapshot).await?;
+    if let Err(error) = ctl.engine.start_container(&id).await {
+        let _ = ctl.engine.remove_container(&id).await;
+        let _ = ctl.engine.remove_volume(&volume).await;
+        return Err(error.into());
+    }
+    let now = Utc::now();
+    status.workspace_volume = Some(volume);
+    status.container_id = Some(id);
+    status.started_at = Some(now);
+    status.applied_limits = Some(limits_of(&plan));
+    status.source_snapshot = Some(request.snapshot.clone());
+    status.last_rollback = Some(RollbackRecord {
+        request_id: request.request_id.clone(),
+        snapshot: request.snapshot.clone(),
+        completed_at: now,
+    });
+    Ok(true)
+}
+
+/// Removes this sandbox's workspace volumes other than `current` (left by a rollback that
+/// completed, or one interrupted before it did).
+pub(super) async fn remove_stray_volumes(
+    ctl: &Controller,
+    name: &str,
+    current: &str,
+) -> Result<(), RestoreError> {
+    let prefix = volume_name(name);
+    for volume in ctl.engine.list_volumes().await? {
+        let ours = volume.sandbox() == Some(name)
+            && volume.labels.get(LABEL_SERVER) == Some(&ctl.server_id)
+            && volume.name.starts_with(&prefix)
+            && volume.name != current;
+        if ours {
+            tracing::info!(volume = %volume.name, sandbox = name, "removing replaced workspace");
+            ctl.engine.remove_volume(&volume.name).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The volume a rollback request builds: fixed per request, so a retry finds its own leftovers.
+pub fn rollback_volume(sandbox: &str, request_id: &str) -> String {
+    let digest = Sha256::digest(request_id.as_bytes());
+    format!("{}-{}", volume_name(sandbox), hex::encode(&digest[..4]))
+}
+
+fn limits_of(plan: &ContainerPlan) -> AppliedLimits {
+    AppliedLimits {
+        cpus: plan.cpus,
+        memory_mb: plan.memory_mb,
+        pids_limit: plan.pids_limit,
+    }
+}
