@@ -220,7 +220,7 @@ fn reconcile(store: &Store, resource: &AnyResource) {
             let status = match source {
                 Some(sb) if snap.spec.display_name.as_deref() == Some("huge") => json!({
                     "phase": "Failed",
-                    "message": "workspace exceeds the snapshot limit of 30000 bytes",
+                    "message": "the workspace is larger than the snapshot limit",
                     "conditions": [{"type": "Ready", "status": "False", "reason": "TooLarge",
                         "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
                     "sandboxSpec": serde_json::to_value(&sb.spec).unwrap_or_default(),
@@ -894,7 +894,7 @@ async fn a_sandbox_that_is_not_running_refuses_exec() {
 
 #[tokio::test]
 async fn lifecycle_answers_have_the_reference_shapes() {
-    let app = app_with(Duration::from_secs(5), |_| {});
+    let app = app_with(Duration::from_secs(5), |s| s.max_snapshot_bytes = 30000);
     let _controller = controller(app.store.clone());
 
     let lax = r#"{"cpus": "0.5", "memory_mb": "256", "pids_limit": 64.0, "network": 0,

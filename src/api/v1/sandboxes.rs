@@ -18,7 +18,7 @@ use super::{path_id, V1Options};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::config::Settings;
-use crate::resource::{AnyResource, Kind, Sandbox, SandboxPhase, SandboxSpec};
+use crate::resource::{AnyResource, Condition, Kind, Sandbox, SandboxPhase, SandboxSpec};
 use crate::store::{StoreError, WriteOptions};
 
 /// Body of `POST /v1/sandboxes` (documentation; parsing is lenient, see `lax`).
@@ -242,18 +242,16 @@ pub fn running(sandbox: Option<&Sandbox>, id: &str, generation: u64) -> Poll<San
     let current = status.observed_generation.unwrap_or(0) >= generation;
     let condition = wait::ready_condition(&status.conditions, generation);
     if status.phase == SandboxPhase::Failed && current {
-        return Poll::Fail(ApiError::Backend(wait::explain(
-            &status.message,
-            condition,
-            &format!("sandbox {id} failed"),
-        )));
+        let message = wait::explain(&status.message, condition, &format!("sandbox {id} failed"));
+        return Poll::Fail(failure(sandbox, condition, message));
     }
-    if let Some(failure) = wait::terminal_failure(&status.conditions, generation) {
-        return Poll::Fail(ApiError::Backend(wait::explain(
-            &failure.message,
-            Some(failure),
+    if let Some(failed) = wait::terminal_failure(&status.conditions, generation) {
+        let message = wait::explain(
+            &failed.message,
+            Some(failed),
             &format!("sandbox {id} failed"),
-        )));
+        );
+        return Poll::Fail(failure(sandbox, Some(failed), message));
     }
     if status.phase == SandboxPhase::Running && current && status.container_id.is_some() {
         return Poll::Done(sandbox.clone());
@@ -264,6 +262,22 @@ pub fn running(sandbox: Option<&Sandbox>, id: &str, generation: u64) -> Poll<San
         state.push_str(&status.message);
     }
     Poll::Pending(state)
+}
+
+/// A sandbox failure as the client should see it: a vanished snapshot is a 404 like the
+/// reference's, anything else a backend error that says why.
+fn failure(sandbox: &Sandbox, condition: Option<&Condition>, message: String) -> ApiError {
+    if condition.is_some_and(|c| c.reason == "SnapshotNotFound") {
+        let snapshot = sandbox
+            .spec
+            .rollback
+            .as_ref()
+            .map(|r| r.snapshot.clone())
+            .or_else(|| sandbox.spec.source.as_ref().map(|s| s.snapshot.clone()))
+            .unwrap_or_default();
+        return super::common::snapshot_not_found(&snapshot);
+    }
+    ApiError::Backend(message)
 }
 
 pub async fn create(
@@ -512,5 +526,93 @@ mod tests {
             resolve(&settings, w).is_ok(),
             "an empty image means the default"
         );
+    }
+
+    fn with_status(status: serde_json::Value, spec: SandboxSpec) -> Sandbox {
+        let mut sb = Sandbox::new("sb_1", spec);
+        sb.metadata.generation = Some(2);
+        sb.status = Some(serde_json::from_value(status).unwrap());
+        sb
+    }
+
+    fn ready_false(reason: &str, generation: u64) -> serde_json::Value {
+        serde_json::json!([{"type": "Ready", "status": "False", "reason": reason,
+            "message": format!("{reason} happened"), "lastTransitionTime": "2026-01-01T00:00:00Z",
+            "observedGeneration": generation}])
+    }
+
+    #[test]
+    fn waiting_tells_progress_from_failure() {
+        let spec = SandboxSpec::default();
+        let pending = with_status(serde_json::json!({"phase": "Creating"}), spec.clone());
+        assert!(matches!(
+            running(Some(&pending), "sb_1", 2),
+            Poll::Pending(_)
+        ));
+        let stale = with_status(
+            serde_json::json!({"phase": "Running", "observedGeneration": 1, "containerID": "c"}),
+            spec.clone(),
+        );
+        assert!(matches!(running(Some(&stale), "sb_1", 2), Poll::Pending(_)));
+        let done = with_status(
+            serde_json::json!({"phase": "Running", "observedGeneration": 2, "containerID": "c"}),
+            spec.clone(),
+        );
+        assert!(matches!(running(Some(&done), "sb_1", 2), Poll::Done(_)));
+        // A transient failure not yet judged against this generation: keep waiting.
+        let retrying = with_status(
+            serde_json::json!({"phase": "Failed", "message": "docker hiccup"}),
+            spec.clone(),
+        );
+        assert!(matches!(
+            running(Some(&retrying), "sb_1", 2),
+            Poll::Pending(_)
+        ));
+        let failed = with_status(
+            serde_json::json!({"phase": "Failed", "observedGeneration": 2,
+                "message": "image x is not present on the docker host",
+                "conditions": ready_false("ImageMissing", 2)}),
+            spec.clone(),
+        );
+        match running(Some(&failed), "sb_1", 2) {
+            Poll::Fail(e) => assert_eq!(
+                message(e),
+                (502, "image x is not present on the docker host".into())
+            ),
+            _ => panic!("expected a failure"),
+        }
+        // A failed rollback leaves the sandbox running; its condition says what went wrong.
+        let rollback = with_status(
+            serde_json::json!({"phase": "Running", "observedGeneration": 2, "containerID": "c",
+                "conditions": ready_false("RollbackFailed", 2)}),
+            spec.clone(),
+        );
+        match running(Some(&rollback), "sb_1", 2) {
+            Poll::Fail(e) => assert_eq!(message(e), (502, "RollbackFailed happened".into())),
+            _ => panic!("expected a failure"),
+        }
+        // ... unless the condition is about an older generation.
+        let old = with_status(
+            serde_json::json!({"phase": "Running", "observedGeneration": 2, "containerID": "c",
+                "conditions": ready_false("RollbackFailed", 1)}),
+            spec.clone(),
+        );
+        assert!(matches!(running(Some(&old), "sb_1", 2), Poll::Done(_)));
+        let forked = SandboxSpec {
+            source: Some(crate::resource::SandboxSource {
+                snapshot: "snap_1".into(),
+            }),
+            ..SandboxSpec::default()
+        };
+        let gone = with_status(
+            serde_json::json!({"phase": "Failed", "observedGeneration": 2,
+                "conditions": ready_false("SnapshotNotFound", 2)}),
+            forked,
+        );
+        match running(Some(&gone), "sb_1", 2) {
+            Poll::Fail(e) => assert_eq!(message(e), (404, "snapshot snap_1 not found".into())),
+            _ => panic!("expected a failure"),
+        }
+        assert!(matches!(running(None, "sb_1", 2), Poll::Fail(_)));
     }
 }

@@ -9,8 +9,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::{Extension, Json};
 
 use super::common::{
-    live_sandbox, new_id, ready_snapshot, sandbox_info, snapshot_info, snapshot_not_found,
-    store_error,
+    live_sandbox, new_id, ready_snapshot, sandbox_info, sandbox_not_found, snapshot_info,
+    snapshot_not_found, store_error,
 };
 use super::lax::{json_object, query_params, Bound, Fields};
 use super::sandboxes::{create_from_spec, resolve, running, Wanted};
@@ -93,10 +93,12 @@ pub async fn create(
         opts.wait_timeout,
         &format!("snapshot {id} of sandbox {sandbox_id}"),
         |entry| {
+            let snapshot = entry.and_then(|e| e.resource.as_snapshot());
             snapshot_ready(
-                entry.and_then(|e| e.resource.as_snapshot()),
+                snapshot,
                 &id,
                 &sandbox_id,
+                state.settings.max_snapshot_bytes,
             )
         },
     )
@@ -116,7 +118,12 @@ pub async fn create(
     }
 }
 
-fn snapshot_ready(snapshot: Option<&Snapshot>, id: &str, sandbox_id: &str) -> Poll<Snapshot> {
+fn snapshot_ready(
+    snapshot: Option<&Snapshot>,
+    id: &str,
+    sandbox_id: &str,
+    limit: u64,
+) -> Poll<Snapshot> {
     let Some(snapshot) = snapshot else {
         return Poll::Fail(ApiError::Backend(format!(
             "snapshot {id} was deleted before it was taken"
@@ -138,9 +145,12 @@ fn snapshot_ready(snapshot: Option<&Snapshot>, id: &str, sandbox_id: &str) -> Po
             .filter(|c| c.status == ConditionStatus::False)
             .map(|c| c.reason.as_str());
         return Poll::Fail(match reason {
-            Some("TooLarge") => ApiError::PayloadTooLarge(message),
-            Some("SandboxNotFound") => {
-                ApiError::NotFound(format!("sandbox {sandbox_id} not found"))
+            Some("TooLarge") => ApiError::PayloadTooLarge(format!(
+                "workspace exceeds the snapshot limit of {limit} bytes"
+            )),
+            Some("SandboxNotFound") => sandbox_not_found(sandbox_id),
+            Some("SandboxNotRunning") => {
+                ApiError::InvalidRequest(format!("sandbox {sandbox_id} is not running"))
             }
             _ => ApiError::Backend(message),
         });
@@ -261,9 +271,6 @@ pub async fn rollback(
         &format!("sandbox {id} to roll back to {snapshot_id}"),
         |entry| {
             let sandbox = entry.and_then(|e| e.resource.as_sandbox());
-            if sandbox.is_some_and(|s| rollback_snapshot_missing(s, generation)) {
-                return Poll::Fail(snapshot_not_found(&snapshot_id));
-            }
             let done = sandbox
                 .and_then(|s| s.status.as_ref())
                 .and_then(|s| s.last_rollback.as_ref())
@@ -279,14 +286,6 @@ pub async fn rollback(
     let mut info = sandbox_info(&sandbox, &state.settings);
     info.source_snapshot_id = Some(snapshot_id);
     Ok(Json(info))
-}
-
-/// The snapshot vanished between our check and the controller's rollback.
-fn rollback_snapshot_missing(sandbox: &crate::resource::Sandbox, generation: u64) -> bool {
-    sandbox.status.as_ref().is_some_and(|s| {
-        wait::terminal_failure(&s.conditions, generation)
-            .is_some_and(|c| c.reason == "SnapshotNotFound")
-    })
 }
 
 pub async fn fork(

@@ -20,16 +20,19 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(500);
 
 /// Reasons of a `Ready=False` condition that retrying will not cure: waiting longer is pointless.
+/// (The controller also marks most of them with phase `Failed`; a failed rollback leaves the
+/// sandbox running on its old workspace, so the reason is all there is to go by.)
 pub const TERMINAL_REASONS: &[&str] = &[
     "ImageMissing",
-    "ImageNotFound",
-    "ImageNotAllowed",
-    "InvalidSpec",
     "SnapshotNotFound",
-    "SourceSnapshotNotFound",
+    "SnapshotFailed",
+    "SnapshotDataMissing",
+    "SnapshotRefused",
+    "DataMissing",
+    "RollbackFailed",
     "SandboxNotFound",
+    "SandboxNotRunning",
     "TooLarge",
-    "Failed",
 ];
 
 /// What a look at the store found.
