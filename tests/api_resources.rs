@@ -831,3 +831,53 @@ async fn the_served_openapi_document_is_the_committed_one() {
         assert!(served["paths"][path].is_object(), "{path} missing");
     }
 }
+
+#[tokio::test]
+async fn a_trailing_slash_redirects_to_the_route_without_a_key() {
+    let api = start().await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let host = api.url.trim_start_matches("http://");
+    for (path, location) in [
+        ("/v1/sandboxes/", format!("http://{host}/v1/sandboxes")),
+        (
+            "/apis/agent-sandbox.io/v1/sandboxes/demo/?dryRun=All",
+            format!("http://{host}/apis/agent-sandbox.io/v1/sandboxes/demo?dryRun=All"),
+        ),
+    ] {
+        let response = client
+            .get(format!("{}{path}", api.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::TEMPORARY_REDIRECT, "{path}");
+        assert_eq!(response.headers()["location"], location.as_str());
+    }
+    let response = client
+        .get(format!("{}/nothing/", api.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn the_json_body_limit_leaves_file_uploads_alone() {
+    let api = start().await;
+    // Larger than the 1 MiB JSON limit, smaller than the file limit: the upload route answers
+    // for the unknown sandbox instead of refusing the size.
+    let (status, _, body) = api
+        .send(
+            api.request(
+                Method::PUT,
+                "/v1/sandboxes/sb_0000000000000000/files?path=big.bin",
+            )
+            .header("content-type", "application/octet-stream")
+            .body(vec![b'x'; 2 * 1024 * 1024]),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_error(&body, "not_found");
+}

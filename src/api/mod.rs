@@ -78,8 +78,49 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn not_found() -> ApiError {
-    ApiError::NotFound("Not Found".into())
+/// Unknown path: 404, except that a documented route asked for with a trailing slash is
+/// redirected (307) to the route, as the reference server does.
+async fn not_found(request: Request) -> Response {
+    let path = request.uri().path();
+    let trimmed = path.trim_end_matches('/');
+    if trimmed.len() < path.len() && !trimmed.is_empty() && is_documented_path(trimmed) {
+        let host = request
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("localhost");
+        let query = request
+            .uri()
+            .query()
+            .map(|q| format!("?{q}"))
+            .unwrap_or_default();
+        if let Ok(location) = HeaderValue::from_str(&format!("http://{host}{trimmed}{query}")) {
+            return (
+                StatusCode::TEMPORARY_REDIRECT,
+                [(header::LOCATION, location)],
+            )
+                .into_response();
+        }
+    }
+    ApiError::NotFound("Not Found".into()).into_response()
+}
+
+fn is_documented_path(path: &str) -> bool {
+    static TEMPLATES: OnceLock<Vec<Vec<String>>> = OnceLock::new();
+    let templates = TEMPLATES.get_or_init(|| {
+        operations()
+            .iter()
+            .map(|op| op.path.split('/').map(str::to_string).collect())
+            .collect()
+    });
+    let segments: Vec<&str> = path.split('/').collect();
+    templates.iter().any(|template| {
+        template.len() == segments.len()
+            && template
+                .iter()
+                .zip(&segments)
+                .all(|(t, s)| t == s || (t.starts_with('{') && !s.is_empty()))
+    })
 }
 
 /// The framework adds the `Allow` header to this response.
