@@ -15,8 +15,9 @@ use futures::StreamExt;
 use serde_json::Value;
 
 use super::common::live_sandbox;
-use super::lax::{json_object, Bound, Fields};
-use super::sandboxes::check_env;
+use super::lax::{Bound, Fields};
+use super::request::json_object;
+use super::rules::check_env;
 use super::wire::{ndjson_line, py_number};
 use super::{dataplane_error, path_id, target, valid_path};
 use crate::api::error::ApiError;

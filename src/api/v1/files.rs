@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::common::live_sandbox;
-use super::lax::{query_params, read_capped, ReadError};
+use super::request::{query_params, read_capped, ReadError};
 use super::wire::{FileInfo, FileList};
 use super::{dataplane_error, path_id, target, valid_path};
 use crate::api::error::ApiError;

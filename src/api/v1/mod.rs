@@ -11,6 +11,8 @@ mod common;
 mod exec;
 mod files;
 pub mod lax;
+mod request;
+mod rules;
 mod sandboxes;
 mod snapshots;
 pub mod wait;

@@ -12,8 +12,10 @@ use super::common::{
     live_sandbox, new_id, ready_snapshot, sandbox_info, sandbox_not_found, snapshot_info,
     snapshot_not_found, store_error,
 };
-use super::lax::{json_object, query_params, Bound, Fields};
-use super::sandboxes::{create_from_spec, resolve, running, Wanted};
+use super::lax::{Bound, Fields};
+use super::request::{json_object, query_params};
+use super::rules::{resolve, Wanted};
+use super::sandboxes::{create_from_spec, running};
 use super::wait::{self, Poll};
 use super::wire::{SandboxInfo, SnapshotInfo, SnapshotList};
 use super::{path_id, V1Options};
