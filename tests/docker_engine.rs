@@ -93,7 +93,7 @@ fn plan(sandbox: &str) -> ContainerPlan {
         image: IMAGE.into(),
         cpus: 0.5,
         memory_mb: 96,
-        pids_limit: 50,
+        pids_limit: 128,
         network: None,
         read_only_rootfs: true,
         env: BTreeMap::from([
@@ -260,7 +260,7 @@ async fn hardened_container_as_docker_reports_it() {
     assert_eq!(hc.memory, Some(96 * 1024 * 1024));
     assert_eq!(hc.memory_swap, hc.memory);
     assert_eq!(hc.nano_cpus, Some(500_000_000));
-    assert_eq!(hc.pids_limit, Some(50));
+    assert_eq!(hc.pids_limit, Some(128));
     assert_eq!(hc.ipc_mode.as_deref(), Some("private"));
     assert_eq!(hc.init, Some(true));
     assert!(hc.devices.unwrap_or_default().is_empty());
@@ -416,7 +416,7 @@ async fn limits_update_and_pause() {
     let plan = plan(&guard.sandbox("a"));
     let id = running_sandbox(&engine, &plan).await;
 
-    engine.update_limits(&id, 1.25, 128, 80).await.unwrap();
+    engine.update_limits(&id, 1.25, 128, 160).await.unwrap();
     let hc = raw_docker()
         .await
         .inspect_container(&id, None)
@@ -427,7 +427,7 @@ async fn limits_update_and_pause() {
     assert_eq!(hc.nano_cpus, Some(1_250_000_000));
     assert_eq!(hc.memory, Some(128 * 1024 * 1024));
     assert_eq!(hc.memory_swap, Some(128 * 1024 * 1024));
-    assert_eq!(hc.pids_limit, Some(80));
+    assert_eq!(hc.pids_limit, Some(160));
 
     engine.pause(&id).await.unwrap();
     engine.pause(&id).await.unwrap();
@@ -444,14 +444,16 @@ type Events = tokio::sync::mpsc::UnboundedReceiver<Result<EngineEvent, EngineErr
 
 /// Waits for `object action` about `sandbox`, skipping other events.
 async fn wait_for(rx: &mut Events, sandbox: &str, object: &str, action: &str) {
-    let wanted = EngineEvent {
-        object: object.into(),
-        action: action.into(),
-        sandbox: Some(sandbox.into()),
+    let wanted = |event: &EngineEvent| {
+        event.object == object
+            && event.action == action
+            && event.sandbox.as_deref() == Some(sandbox)
+            // Container events carry the owner's label; volume events carry no labels at all.
+            && event.server.as_deref() == (object == "container").then_some("docker-engine-test")
     };
     let found = tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(event) = rx.recv().await {
-            if event.unwrap() == wanted {
+            if wanted(&event.unwrap()) {
                 return true;
             }
         }

@@ -599,6 +599,7 @@ mod tests {
             object: "container".into(),
             action: "die".into(),
             sandbox: Some("a".into()),
+            server: None,
         };
         engine.emit(event.clone());
         assert_eq!(events.next().await.unwrap().unwrap(), event);

@@ -170,6 +170,10 @@ pub struct EngineEvent {
     pub action: String,
     /// The sandbox named by the object's [`LABEL_ID`], when it has one.
     pub sandbox: Option<String>,
+    /// The object's [`LABEL_SERVER`]. Only container events carry labels; for volumes (whose
+    /// events name the volume and nothing else) this is `None`, so a server sharing the daemon
+    /// must not treat a volume event as proof that the object is its own.
+    pub server: Option<String>,
 }
 
 /// What a `docker exec` should run.

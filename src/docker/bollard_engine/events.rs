@@ -12,7 +12,7 @@ use bollard::query_parameters::EventsOptions;
 use futures::stream::{BoxStream, StreamExt};
 
 use super::map_err;
-use crate::docker::{EngineEvent, EngineResult, LABEL_ID, LABEL_MANAGED};
+use crate::docker::{EngineEvent, EngineResult, LABEL_ID, LABEL_MANAGED, LABEL_SERVER};
 
 /// Container actions worth a reconcile. Exec and attach events are frequent and say nothing
 /// about the container's life.
@@ -73,6 +73,7 @@ pub fn to_engine_event(message: &EventMessage) -> Option<EngineEvent> {
                 object: "container".into(),
                 action,
                 sandbox: attributes.get(LABEL_ID).cloned(),
+                server: attributes.get(LABEL_SERVER).cloned(),
             })
         }
         EventMessageTypeEnum::VOLUME => {
@@ -86,6 +87,7 @@ pub fn to_engine_event(message: &EventMessage) -> Option<EngineEvent> {
                 object: "volume".into(),
                 action,
                 sandbox,
+                server: None,
             })
         }
         _ => None,
@@ -119,14 +121,19 @@ mod tests {
         let m = message(
             EventMessageTypeEnum::CONTAINER,
             "abc",
-            &[(LABEL_MANAGED, "true"), (LABEL_ID, "demo")],
+            &[
+                (LABEL_MANAGED, "true"),
+                (LABEL_ID, "demo"),
+                (LABEL_SERVER, "s1"),
+            ],
         );
         assert_eq!(
             to_engine_event(&m),
             Some(EngineEvent {
                 object: "container".into(),
                 action: "destroy".into(),
-                sandbox: Some("demo".into())
+                sandbox: Some("demo".into()),
+                server: Some("s1".into()),
             })
         );
         let m = message(

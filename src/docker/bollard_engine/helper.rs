@@ -7,10 +7,14 @@
 //! SHA-256; a volume whose marker matches is left alone, and a process that has already checked
 //! a volume only confirms that the volume still exists.
 //!
-//! Callers in one process are serialized by a lock. Separate processes filling the same volume
-//! at once write the same bytes; the marker, written last, only ever names a complete binary.
+//! Callers in one process are serialized by a lock; separate processes (several servers on one
+//! daemon) by the filler container's fixed name, `agent-sandbox-fill-<volume>`: whoever creates
+//! it fills, the others wait for it to go away and then find the marker. Rewriting a binary that
+//! sandboxes are starting from would let them see a half-written file, so this matters. A filler
+//! left behind by a crash is older than [`STALE_AFTER`] and is removed by the next caller.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
 use bollard::query_parameters::{
@@ -30,6 +34,10 @@ use crate::docker::{
 pub const FILLER_IMAGE: &str = "agent-sandbox/volume-filler:1";
 /// [`LABEL_ROLE`] of those containers, so leftovers of a crash are recognisable.
 pub const ROLE_FILLER: &str = "volume-filler";
+/// A filler container older than this belongs to a caller that died.
+pub const STALE_AFTER: Duration = Duration::from_secs(60);
+/// How long a caller waits for another process's filler before giving up.
+const WAIT_FOR_OTHERS: Duration = Duration::from_secs(30);
 /// Marker file next to the binary: the hex SHA-256 of the binary it completes.
 const MARKER: &str = ".agent-sandbox-helper.sha256";
 /// Label on the helper volume recording the digest it was created for (informational: a later
@@ -81,7 +89,7 @@ pub async fn ensure(
     }
 
     ensure_filler_image(docker).await?;
-    let container = create_filler(docker, volume).await?;
+    let container = acquire_filler(docker, volume).await?;
     let filled = fill(docker, &container, binary, &digest).await;
     let removed = docker
         .remove_container(
@@ -130,8 +138,51 @@ async fn ensure_filler_image(docker: &bollard::Docker) -> EngineResult<()> {
     Ok(())
 }
 
-async fn create_filler(docker: &bollard::Docker, volume: &str) -> EngineResult<String> {
-    let name = format!("agent-sandbox-fill-{:016x}", rand::random::<u64>());
+/// Creates this volume's filler container, waiting while another process holds it.
+async fn acquire_filler(docker: &bollard::Docker, volume: &str) -> EngineResult<String> {
+    let name = format!("agent-sandbox-fill-{volume}");
+    let deadline = Instant::now() + WAIT_FOR_OTHERS;
+    loop {
+        match create_filler(docker, volume, &name).await {
+            Ok(()) => return Ok(name),
+            Err(e) if is_status(&e, 409) => {}
+            Err(e) => return Err(map_err("create volume filler", &name)(e)),
+        }
+        let created = match docker.inspect_container(&name, None).await {
+            Ok(inspected) => inspected.created.map(|c| c.to_string()),
+            Err(e) if is_status(&e, 404) => continue,
+            Err(e) => return Err(map_err("inspect volume filler", &name)(e)),
+        };
+        let age = created
+            .and_then(|c| chrono::DateTime::parse_from_rfc3339(&c).ok())
+            .map(|c| chrono::Utc::now().signed_duration_since(c))
+            .and_then(|age| age.to_std().ok())
+            .unwrap_or_default();
+        if age > STALE_AFTER {
+            let options = RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            };
+            match docker.remove_container(&name, Some(options)).await {
+                Ok(()) => continue,
+                Err(e) if is_status(&e, 404) || is_status(&e, 409) => continue,
+                Err(e) => return Err(map_err("remove stale volume filler", &name)(e)),
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(EngineError::Conflict {
+                what: format!("container {name} (another process is filling {volume})"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn create_filler(
+    docker: &bollard::Docker,
+    volume: &str,
+    name: &str,
+) -> Result<(), bollard::errors::Error> {
     let body = ContainerCreateBody {
         image: Some(FILLER_IMAGE.into()),
         // Never started; Docker only wants some command to accept the create.
@@ -148,14 +199,13 @@ async fn create_filler(docker: &bollard::Docker, volume: &str) -> EngineResult<S
         ..Default::default()
     };
     let options = CreateContainerOptions {
-        name: Some(name.clone()),
+        name: Some(name.to_string()),
         ..Default::default()
     };
     docker
         .create_container(Some(options), body)
         .await
-        .map_err(map_err("create volume filler", &name))?;
-    Ok(name)
+        .map(|_| ())
 }
 
 async fn fill(
