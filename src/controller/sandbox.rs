@@ -352,14 +352,20 @@ async fn delete(ctl: &Controller, sandbox: &Sandbox) -> Result<Outcome, Reconcil
     Ok(Outcome::done())
 }
 
-/// Removes the container and every workspace volume labeled with this sandbox's name.
+/// Removes the container and every workspace volume labeled with this sandbox's name — only those
+/// this server created: another server sharing the daemon may use the same name.
 pub(super) async fn remove_docker_objects(
     ctl: &Controller,
     name: &str,
 ) -> Result<(), ReconcileError> {
-    ctl.engine.remove_container(&container_name(name)).await?;
+    let ours = |labels: &BTreeMap<String, String>| labels.get(LABEL_SERVER) == Some(&ctl.server_id);
+    if let Some(container) = ctl.engine.inspect_container(&container_name(name)).await? {
+        if ours(&container.labels) {
+            ctl.engine.remove_container(&container.id).await?;
+        }
+    }
     for volume in ctl.engine.list_volumes().await? {
-        if volume.sandbox() == Some(name) {
+        if volume.sandbox() == Some(name) && ours(&volume.labels) {
             ctl.engine.remove_volume(&volume.name).await?;
         }
     }
