@@ -16,6 +16,7 @@
 //! [`tarball::root_dir`]). Volumes are mounted with `NoCopy`, so Docker never copies image content
 //! into them nor resets that owner when a later container mounts the volume.
 
+mod dataplane;
 mod events;
 mod helper;
 mod plan;
@@ -25,21 +26,16 @@ use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
 use bollard::errors::Error as BollardError;
-use bollard::exec::{StartExecOptions, StartExecResults};
-use bollard::models::{ContainerUpdateBody, ExecConfig, NetworkCreateRequest, VolumeCreateRequest};
+use bollard::models::{ContainerUpdateBody, NetworkCreateRequest, VolumeCreateRequest};
 use bollard::query_parameters::{
-    CreateContainerOptions, DownloadFromContainerOptions, InspectNetworkOptions,
-    ListContainersOptions, ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
-    UploadToContainerOptions,
+    CreateContainerOptions, InspectNetworkOptions, ListContainersOptions, ListVolumesOptions,
+    RemoveContainerOptions, RemoveVolumeOptions,
 };
 use bytes::Bytes;
-use futures::stream::{self, BoxStream, StreamExt};
+use futures::stream::BoxStream;
 use tokio::sync::Mutex;
 
 use super::*;
-use bollard::container::LogOutput;
-
-use plan::WORKSPACE;
 
 pub struct BollardEngine {
     docker: bollard::Docker,
@@ -64,6 +60,22 @@ impl BollardEngine {
             helpers: helper::HelperCache::default(),
             networks: Mutex::new(()),
         })
+    }
+}
+
+impl BollardEngine {
+    async fn wait_gone(&self, id: &str) -> EngineResult<()> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.inspect_container(id).await?.is_some() {
+            if std::time::Instant::now() > deadline {
+                return Err(EngineError::Docker {
+                    operation: format!("remove container {id}"),
+                    message: "another removal did not finish within 10 s".into(),
+                });
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        Ok(())
     }
 }
 
@@ -119,20 +131,6 @@ fn started_at(value: Option<&str>) -> Option<chrono::DateTime<chrono::Utc>> {
     let parsed = chrono::DateTime::parse_from_rfc3339(value?).ok()?;
     // Docker reports the zero time for containers that never started.
     (parsed.timestamp() > 0).then(|| parsed.with_timezone(&chrono::Utc))
-}
-
-fn exec_output(
-    item: Result<LogOutput, BollardError>,
-    op: &str,
-) -> Option<EngineResult<ExecOutput>> {
-    match item {
-        Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
-            Some(Ok(ExecOutput::Stdout(message)))
-        }
-        Ok(LogOutput::StdErr { message }) => Some(Ok(ExecOutput::Stderr(message))),
-        Ok(LogOutput::StdIn { .. }) => None,
-        Err(e) => Some(Err(map_err("read exec output", op)(e))),
-    }
 }
 
 #[async_trait]
@@ -264,6 +262,11 @@ impl Engine for BollardEngine {
         match self.docker.remove_container(id, Some(options)).await {
             Ok(()) => Ok(()),
             Err(e) if is_status(&e, 404) => Ok(()),
+            // Someone else is removing it: done once that finishes (callers remove the volume
+            // next, which Docker refuses while the container exists).
+            Err(e) if server_message(&e).is_some_and(|m| m.contains("already in progress")) => {
+                self.wait_gone(id).await
+            }
             Err(e) => Err(map_err("remove", &format!("container {id}"))(e)),
         }
     }
@@ -380,59 +383,11 @@ impl Engine for BollardEngine {
     }
 
     async fn exec(&self, container: &str, plan: &ExecPlan) -> EngineResult<ExecSession> {
-        let what = format!("container {container}");
-        let config = ExecConfig {
-            attach_stdin: Some(plan.stdin),
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
-            tty: Some(false),
-            env: Some(plan.env.clone()),
-            cmd: Some(plan.argv.clone()),
-            privileged: Some(false),
-            user: (!plan.user.is_empty()).then(|| plan.user.clone()),
-            working_dir: plan.workdir.clone(),
-            ..Default::default()
-        };
-        let created = self
-            .docker
-            .create_exec(container, config)
-            .await
-            .map_err(map_err("exec in", &what))?;
-        let started = self
-            .docker
-            .start_exec(&created.id, Some(StartExecOptions::default()))
-            .await
-            .map_err(map_err("start exec in", &what))?;
-        match started {
-            StartExecResults::Attached { output, input } => {
-                let op = format!("exec {}", created.id);
-                let output = output
-                    .filter_map(move |item| std::future::ready(exec_output(item, &op)))
-                    .boxed();
-                Ok(ExecSession {
-                    exec_id: created.id,
-                    output,
-                    input: plan.stdin.then_some(input),
-                })
-            }
-            StartExecResults::Detached => Err(EngineError::Docker {
-                operation: format!("start exec in {what}"),
-                message: "docker did not attach".into(),
-            }),
-        }
+        dataplane::exec(&self.docker, container, plan).await
     }
 
     async fn inspect_exec(&self, exec_id: &str) -> EngineResult<ExecState> {
-        let inspected = self
-            .docker
-            .inspect_exec(exec_id)
-            .await
-            .map_err(map_err("inspect", &format!("exec {exec_id}")))?;
-        Ok(ExecState {
-            running: inspected.running.unwrap_or(false),
-            exit_code: inspected.exit_code,
-            pid: inspected.pid.unwrap_or(0),
-        })
+        dataplane::inspect_exec(&self.docker, exec_id).await
     }
 
     async fn archive_get(
@@ -440,21 +395,7 @@ impl Engine for BollardEngine {
         container: &str,
         path: &str,
     ) -> EngineResult<BoxStream<'static, EngineResult<Bytes>>> {
-        let what = format!("{path} in container {container}");
-        let options = DownloadFromContainerOptions { path: path.into() };
-        let mut body = self
-            .docker
-            .download_from_container(container, Some(options))
-            .boxed();
-        let map = map_err("read", &what);
-        // Docker answers 404 before the first byte: surface it here rather than mid-stream.
-        match body.next().await {
-            None => Ok(stream::empty().boxed()),
-            Some(Err(e)) => Err(map(e)),
-            Some(Ok(first)) => Ok(stream::once(async move { Ok(first) })
-                .chain(body.map(move |chunk| chunk.map_err(&map)))
-                .boxed()),
-        }
+        dataplane::archive_get(&self.docker, container, path).await
     }
 
     async fn archive_put(
@@ -463,17 +404,7 @@ impl Engine for BollardEngine {
         path: &str,
         tar: BoxStream<'static, Bytes>,
     ) -> EngineResult<()> {
-        let options = UploadToContainerOptions {
-            path: path.into(),
-            ..Default::default()
-        };
-        self.docker
-            .upload_to_container(container, Some(options), bollard::body_stream(tar))
-            .await
-            .map_err(map_err(
-                "write",
-                &format!("{path} in container {container}"),
-            ))
+        dataplane::archive_put(&self.docker, container, path, tar).await
     }
 
     async fn ensure_helper_volume(&self, volume: &str, binary: &[u8]) -> EngineResult<()> {
@@ -481,20 +412,6 @@ impl Engine for BollardEngine {
     }
 
     async fn prepare_workspace(&self, container: &str, uid: u32, gid: u32) -> EngineResult<()> {
-        let tar = tarball::root_dir(uid, gid, 0o755).map_err(|e| EngineError::Docker {
-            operation: "pack workspace owner".into(),
-            message: e.to_string(),
-        })?;
-        let options = UploadToContainerOptions {
-            path: WORKSPACE.into(),
-            ..Default::default()
-        };
-        self.docker
-            .upload_to_container(container, Some(options), bollard::body_full(tar.into()))
-            .await
-            .map_err(map_err(
-                "prepare workspace of",
-                &format!("container {container}"),
-            ))
+        dataplane::prepare_workspace(&self.docker, container, uid, gid).await
     }
 }
