@@ -45,15 +45,10 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
             removed += 1;
         }
     }
-    let current_helper = ctl.helper_binary.map(super::sandbox::helper_volume_name);
     for volume in ctl.engine.list_volumes().await? {
-        if volume.labels.get(LABEL_ROLE).map(String::as_str) == Some("helper") {
-            if current_helper.as_deref() != Some(volume.name.as_str()) {
-                // An older helper: remove it unless a container still mounts it (Docker refuses).
-                if ctl.engine.remove_volume(&volume.name).await.is_ok() {
-                    removed += 1;
-                }
-            }
+        // Helper volumes are shared by every server on the daemon, whatever its version: not
+        // ours to remove.
+        if volume.labels.contains_key(LABEL_ROLE) {
             continue;
         }
         if ours(&volume.labels) && !belongs(volume.sandbox(), volume.labels.get(LABEL_UID)) {

@@ -239,14 +239,26 @@ async fn ensure_running(
         ctl.engine.start_container(&details.id).await?;
     }
     if status.applied_limits != Some(limits) {
-        ctl.engine
+        let updated = ctl
+            .engine
             .update_limits(
                 &details.id,
                 limits.cpus,
                 limits.memory_mb,
                 limits.pids_limit,
             )
-            .await?;
+            .await;
+        if let Err(error) = updated {
+            // Some runtimes (gVisor's runsc) cannot change limits of a live container: replace
+            // it instead. The workspace volume is kept; the next pass creates the new container.
+            tracing::info!(sandbox = name, %error, "limits cannot change in place; replacing the container");
+            ctl.engine.remove_container(&details.id).await?;
+            status.container_id = None;
+            status.applied_limits = None;
+            return Err(ReconcileError::Other(format!(
+                "replacing the container to apply new limits ({error})"
+            )));
+        }
         status.applied_limits = Some(limits);
     }
     if status.container_id.as_deref() != Some(details.id.as_str()) || !details.running {
