@@ -1,0 +1,743 @@
+//! `agent-sandbox-helper`: the in-sandbox exec helper of agent-sandbox.
+//!
+//! `agent-sandbox-helper serve` reads requests from stdin and writes events to stdout using the
+//! framed protocol of `src/helper_protocol.rs` (shared with the server). It is a single-threaded
+//! `poll(2)` loop: every command gets a shepherd process (see `shepherd.rs`) and four pipes
+//! (command stdout, command stderr, shepherd status, shepherd control); all timers (timeout,
+//! linger) live here. Nothing needs a capability; it runs as the sandbox user.
+
+#[path = "../../src/helper_protocol.rs"]
+mod helper_protocol;
+mod shepherd;
+mod sys;
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use helper_protocol::{
+    Event, FrameDecoder, Request, StartRequest, EXIT_CODE_CANNOT_EXECUTE, EXIT_CODE_LOST,
+    EXIT_CODE_TIMEOUT, MAX_CHUNK_LEN, PROTOCOL_VERSION,
+};
+
+/// Stop reading command output while this much is queued for stdout (back-pressure).
+const OUTPUT_HIGH_WATER: usize = 1 << 20;
+/// After a shutdown starts, give up waiting for commands after this long.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// PATH used when the request's environment has none (same as Docker's default).
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+const USAGE: &str = "usage: agent-sandbox-helper serve|idle\n\
+\n\
+Speaks the agent-sandbox helper protocol on stdin (requests) and stdout (events).\n";
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["serve"] => std::process::exit(serve()),
+        // The container's main process: it only keeps the container alive. It is not PID 1
+        // (Docker's init is), so SIGTERM's default action ends it on `docker stop`.
+        ["idle"] => loop {
+            // SAFETY: pause has no preconditions; it returns only when a handled signal arrives.
+            unsafe { libc::pause() };
+        },
+        ["--version"] | ["version"] => {
+            println!(
+                "agent-sandbox-helper {} (protocol {PROTOCOL_VERSION})",
+                env!("CARGO_PKG_VERSION")
+            );
+        }
+        ["--help"] | ["-h"] | ["help"] => print!("{USAGE}"),
+        _ => {
+            eprint!("{USAGE}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// One running command, as seen by the helper.
+struct Command {
+    id: u64,
+    shepherd: libc::pid_t,
+    /// Shepherd → helper records; `None` after EOF (the shepherd exited and was reaped).
+    status: Option<OwnedFd>,
+    status_buf: Vec<u8>,
+    /// Helper → shepherd instructions.
+    control: OwnedFd,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+    /// Exec succeeded: output may be read (so `Started` always precedes output).
+    started: bool,
+    failure: Option<i32>,
+    main_exit: Option<i32>,
+    began: Instant,
+    deadline: Option<Instant>,
+    linger_ms: u64,
+    linger_deadline: Option<Instant>,
+    timed_out: bool,
+    /// `'K'` or `'F'` was sent: the shepherd is on its way out.
+    ending: bool,
+}
+
+impl Command {
+    fn tell(&mut self, byte: u8) {
+        // Non-blocking; a full pipe already holds an instruction, a broken one means the shepherd is
+        // gone (its status EOF reports that).
+        let _ = sys::write(self.control.as_raw_fd(), &[byte]);
+    }
+
+    fn kill(&mut self) {
+        if !self.ending && self.status.is_some() {
+            self.ending = true;
+            self.tell(shepherd::CTL_KILL);
+        }
+    }
+
+    fn pipes_open(&self) -> bool {
+        self.stdout.is_some() || self.stderr.is_some()
+    }
+}
+
+struct Helper {
+    commands: BTreeMap<u64, Command>,
+    out: Vec<u8>,
+    out_pos: usize,
+    /// stdout is broken: drop everything.
+    out_broken: bool,
+    stdin_open: bool,
+    decoder: FrameDecoder,
+    shutdown_since: Option<Instant>,
+    protocol_error: bool,
+    buf: Vec<u8>,
+    use_subreaper: bool,
+}
+
+fn main_loop_timeout(now: Instant, deadline: Option<Instant>) -> i32 {
+    match deadline {
+        None => -1,
+        Some(d) => {
+            let ms = d.saturating_duration_since(now).as_micros().div_ceil(1000);
+            ms.min(60_000) as i32
+        }
+    }
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn serve() -> i32 {
+    sys::ensure_std_fds();
+    sys::reset_inherited_signals();
+    unsafe {
+        // Keep commands (same uid) from ptrace-attaching to the helper or its shepherds and forging
+        // frames; a process made non-dumpable can still read its own /proc entries.
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
+    let _ = sys::set_nonblocking(0);
+    let _ = sys::set_nonblocking(1);
+    let mut h = Helper {
+        commands: BTreeMap::new(),
+        out: Vec::with_capacity(1 << 16),
+        out_pos: 0,
+        out_broken: false,
+        stdin_open: true,
+        decoder: FrameDecoder::new(),
+        shutdown_since: None,
+        protocol_error: false,
+        buf: vec![0u8; MAX_CHUNK_LEN],
+        // The variable exists so tests can exercise the fallback where the prctl works.
+        use_subreaper: std::env::var_os("AGENT_SANDBOX_HELPER_NO_SUBREAPER").is_none()
+            && shepherd::subreaper_available(),
+    };
+    h.emit(&Event::Hello {
+        version: PROTOCOL_VERSION,
+    });
+    h.run();
+    i32::from(h.protocol_error)
+}
+
+impl Helper {
+    fn emit(&mut self, ev: &Event) {
+        if self.out_broken {
+            return;
+        }
+        if let Err(e) = ev.encode(&mut self.out) {
+            // Only a huge message can fail to encode; say so in a smaller one.
+            let msg = format!("cannot encode event: {e}");
+            let _ = Event::Error { message: msg }.encode(&mut self.out);
+        }
+    }
+
+    fn queued(&self) -> usize {
+        self.out.len() - self.out_pos
+    }
+
+    /// Writes as much queued output as stdout takes without blocking.
+    fn flush(&mut self) {
+        while self.out_pos < self.out.len() && !self.out_broken {
+            match sys::write(1, &self.out[self.out_pos..]) {
+                Ok(0) => break,
+                Ok(n) => self.out_pos += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    // The host went away: nobody to report to; kill everything.
+                    self.out_broken = true;
+                    self.begin_shutdown();
+                }
+            }
+        }
+        if self.out_pos == self.out.len() || self.out_broken {
+            self.out.clear();
+            self.out_pos = 0;
+        } else if self.out_pos > (1 << 20) {
+            self.out.drain(..self.out_pos);
+            self.out_pos = 0;
+        }
+    }
+
+    fn begin_shutdown(&mut self) {
+        if self.shutdown_since.is_none() {
+            self.shutdown_since = Some(Instant::now());
+        }
+        self.stdin_open = false;
+        for c in self.commands.values_mut() {
+            c.kill();
+        }
+    }
+
+    fn run(&mut self) {
+        loop {
+            let now = Instant::now();
+            if let Some(since) = self.shutdown_since {
+                let give_up = now.duration_since(since) >= SHUTDOWN_GRACE;
+                if self.commands.is_empty() || give_up {
+                    self.final_flush(since + SHUTDOWN_GRACE);
+                    return; // Dropping control pipes makes any remaining shepherd kill its tree.
+                }
+            }
+
+            // Timers.
+            let mut next: Option<Instant> = self.shutdown_since.map(|s| s + SHUTDOWN_GRACE);
+            for c in self.commands.values_mut() {
+                if let Some(d) = c.deadline {
+                    if now >= d && !c.ending && c.status.is_some() {
+                        c.timed_out = true;
+                        c.kill();
+                    } else if !c.ending {
+                        next = earliest(next, Some(d));
+                    }
+                }
+                if let Some(d) = c.linger_deadline {
+                    if now >= d {
+                        c.linger_deadline = None;
+                        drain_and_close(c, &mut self.out, &mut self.buf, self.out_broken);
+                    } else {
+                        next = earliest(next, Some(d));
+                    }
+                }
+            }
+            self.progress();
+            if self.shutdown_since.is_some() && self.commands.is_empty() {
+                continue;
+            }
+
+            // Poll set: [stdin?][stdout?] then per command: status, stdout, stderr.
+            let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(2 + 3 * self.commands.len());
+            let mut slots: Vec<(u64, u8)> = Vec::with_capacity(pfds.capacity());
+            if self.stdin_open {
+                pfds.push(libc::pollfd {
+                    fd: 0,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                slots.push((0, b'i'));
+            }
+            if self.queued() > 0 && !self.out_broken {
+                pfds.push(libc::pollfd {
+                    fd: 1,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                });
+                slots.push((0, b'o'));
+            }
+            let read_output = self.queued() < OUTPUT_HIGH_WATER || self.out_broken;
+            for c in self.commands.values() {
+                if let Some(fd) = &c.status {
+                    pfds.push(sys::pollfd(fd, libc::POLLIN));
+                    slots.push((c.id, b's'));
+                }
+                if c.started && read_output {
+                    if let Some(fd) = &c.stdout {
+                        pfds.push(sys::pollfd(fd, libc::POLLIN));
+                        slots.push((c.id, b'1'));
+                    }
+                    if let Some(fd) = &c.stderr {
+                        pfds.push(sys::pollfd(fd, libc::POLLIN));
+                        slots.push((c.id, b'2'));
+                    }
+                }
+            }
+            let timeout = main_loop_timeout(Instant::now(), next);
+            if sys::poll(&mut pfds, timeout).is_err() {
+                // Should not happen; avoid spinning.
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+
+            for (pfd, &(id, what)) in pfds.iter().zip(&slots) {
+                if pfd.revents == 0 {
+                    continue;
+                }
+                match what {
+                    b'i' => self.read_stdin(),
+                    b'o' => self.flush(),
+                    b's' => self.read_status(id),
+                    b'1' | b'2' => {
+                        if let Some(c) = self.commands.get_mut(&id) {
+                            read_output_once(
+                                c,
+                                what == b'2',
+                                &mut self.out,
+                                &mut self.buf,
+                                self.out_broken,
+                            );
+                        }
+                    }
+                    _ => unreachable!(),
+                }
+            }
+            self.progress();
+            self.flush();
+        }
+    }
+
+    /// After shutdown: try to deliver what is queued, until `until`.
+    fn final_flush(&mut self, until: Instant) {
+        let _ = sys::set_nonblocking(1);
+        while self.queued() > 0 && !self.out_broken {
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            let mut p = [libc::pollfd {
+                fd: 1,
+                events: libc::POLLOUT,
+                revents: 0,
+            }];
+            let _ = sys::poll(&mut p, main_loop_timeout(now, Some(until)));
+            self.flush();
+        }
+    }
+
+    fn read_stdin(&mut self) {
+        let mut buf = [0u8; 64 * 1024];
+        loop {
+            match sys::read(0, &mut buf) {
+                Ok(0) => {
+                    self.stdin_open = false;
+                    if let Err(e) = self.decoder.finish() {
+                        self.protocol_violation(e.to_string());
+                    }
+                    self.begin_shutdown();
+                    return;
+                }
+                Ok(n) => {
+                    self.decoder.feed(&buf[..n]);
+                    loop {
+                        match self.decoder.next_request() {
+                            Ok(Some(req)) => self.handle(req),
+                            Ok(None) => break,
+                            Err(e) => {
+                                self.protocol_violation(e.to_string());
+                                self.begin_shutdown();
+                                return;
+                            }
+                        }
+                        if !self.stdin_open {
+                            return;
+                        }
+                    }
+                    if n < buf.len() {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    self.stdin_open = false;
+                    self.begin_shutdown();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn protocol_violation(&mut self, message: String) {
+        self.protocol_error = true;
+        self.emit(&Event::Error { message });
+    }
+
+    fn handle(&mut self, req: Request) {
+        match req {
+            Request::Start(s) => self.start(s),
+            Request::Kill { id } => {
+                if let Some(c) = self.commands.get_mut(&id) {
+                    c.kill();
+                }
+            }
+            Request::Shutdown => self.begin_shutdown(),
+        }
+    }
+
+    /// Reports a command that never ran: `Failed`, the reason on stderr, then `Exit`.
+    fn refuse(&mut self, id: u64, code: i32, message: String, began: Instant) {
+        self.emit(&Event::Failed {
+            id,
+            message: message.clone(),
+        });
+        let mut line = format!("agent-sandbox-helper: {message}\n").into_bytes();
+        line.truncate(MAX_CHUNK_LEN);
+        self.emit(&Event::Stderr { id, data: line });
+        self.emit(&Event::Exit {
+            id,
+            exit_code: code,
+            timed_out: false,
+            duration_ms: ms_since(began),
+        });
+    }
+
+    fn start(&mut self, s: StartRequest) {
+        let began = Instant::now();
+        if self.commands.contains_key(&s.id) {
+            self.protocol_violation(format!(
+                "Start with id {} while that command is running",
+                s.id
+            ));
+            return;
+        }
+        let spec = match prepare(&s) {
+            Ok(spec) => spec,
+            Err(message) => return self.refuse(s.id, EXIT_CODE_CANNOT_EXECUTE, message, began),
+        };
+        let mut spec = spec;
+        spec.use_subreaper = self.use_subreaper;
+        match spawn(&spec) {
+            Ok((shepherd, pipes)) => {
+                let deadline = match s.timeout_ms {
+                    0 => None,
+                    ms => Some(began + Duration::from_millis(ms)),
+                };
+                self.commands.insert(
+                    s.id,
+                    Command {
+                        id: s.id,
+                        shepherd,
+                        status: Some(pipes.status),
+                        status_buf: Vec::new(),
+                        control: pipes.control,
+                        stdout: Some(pipes.stdout),
+                        stderr: Some(pipes.stderr),
+                        started: false,
+                        failure: None,
+                        main_exit: None,
+                        began,
+                        deadline,
+                        linger_ms: s.linger_ms,
+                        linger_deadline: None,
+                        timed_out: false,
+                        ending: false,
+                    },
+                );
+                if self.shutdown_since.is_some() {
+                    if let Some(c) = self.commands.get_mut(&s.id) {
+                        c.kill();
+                    }
+                }
+            }
+            Err(e) => self.refuse(s.id, EXIT_CODE_CANNOT_EXECUTE, e, began),
+        }
+    }
+
+    fn read_status(&mut self, id: u64) {
+        let Some(c) = self.commands.get_mut(&id) else {
+            return;
+        };
+        let Some(fd) = &c.status else { return };
+        let mut buf = [0u8; 4096];
+        let eof = match sys::read(fd.as_raw_fd(), &mut buf) {
+            Ok(0) => true,
+            Ok(n) => {
+                c.status_buf.extend_from_slice(&buf[..n]);
+                false
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+            Err(_) => true,
+        };
+        let mut events = Vec::new();
+        parse_status(c, &mut events);
+        // `Started` must precede any output.
+        for ev in events {
+            self.emit(&ev);
+        }
+        if eof {
+            let Some(c) = self.commands.get_mut(&id) else {
+                return;
+            };
+            c.status = None;
+            let _ = sys::wait_for(c.shepherd);
+            // The shepherd's tree is dead (or released): whatever is still in the pipes is all
+            // there will be, unless a process outside the tree holds them.
+            drain_and_close(c, &mut self.out, &mut self.buf, self.out_broken);
+        }
+    }
+
+    /// Sends finish instructions and `Exit` frames for commands that are done.
+    fn progress(&mut self) {
+        let mut done = Vec::new();
+        let now = Instant::now();
+        for c in self.commands.values_mut() {
+            if c.main_exit.is_some() && !c.ending && c.status.is_some() {
+                if !c.pipes_open() {
+                    c.ending = true;
+                    c.tell(shepherd::CTL_FINISH);
+                } else if c.linger_ms > 0 && c.linger_deadline.is_none() {
+                    c.linger_deadline = Some(now + Duration::from_millis(c.linger_ms));
+                    // Prevent re-arming: linger_ms is one-shot.
+                    c.linger_ms = 0;
+                }
+            }
+            if c.status.is_none() && !c.pipes_open() {
+                done.push(c.id);
+            }
+        }
+        for id in done {
+            let c = self.commands.remove(&id).expect("listed above");
+            let exit_code = if let Some(code) = c.failure {
+                code
+            } else if c.timed_out {
+                EXIT_CODE_TIMEOUT
+            } else {
+                c.main_exit.unwrap_or(EXIT_CODE_LOST)
+            };
+            self.emit(&Event::Exit {
+                id,
+                exit_code,
+                timed_out: c.timed_out && c.failure.is_none(),
+                duration_ms: ms_since(c.began),
+            });
+        }
+    }
+}
+
+fn ms_since(t: Instant) -> u64 {
+    t.elapsed().as_millis().min(u128::from(u64::MAX)) as u64
+}
+
+/// Parses complete shepherd records from `c.status_buf`.
+fn parse_status(c: &mut Command, events: &mut Vec<Event>) {
+    loop {
+        let b = &c.status_buf;
+        if b.len() < 5 {
+            return;
+        }
+        let value = i32::from_be_bytes([b[1], b[2], b[3], b[4]]);
+        let used = match b[0] {
+            shepherd::MSG_STARTED => {
+                c.started = true;
+                events.push(Event::Started {
+                    id: c.id,
+                    pid: value as u32,
+                });
+                5
+            }
+            shepherd::MSG_EXITED => {
+                c.main_exit = Some(value);
+                5
+            }
+            shepherd::MSG_FAILED => {
+                if b.len() < 7 {
+                    return;
+                }
+                let len = u16::from_be_bytes([b[5], b[6]]) as usize;
+                if b.len() < 7 + len {
+                    return;
+                }
+                let message = String::from_utf8_lossy(&b[7..7 + len]).into_owned();
+                c.failure = Some(value);
+                events.push(Event::Failed {
+                    id: c.id,
+                    message: message.clone(),
+                });
+                events.push(Event::Stderr {
+                    id: c.id,
+                    data: format!("agent-sandbox-helper: {message}\n").into_bytes(),
+                });
+                7 + len
+            }
+            _ => {
+                // Cannot happen (we wrote them); treat the shepherd as lost.
+                c.status_buf.clear();
+                return;
+            }
+        };
+        c.status_buf.drain(..used);
+    }
+}
+
+/// Reads one chunk from a command pipe; closes it at EOF.
+fn read_output_once(
+    c: &mut Command,
+    stderr: bool,
+    out: &mut Vec<u8>,
+    buf: &mut [u8],
+    discard: bool,
+) -> bool {
+    let slot = if stderr { &mut c.stderr } else { &mut c.stdout };
+    let Some(fd) = slot else { return false };
+    match sys::read(fd.as_raw_fd(), buf) {
+        Ok(0) => {
+            *slot = None;
+            false
+        }
+        Ok(n) => {
+            if !discard {
+                let _ = helper_protocol::encode_output(out, c.id, stderr, &buf[..n]);
+            }
+            true
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(_) => {
+            *slot = None;
+            false
+        }
+    }
+}
+
+/// Reads whatever the pipes hold right now, then closes them.
+fn drain_and_close(c: &mut Command, out: &mut Vec<u8>, buf: &mut [u8], discard: bool) {
+    if !c.started {
+        c.stdout = None;
+        c.stderr = None;
+        return;
+    }
+    for stderr in [false, true] {
+        while read_output_once(c, stderr, out, buf, discard) {}
+        if stderr {
+            c.stderr = None;
+        } else {
+            c.stdout = None;
+        }
+    }
+}
+
+/// Validates a request and turns it into what the shepherd needs (allocations happen here, before
+/// fork).
+fn prepare(s: &StartRequest) -> Result<shepherd::Spec, String> {
+    let cstr = |what: &str, v: &str| {
+        CString::new(v).map_err(|_| format!("invalid request: {what} contains a NUL byte"))
+    };
+    let Some(program) = s.argv.first() else {
+        return Err("invalid request: empty argv".into());
+    };
+    if program.is_empty() {
+        return Err("invalid request: empty program name".into());
+    }
+    let argv = s
+        .argv
+        .iter()
+        .map(|a| cstr("argv", a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut envp = Vec::with_capacity(s.env.len());
+    let mut path = None;
+    for (k, v) in &s.env {
+        if k.is_empty() || k.contains('=') {
+            return Err(format!(
+                "invalid request: bad environment variable name {k:?}"
+            ));
+        }
+        envp.push(cstr("env", &format!("{k}={v}"))?);
+        if k == "PATH" {
+            path = Some(v.as_str());
+        }
+    }
+    let has_slash = program.contains('/');
+    let candidates = if has_slash {
+        vec![cstr("argv", program)?]
+    } else {
+        path.unwrap_or(DEFAULT_PATH)
+            .split(':')
+            .map(|dir| {
+                let dir = if dir.is_empty() { "." } else { dir };
+                cstr("PATH", &format!("{}/{program}", dir.trim_end_matches('/')))
+            })
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let workdir = if s.workdir.is_empty() {
+        None
+    } else {
+        Some(cstr("workdir", &s.workdir)?)
+    };
+    Ok(shepherd::Spec {
+        program: program.clone(),
+        argv,
+        envp,
+        candidates,
+        program_has_slash: has_slash,
+        workdir,
+        keep_background: s.keep_background,
+        use_subreaper: true,
+    })
+}
+
+struct Pipes {
+    status: OwnedFd,
+    control: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+}
+
+/// Forks the shepherd; returns its pid and the helper's ends of the pipes.
+fn spawn(spec: &shepherd::Spec) -> Result<(libc::pid_t, Pipes), String> {
+    let pipe = || sys::pipe().map_err(|e| format!("pipe: {e}"));
+    let (status_r, status_w) = pipe()?;
+    let (control_r, control_w) = pipe()?;
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    for fd in [&status_r, &out_r, &err_r, &control_w] {
+        let _ = sys::set_nonblocking(fd.as_raw_fd());
+    }
+    let pid = unsafe { libc::fork() };
+    if pid == -1 {
+        return Err(format!("fork: {}", sys::strerror(sys::errno())));
+    }
+    if pid == 0 {
+        shepherd::run(
+            spec,
+            shepherd::Fds {
+                control: control_r.as_raw_fd(),
+                status: status_w.as_raw_fd(),
+                stdout: out_w.as_raw_fd(),
+                stderr: err_w.as_raw_fd(),
+            },
+        );
+    }
+    drop((status_w, control_r, out_w, err_w));
+    Ok((
+        pid,
+        Pipes {
+            status: status_r,
+            control: control_w,
+            stdout: out_r,
+            stderr: err_r,
+        },
+    ))
+}
