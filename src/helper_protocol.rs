@@ -29,8 +29,8 @@
 //! host, after which the helper kills every command and exits.
 //!
 //! Exit codes follow the shell: a normal exit reports its status, a death by signal `128 + signal`
-//! (so a `Kill` usually reports 137), a timeout reports [`EXIT_CODE_TIMEOUT`] (124, like
-//! `timeout(1)`) with `timed_out: true`, a command that could not be started reports
+//! (so a `Kill` usually reports 137), a timeout reports [`EXIT_CODE_TIMEOUT`] (137, the SIGKILL
+//! status, as the reference server reports its timeouts) with `timed_out: true`, a command that could not be started reports
 //! [`EXIT_CODE_NOT_FOUND`] (127) when it does not exist and [`EXIT_CODE_CANNOT_EXECUTE`] (126) for
 //! everything else (not executable, workdir missing, fork failed, invalid request); in that case
 //! the helper sends `Failed` with the reason, then the same reason as a `Stderr` line, then `Exit`.
@@ -61,8 +61,9 @@ pub const MAX_FRAME_LEN: usize = 1 << 20;
 /// Largest `Stdout`/`Stderr` chunk the helper sends.
 pub const MAX_CHUNK_LEN: usize = 64 * 1024;
 
-/// Exit code reported with `timed_out: true`.
-pub const EXIT_CODE_TIMEOUT: i32 = 124;
+/// Exit code reported with `timed_out: true`: the tree was SIGKILLed (the reference server reports
+/// 137 for a timeout too).
+pub const EXIT_CODE_TIMEOUT: i32 = 128 + 9;
 /// Exit code when the command could not be started for another reason than "not found".
 pub const EXIT_CODE_CANNOT_EXECUTE: i32 = 126;
 /// Exit code when the command was not found.

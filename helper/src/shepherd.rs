@@ -319,6 +319,32 @@ impl Shepherd {
         }
     }
 
+    /// keep_background: the survivors are left alone. Without a subreaper they carry our tag;
+    /// take it off (back to an unlimited RSS limit), so that a later shepherd that happens to get
+    /// our pid does not take them for its own.
+    fn release_tree(&mut self) {
+        let Some(tag) = self.tag else { return };
+        let unlimited = libc::rlimit64 {
+            rlim_cur: libc::RLIM64_INFINITY,
+            rlim_max: libc::RLIM64_INFINITY,
+        };
+        // A tagged process forking meanwhile passes the tag on: repeat until none is left.
+        for _ in 0..100 {
+            let mut found = false;
+            for p in scan_procs() {
+                if !p.gone && rss_limit(p.pid) == Some(tag) {
+                    unsafe {
+                        libc::prlimit64(p.pid, libc::RLIMIT_RSS, &unlimited, ptr::null_mut())
+                    };
+                    found = true;
+                }
+            }
+            if !found {
+                return;
+            }
+        }
+    }
+
     fn serve(&mut self) -> ! {
         let mut buf = [0u8; 64];
         loop {
@@ -364,7 +390,9 @@ impl Shepherd {
             }
             if buf[..n].contains(&CTL_FINISH) {
                 self.reap();
-                if !self.keep_background {
+                if self.keep_background {
+                    self.release_tree();
+                } else {
                     self.kill_tree();
                 }
                 exit();

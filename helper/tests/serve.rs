@@ -654,6 +654,18 @@ fn keep_background_leaves_daemons_running(mode: Mode) {
     });
     assert_eq!(o.exit_code, 0);
     let left = wait_for_marked(&m, 1);
+    for &pid in &left {
+        // Released: no tag left behind (the fallback marks commands through RLIMIT_RSS).
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        let rss = limits
+            .lines()
+            .find(|l| l.starts_with("Max resident set"))
+            .unwrap();
+        assert!(
+            rss.contains("unlimited            unlimited"),
+            "{mode:?}: {rss}"
+        );
+    }
     for pid in left {
         unsafe { libc_kill(pid, 9) };
     }
