@@ -116,6 +116,7 @@ fn generated_name(kind: Kind) -> String {
         Kind::Sandbox => "sb",
         Kind::Snapshot => "snap",
         Kind::Fork => "fork",
+        Kind::SandboxPool => "pool",
     };
     format!("{prefix}_{}", hex::encode(rand::random::<[u8; 8]>()))
 }

@@ -2,11 +2,16 @@
 //! earlier resource of the same name) are removed — but only after the store has completed a full
 //! load, because a partial view of desired state is never a reason to delete. Only objects labeled
 //! with this server's identity are considered.
+//!
+//! An object belongs when a sandbox's status names it (a claimed pool container keeps its pool
+//! labels), when its labels name a live sandbox of the same uid, or when it is an unclaimed member
+//! of a live pool.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
+use super::pool::{pool_of_member, MEMBER_PREFIX};
 use super::{Controller, ReconcileError};
-use crate::docker::{LABEL_ROLE, LABEL_SERVER, LABEL_UID};
+use crate::docker::{container_name, LABEL_ROLE, LABEL_SERVER, LABEL_UID};
 use crate::resource::Kind;
 
 pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, ReconcileError> {
@@ -14,10 +19,9 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
         tracing::debug!("store not fully loaded yet; garbage collection waits");
         return Ok(0);
     }
-    let live: HashMap<String, Option<String>> = ctl
-        .store
-        .list(Kind::Sandbox)
-        .into_iter()
+    let sandboxes = ctl.store.list(Kind::Sandbox);
+    let live: HashMap<String, Option<String>> = sandboxes
+        .iter()
         .map(|e| {
             (
                 e.resource.name().to_string(),
@@ -25,21 +29,54 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
             )
         })
         .collect();
-    let belongs =
+    let statuses: Vec<_> = sandboxes
+        .iter()
+        .filter_map(|e| e.resource.as_sandbox()?.status.clone())
+        .collect();
+    let referenced_containers: HashSet<String> = statuses
+        .iter()
+        .filter_map(|s| s.container_id.clone())
+        .collect();
+    let referenced_volumes: HashSet<String> = statuses
+        .iter()
+        .filter_map(|s| s.workspace_volume.clone())
+        .collect();
+    let pools: HashSet<String> = ctl
+        .store
+        .list(Kind::SandboxPool)
+        .into_iter()
+        .map(|e| e.resource.name().to_string())
+        .collect();
+    let labeled_for_live =
         |sandbox: Option<&str>, uid: Option<&String>| match sandbox.and_then(|s| live.get(s)) {
             Some(live_uid) => uid.is_none() || live_uid.as_ref() == uid,
             None => false,
         };
-    // Objects of other servers sharing this daemon are not ours to judge.
-    let ours = |labels: &std::collections::BTreeMap<String, String>| {
-        labels.get(LABEL_SERVER) == Some(&ctl.server_id)
+    let live_pool_member = |id: Option<&str>| {
+        id.and_then(pool_of_member)
+            .is_some_and(|p| pools.contains(p))
     };
+    // Objects of other servers sharing this daemon are not ours to judge.
+    let ours = |labels: &BTreeMap<String, String>| labels.get(LABEL_SERVER) == Some(&ctl.server_id);
+
     let mut removed = 0;
-    for container in ctl.engine.list_containers().await? {
+    let containers = ctl.engine.list_containers().await?;
+    let unclaimed_members: HashSet<String> = containers
+        .iter()
+        .filter_map(|c| {
+            let id = c.sandbox()?;
+            (id.starts_with(MEMBER_PREFIX) && c.name == container_name(id)).then(|| id.to_string())
+        })
+        .collect();
+    for container in &containers {
         if container.labels.contains_key(LABEL_ROLE) || !ours(&container.labels) {
             continue;
         }
-        if !belongs(container.sandbox(), container.labels.get(LABEL_UID)) {
+        let id = container.sandbox();
+        let belongs = referenced_containers.contains(&container.id)
+            || labeled_for_live(id, container.labels.get(LABEL_UID))
+            || (live_pool_member(id) && id.is_some_and(|id| unclaimed_members.contains(id)));
+        if !belongs {
             tracing::info!(container = %container.name, "removing orphaned container");
             ctl.engine.remove_container(&container.id).await?;
             removed += 1;
@@ -48,10 +85,14 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
     for volume in ctl.engine.list_volumes().await? {
         // Helper volumes are shared by every server on the daemon, whatever its version: not
         // ours to remove.
-        if volume.labels.contains_key(LABEL_ROLE) {
+        if volume.labels.contains_key(LABEL_ROLE) || !ours(&volume.labels) {
             continue;
         }
-        if ours(&volume.labels) && !belongs(volume.sandbox(), volume.labels.get(LABEL_UID)) {
+        let id = volume.sandbox();
+        let belongs = referenced_volumes.contains(&volume.name)
+            || labeled_for_live(id, volume.labels.get(LABEL_UID))
+            || (live_pool_member(id) && id.is_some_and(|id| unclaimed_members.contains(id)));
+        if !belongs {
             tracing::info!(volume = %volume.name, "removing orphaned volume");
             ctl.engine.remove_volume(&volume.name).await?;
             removed += 1;

@@ -9,6 +9,7 @@
 
 mod fork;
 mod gc;
+mod pool;
 pub mod queue;
 pub mod restore;
 mod sandbox;
@@ -79,6 +80,8 @@ pub struct Controller {
     helper_volume: tokio::sync::Mutex<Option<String>>,
     /// Snapshots in progress: which containers they hold paused, which files they write.
     snapshots: Arc<snapshot::Tracker>,
+    /// Serializes claims from warm pools, so that no member is handed out twice.
+    pool_claims: tokio::sync::Mutex<()>,
 }
 
 impl Controller {
@@ -98,6 +101,7 @@ impl Controller {
             helper_binary,
             helper_volume: tokio::sync::Mutex::new(None),
             snapshots: Arc::default(),
+            pool_claims: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -165,6 +169,7 @@ impl Controller {
             Kind::Sandbox => sandbox::reconcile(self, &key.1).await,
             Kind::Snapshot => snapshot::reconcile(self, &key.1).await,
             Kind::Fork => fork::reconcile(self, &key.1).await,
+            Kind::SandboxPool => pool::reconcile(self, &key.1).await,
         }
     }
 
@@ -176,6 +181,13 @@ impl Controller {
                     let resource = &event.resource;
                     self.queue
                         .add((resource.kind(), resource.name().to_string()));
+                    // A pool counts the sandboxes running on its containers.
+                    if let Some(pool) = resource
+                        .as_sandbox()
+                        .and_then(|s| s.status.as_ref()?.claimed_from.clone())
+                    {
+                        self.queue.add((Kind::SandboxPool, pool));
+                    }
                     // A snapshot or fork may be waiting for the sandbox it names.
                     if let Some(owner) = resource.metadata().owner_references.first() {
                         if let Ok(kind) = owner.kind.parse::<Kind>() {

@@ -25,6 +25,13 @@ const EXTERNAL_RETRY: Duration = Duration::from_secs(30);
 const SNAPSHOT_WAIT: Duration = Duration::from_secs(1);
 
 pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, ReconcileError> {
+    if name.starts_with(super::pool::MEMBER_PREFIX) {
+        // A warm-pool member: its pool looks after it.
+        if let Some(pool) = super::pool::pool_of_member(name) {
+            ctl.queue.add((Kind::SandboxPool, pool.to_string()));
+        }
+        return Ok(Outcome::done());
+    }
     let Some(entry) = ctl.store.get(Kind::Sandbox, name) else {
         // No resource: whatever Docker still has under this name is garbage.
         remove_docker_objects(ctl, name).await?;
@@ -185,6 +192,18 @@ async fn ensure_running(
     let name = sandbox.metadata.name.as_str();
     let uid = sandbox.metadata.uid.clone().unwrap_or_default();
     let hash = effective.container_hash();
+    if status.container_id.is_none() && status.workspace_volume.is_none() {
+        // A brand-new sandbox: a warm container, when a pool has one, beats creating one.
+        if let Some(claimed) = ctl.claim_from_pool(name, effective).await? {
+            status.container_id = Some(claimed.container_id);
+            status.workspace_volume = Some(claimed.volume);
+            status.applied_limits = Some(claimed.limits);
+            status.claimed_from = Some(claimed.pool);
+            status.container_hash = Some(hash);
+            status.started_at = Some(Utc::now());
+            return Ok(());
+        }
+    }
     let volume = status
         .workspace_volume
         .clone()
@@ -201,10 +220,16 @@ async fn ensure_running(
         pids_limit: effective.pids_limit,
     };
     let existing = ctl.engine.inspect_container(&container_name(name)).await?;
+    let claimed_id = status
+        .container_hash
+        .as_deref()
+        .filter(|h| *h == hash)
+        .and(status.container_id.clone());
     let reusable = existing.filter(|c| {
-        c.labels.get(LABEL_UID) == Some(&uid)
+        let built_for_us = c.labels.get(LABEL_UID) == Some(&uid)
             && c.labels.get(crate::docker::LABEL_SPEC_HASH) == Some(&hash)
-            && status.container_id.as_deref().is_none_or(|id| id == c.id)
+            && status.container_id.as_deref().is_none_or(|id| id == c.id);
+        built_for_us || claimed_id.as_deref() == Some(c.id.as_str())
     });
     let details = match reusable {
         Some(details) => details,
@@ -221,6 +246,8 @@ async fn ensure_running(
             ctl.engine.prepare_workspace(&id, uid_num, gid_num).await?;
             status.applied_limits = Some(limits);
             status.container_id = Some(id.clone());
+            status.claimed_from = None;
+            status.container_hash = None;
             ctl.engine.inspect_container(&id).await?.ok_or_else(|| {
                 ReconcileError::Other(format!("container {id} vanished after create"))
             })?
@@ -360,6 +387,14 @@ async fn delete(ctl: &Controller, sandbox: &Sandbox) -> Result<Outcome, Reconcil
         write_status(ctl, sandbox, status).await?;
     }
     remove_docker_objects(ctl, name).await?;
+    // A workspace claimed from a pool carries the pool member's name, not this sandbox's.
+    if let Some(volume) = sandbox
+        .status
+        .as_ref()
+        .and_then(|s| s.workspace_volume.as_ref())
+    {
+        ctl.engine.remove_volume(volume).await?;
+    }
     ctl.store.finalize(Kind::Sandbox, name)?;
     Ok(Outcome::done())
 }
@@ -402,15 +437,25 @@ fn ready(
 ) {
     set_condition(
         &mut status.conditions,
-        Condition {
-            type_: "Ready".into(),
-            status: verdict,
-            reason: reason.into(),
-            message: message.into(),
-            last_transition_time: Utc::now(),
-            observed_generation: Some(generation),
-        },
+        ready_condition(verdict, reason, message, generation),
     );
+}
+
+/// A `Ready` condition observed now.
+pub(super) fn ready_condition(
+    verdict: ConditionStatus,
+    reason: &str,
+    message: &str,
+    generation: u64,
+) -> Condition {
+    Condition {
+        type_: "Ready".into(),
+        status: verdict,
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: Utc::now(),
+        observed_generation: Some(generation),
+    }
 }
 
 /// Writes status only when it changed, so that an idle resync writes nothing.

@@ -338,6 +338,16 @@ impl Engine for BollardEngine {
         }
     }
 
+    async fn rename_container(&self, id: &str, new_name: &str) -> EngineResult<()> {
+        let options = bollard::query_parameters::RenameContainerOptions {
+            name: new_name.to_string(),
+        };
+        self.docker
+            .rename_container(id, options)
+            .await
+            .map_err(map_err("rename", &format!("container {id} to {new_name}")))
+    }
+
     async fn ensure_network(&self, name: &str) -> EngineResult<()> {
         let what = format!("network {name}");
         let _one_creator = self.networks.lock().await;

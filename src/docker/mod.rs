@@ -299,6 +299,16 @@ pub trait Engine: Send + Sync + 'static {
             message: "not supported by this engine".into(),
         })
     }
+
+    /// Renames a container (how a warm-pool container is handed to its sandbox: Docker names are
+    /// unique, so the rename is also the atomic claim). Fails if the new name is taken.
+    async fn rename_container(&self, id: &str, new_name: &str) -> EngineResult<()> {
+        let _ = (id, new_name);
+        Err(EngineError::Docker {
+            operation: "rename container".into(),
+            message: "not supported by this engine".into(),
+        })
+    }
 }
 
 /// File name of the helper binary at the root of the helper volume.

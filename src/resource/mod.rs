@@ -6,6 +6,7 @@
 
 mod fork;
 mod meta;
+mod pool;
 mod sandbox;
 pub mod schema;
 mod snapshot;
@@ -22,6 +23,7 @@ pub use meta::{
     is_valid_name, set_condition, Condition, ConditionStatus, ObjectMeta, OwnerReference,
     API_VERSION, NAME_PATTERN,
 };
+pub use pool::{SandboxPoolSpec, SandboxPoolStatus};
 pub use sandbox::{
     AppliedLimits, EffectiveSandbox, RollbackRecord, RollbackRequest, SandboxDefaults,
     SandboxPhase, SandboxSource, SandboxSpec, SandboxStatus,
@@ -34,16 +36,18 @@ pub enum Kind {
     Sandbox,
     Snapshot,
     Fork,
+    SandboxPool,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Sandbox, Kind::Snapshot, Kind::Fork];
+    pub const ALL: [Kind; 4] = [Kind::Sandbox, Kind::Snapshot, Kind::Fork, Kind::SandboxPool];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Sandbox => "Sandbox",
             Kind::Snapshot => "Snapshot",
             Kind::Fork => "Fork",
+            Kind::SandboxPool => "SandboxPool",
         }
     }
 
@@ -53,6 +57,7 @@ impl Kind {
             Kind::Sandbox => "sandboxes",
             Kind::Snapshot => "snapshots",
             Kind::Fork => "forks",
+            Kind::SandboxPool => "sandboxpools",
         }
     }
 
@@ -76,7 +81,9 @@ impl FromStr for Kind {
         Kind::ALL
             .into_iter()
             .find(|k| lower == k.as_str().to_ascii_lowercase() || lower == k.plural())
-            .ok_or_else(|| format!("unknown kind {s:?} (expected sandbox, snapshot or fork)"))
+            .ok_or_else(|| {
+                format!("unknown kind {s:?} (expected sandbox, snapshot, fork or sandboxpool)")
+            })
     }
 }
 
@@ -136,6 +143,12 @@ resource_kind!(
     ForkSpec,
     ForkStatus
 );
+resource_kind!(
+    /// Warm, unassigned containers that new sandboxes claim.
+    SandboxPool,
+    SandboxPoolSpec,
+    SandboxPoolStatus
+);
 
 /// A resource of any kind, as the store keeps it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -144,6 +157,7 @@ pub enum AnyResource {
     Sandbox(Sandbox),
     Snapshot(Snapshot),
     Fork(Fork),
+    SandboxPool(SandboxPool),
 }
 
 impl AnyResource {
@@ -152,6 +166,7 @@ impl AnyResource {
             AnyResource::Sandbox(_) => Kind::Sandbox,
             AnyResource::Snapshot(_) => Kind::Snapshot,
             AnyResource::Fork(_) => Kind::Fork,
+            AnyResource::SandboxPool(_) => Kind::SandboxPool,
         }
     }
 
@@ -164,6 +179,7 @@ impl AnyResource {
             AnyResource::Sandbox(r) => &r.metadata,
             AnyResource::Snapshot(r) => &r.metadata,
             AnyResource::Fork(r) => &r.metadata,
+            AnyResource::SandboxPool(r) => &r.metadata,
         }
     }
 
@@ -172,6 +188,7 @@ impl AnyResource {
             AnyResource::Sandbox(r) => &mut r.metadata,
             AnyResource::Snapshot(r) => &mut r.metadata,
             AnyResource::Fork(r) => &mut r.metadata,
+            AnyResource::SandboxPool(r) => &mut r.metadata,
         }
     }
 
@@ -181,6 +198,7 @@ impl AnyResource {
             AnyResource::Sandbox(r) => serde_json::to_value(&r.spec),
             AnyResource::Snapshot(r) => serde_json::to_value(&r.spec),
             AnyResource::Fork(r) => serde_json::to_value(&r.spec),
+            AnyResource::SandboxPool(r) => serde_json::to_value(&r.spec),
         };
         value.unwrap_or(serde_json::Value::Null)
     }
@@ -192,6 +210,9 @@ impl AnyResource {
                 r.status.as_ref().and_then(|s| serde_json::to_value(s).ok())
             }
             AnyResource::Fork(r) => r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
+            AnyResource::SandboxPool(r) => {
+                r.status.as_ref().and_then(|s| serde_json::to_value(s).ok())
+            }
         }
     }
 
@@ -208,6 +229,7 @@ impl AnyResource {
             AnyResource::Sandbox(r) => r.status = parse(status)?,
             AnyResource::Snapshot(r) => r.status = parse(status)?,
             AnyResource::Fork(r) => r.status = parse(status)?,
+            AnyResource::SandboxPool(r) => r.status = parse(status)?,
         }
         Ok(())
     }
@@ -217,6 +239,7 @@ impl AnyResource {
             AnyResource::Sandbox(r) => r.status = None,
             AnyResource::Snapshot(r) => r.status = None,
             AnyResource::Fork(r) => r.status = None,
+            AnyResource::SandboxPool(r) => r.status = None,
         }
     }
 
@@ -261,6 +284,13 @@ impl AnyResource {
     pub fn as_fork(&self) -> Option<&Fork> {
         match self {
             AnyResource::Fork(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn as_pool(&self) -> Option<&SandboxPool> {
+        match self {
+            AnyResource::SandboxPool(r) => Some(r),
             _ => None,
         }
     }

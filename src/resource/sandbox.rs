@@ -116,6 +116,13 @@ pub struct SandboxStatus {
     /// The Docker volume currently mounted at `/workspace` (a rollback builds a new one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace_volume: Option<String>,
+    /// The warm pool the current container was claimed from, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed_from: Option<String>,
+    /// Container-shape hash of the spec a claimed pool container now serves (its labels still
+    /// carry the pool's, since Docker cannot relabel a container).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_hash: Option<String>,
     /// The CPU, memory and pids limits last applied to the container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_limits: Option<AppliedLimits>,

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use super::{Fork, Kind, Sandbox, Snapshot};
+use super::{Fork, Kind, Sandbox, SandboxPool, Snapshot};
 
 /// One reason a document does not match its schema.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,6 +36,7 @@ pub fn schema_of(kind: Kind) -> Value {
         Kind::Sandbox => schemars::schema_for!(Sandbox),
         Kind::Snapshot => schemars::schema_for!(Snapshot),
         Kind::Fork => schemars::schema_for!(Fork),
+        Kind::SandboxPool => schemars::schema_for!(SandboxPool),
     };
     let mut value = schema.to_value();
     if let Some(obj) = value.as_object_mut() {

@@ -248,6 +248,7 @@ pub fn value_to_resource(
         Kind::Sandbox => serde_json::from_value(value).map(AnyResource::Sandbox),
         Kind::Snapshot => serde_json::from_value(value).map(AnyResource::Snapshot),
         Kind::Fork => serde_json::from_value(value).map(AnyResource::Fork),
+        Kind::SandboxPool => serde_json::from_value(value).map(AnyResource::SandboxPool),
     };
     converted.map_err(|e| fail(e.to_string(), None, ""))
 }

@@ -9,7 +9,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 
 use super::PREFIX;
 use crate::api::openapi::Operation;
-use crate::resource::{Fork, Kind, Sandbox, Snapshot};
+use crate::resource::{Fork, Kind, Sandbox, SandboxPool, Snapshot};
 
 macro_rules! documented_kind {
     ($kind:ident, $resource:ident, $list:ident, $event:ident) => {
@@ -76,6 +76,12 @@ documented_kind!(
     SnapshotWatchEvent
 );
 documented_kind!(Fork, ForkResource, ForkResourceList, ForkWatchEvent);
+documented_kind!(
+    SandboxPool,
+    SandboxPoolResource,
+    SandboxPoolResourceList,
+    SandboxPoolWatchEvent
+);
 
 fn with_types<R: JsonSchema, L: JsonSchema, E: JsonSchema>(kind: Kind) -> Vec<Operation> {
     let plural = kind.plural();
@@ -191,5 +197,10 @@ pub fn operations_of(kind: Kind) -> Vec<Operation> {
             with_types::<SnapshotResource, SnapshotResourceList, SnapshotWatchEvent>(kind)
         }
         Kind::Fork => with_types::<ForkResource, ForkResourceList, ForkWatchEvent>(kind),
+        Kind::SandboxPool => with_types::<
+            SandboxPoolResource,
+            SandboxPoolResourceList,
+            SandboxPoolWatchEvent,
+        >(kind),
     }
 }

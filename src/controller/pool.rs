@@ -1,0 +1,320 @@
+//! Reconciling one `SandboxPool`, and claiming from it.
+//!
+//! A pool member is an ordinary hardened container and workspace volume whose `io.agent-sandbox.id`
+//! is `pool.<pool>.<random>` (a dot never occurs in a sandbox name, so members and sandboxes cannot
+//! collide). It is created with the server's default limits and started, its workspace already
+//! owned by the sandbox user. A sandbox whose immutable properties match claims a member by
+//! renaming it to its own container name — Docker names are unique, so the rename is the atomic
+//! hand-over — then gets its limits applied live. The pool refills in the background.
+
+use std::collections::BTreeMap;
+
+use chrono::Utc;
+use futures::future::join_all;
+
+use super::sandbox::{object_labels, ready_condition};
+use super::{Controller, Outcome, ReconcileError};
+use crate::docker::{
+    container_name, ContainerPlan, ManagedContainer, LABEL_ID, LABEL_SERVER, LABEL_SPEC_HASH,
+};
+use crate::resource::{
+    AppliedLimits, ConditionStatus, EffectiveSandbox, Kind, SandboxPool, SandboxPoolStatus,
+};
+
+/// Prefix of a pool member's `io.agent-sandbox.id`.
+pub(super) const MEMBER_PREFIX: &str = "pool.";
+
+/// A claimed member, as the sandbox reconcile records it.
+pub(super) struct Claimed {
+    pub pool: String,
+    pub container_id: String,
+    pub volume: String,
+    pub limits: AppliedLimits,
+}
+
+/// The pool a member id (`pool.<pool>.<random>`) belongs to.
+pub(super) fn pool_of_member(id: &str) -> Option<&str> {
+    id.strip_prefix(MEMBER_PREFIX)?
+        .rsplit_once('.')
+        .map(|(pool, _)| pool)
+}
+
+fn member_volume(member: &str) -> String {
+    format!("agent-sandbox-{member}-workspace")
+}
+
+/// Hash of what makes members interchangeable: image, root filesystem mode, network, runtime.
+fn pool_key(image: &str, read_only_rootfs: bool, network: bool, runtime: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let key = serde_json::json!({"image": image, "readOnlyRootfs": read_only_rootfs,
+        "network": network, "runtime": runtime});
+    let digest = Sha256::digest(key.to_string().as_bytes());
+    format!("pool-{}", hex::encode(&digest[..8]))
+}
+
+impl Controller {
+    fn pool_runtime(&self, pool: &SandboxPool) -> String {
+        pool.spec
+            .runtime
+            .clone()
+            .unwrap_or_else(|| self.settings.docker_runtime.clone())
+    }
+
+    fn pool_key_of(&self, pool: &SandboxPool) -> String {
+        pool_key(
+            &pool.spec.image,
+            pool.spec.read_only_rootfs.unwrap_or(true),
+            pool.spec.network.unwrap_or(false),
+            &self.pool_runtime(pool),
+        )
+    }
+
+    /// Unclaimed members of `pool` (still under their pool name), running or not.
+    async fn members(&self, pool: &str) -> Result<Vec<ManagedContainer>, ReconcileError> {
+        let prefix = format!("{MEMBER_PREFIX}{pool}.");
+        Ok(self
+            .engine
+            .list_containers()
+            .await?
+            .into_iter()
+            .filter(|c| c.labels.get(LABEL_SERVER) == Some(&self.server_id))
+            .filter(|c| c.sandbox().is_some_and(|id| id.starts_with(&prefix)))
+            .filter(|c| c.sandbox().is_some_and(|id| c.name == container_name(id)))
+            .collect())
+    }
+
+    /// Claims a running member of a pool matching `effective` for sandbox `name`, if there is one.
+    pub(super) async fn claim_from_pool(
+        &self,
+        name: &str,
+        effective: &EffectiveSandbox,
+    ) -> Result<Option<Claimed>, ReconcileError> {
+        let runtime = self.settings.docker_runtime.clone();
+        let wanted = pool_key(
+            &effective.image,
+            effective.read_only_rootfs,
+            effective.network,
+            &runtime,
+        );
+        let Some(pool) = self
+            .store
+            .list(Kind::SandboxPool)
+            .into_iter()
+            .find_map(|e| {
+                let pool = e.resource.as_pool()?.clone();
+                (pool.metadata.deletion_timestamp.is_none() && self.pool_key_of(&pool) == wanted)
+                    .then_some(pool)
+            })
+        else {
+            return Ok(None);
+        };
+        let limits = AppliedLimits {
+            cpus: effective.cpus,
+            memory_mb: effective.memory_mb,
+            pids_limit: effective.pids_limit,
+        };
+        let defaults = self.defaults();
+        let default_limits = limits.cpus == defaults.cpus
+            && limits.memory_mb == defaults.memory_mb
+            && limits.pids_limit == defaults.pids_limit;
+        // gVisor cannot change limits of a live container; only default-sized sandboxes fit.
+        if runtime == "runsc" && !default_limits {
+            return Ok(None);
+        }
+        let pool_name = pool.metadata.name.clone();
+        let _one_claim_at_a_time = self.pool_claims.lock().await;
+        let candidates = self.members(&pool_name).await?;
+        let Some(member) = candidates.into_iter().find(|c| c.is_running()) else {
+            self.queue.add((Kind::SandboxPool, pool_name));
+            return Ok(None);
+        };
+        let member_id = member.sandbox().unwrap_or_default().to_string();
+        // Whatever holds the sandbox's name now is stale (the caller found nothing reusable).
+        self.engine.remove_container(&container_name(name)).await?;
+        self.engine
+            .rename_container(&member.id, &container_name(name))
+            .await?;
+        self.queue.add((Kind::SandboxPool, pool_name.clone()));
+        if !default_limits {
+            if let Err(error) = self
+                .engine
+                .update_limits(&member.id, limits.cpus, limits.memory_mb, limits.pids_limit)
+                .await
+            {
+                tracing::warn!(sandbox = name, %error, "claimed container rejected its limits; creating one instead");
+                self.engine.remove_container(&member.id).await?;
+                self.engine
+                    .remove_volume(&member_volume(&member_id))
+                    .await?;
+                return Ok(None);
+            }
+        }
+        tracing::info!(sandbox = name, pool = %pool_name, container = %member.id, "claimed a warm container");
+        Ok(Some(Claimed {
+            pool: pool_name,
+            container_id: member.id,
+            volume: member_volume(&member_id),
+            limits,
+        }))
+    }
+}
+
+pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, ReconcileError> {
+    let entry = ctl.store.get(Kind::SandboxPool, name);
+    let pool = entry.as_ref().and_then(|e| e.resource.as_pool().cloned());
+    let members = ctl.members(name).await?;
+    let Some(pool) = pool.filter(|p| p.metadata.deletion_timestamp.is_none()) else {
+        // Gone or going: drain every unclaimed member, then let the document go.
+        remove_members(ctl, &members).await?;
+        if entry.is_some() {
+            ctl.store.finalize(Kind::SandboxPool, name)?;
+        }
+        return Ok(Outcome::done());
+    };
+    let key = ctl.pool_key_of(&pool);
+    let (usable, stale): (Vec<_>, Vec<_>) = members.into_iter().partition(|c| {
+        c.labels.get(LABEL_SPEC_HASH) == Some(&key) && c.state != "exited" && c.state != "dead"
+    });
+    remove_members(ctl, &stale).await?;
+    let size = pool.spec.size as usize;
+    let mut message = String::new();
+    if usable.len() > size {
+        remove_members(ctl, &usable[size..]).await?;
+    } else if usable.len() < size {
+        let missing = size - usable.len();
+        let results = join_all((0..missing).map(|_| create_member(ctl, &pool, &key))).await;
+        if let Some(Err(error)) = results.into_iter().find(|r| r.is_err()) {
+            message = format!("cannot create pool containers: {error}");
+        }
+    }
+    let ready = ctl
+        .members(name)
+        .await?
+        .iter()
+        .filter(|c| c.is_running() && c.labels.get(LABEL_SPEC_HASH) == Some(&key))
+        .count() as u32;
+    let claimed = ctl
+        .store
+        .list(Kind::Sandbox)
+        .iter()
+        .filter_map(|e| e.resource.as_sandbox()?.status.as_ref())
+        .filter(|s| s.claimed_from.as_deref() == Some(name) && s.container_id.is_some())
+        .count() as u32;
+    let generation = pool.metadata.generation.unwrap_or(1);
+    let mut status = pool.status.clone().unwrap_or_default();
+    let full = ready as usize >= size;
+    let (verdict, reason) = if full {
+        (ConditionStatus::True, "Full")
+    } else if message.is_empty() {
+        (ConditionStatus::False, "Filling")
+    } else {
+        (ConditionStatus::False, "CreateFailed")
+    };
+    let mut conditions = status.conditions.clone();
+    crate::resource::set_condition(
+        &mut conditions,
+        ready_condition(verdict, reason, &message, generation),
+    );
+    status = SandboxPoolStatus {
+        observed_generation: Some(generation),
+        conditions,
+        ready_replicas: ready,
+        claimed,
+        message: message.clone(),
+    };
+    if pool.status.as_ref() != Some(&status) {
+        let value =
+            serde_json::to_value(&status).map_err(|e| ReconcileError::Other(e.to_string()))?;
+        match ctl.store.update_status(Kind::SandboxPool, name, value) {
+            Ok(_) | Err(crate::store::StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if !message.is_empty() {
+        return Err(ReconcileError::Other(message));
+    }
+    Ok(if full {
+        Outcome::done()
+    } else {
+        Outcome::after(std::time::Duration::from_millis(500))
+    })
+}
+
+async fn create_member(
+    ctl: &Controller,
+    pool: &SandboxPool,
+    key: &str,
+) -> Result<(), ReconcileError> {
+    if !ctl.engine.image_exists(&pool.spec.image).await? {
+        return Err(crate::docker::EngineError::ImageMissing(pool.spec.image.clone()).into());
+    }
+    let member = format!(
+        "{MEMBER_PREFIX}{}.{:08x}",
+        pool.metadata.name,
+        rand::random::<u32>()
+    );
+    let uid = pool.metadata.uid.clone().unwrap_or_default();
+    let volume = member_volume(&member);
+    let mut labels: BTreeMap<String, String> = object_labels(ctl, &member, &uid);
+    labels.insert(LABEL_ID.to_string(), member.clone());
+    ctl.engine.ensure_volume(&volume, &labels).await?;
+    let network = if pool.spec.network.unwrap_or(false) {
+        ctl.engine
+            .ensure_network(&ctl.settings.network_name)
+            .await?;
+        Some(ctl.settings.network_name.clone())
+    } else {
+        None
+    };
+    let defaults = ctl.defaults();
+    let runtime = ctl.pool_runtime(pool);
+    let plan = ContainerPlan {
+        sandbox: member.clone(),
+        uid,
+        server: ctl.server_id.clone(),
+        image: pool.spec.image.clone(),
+        cpus: defaults.cpus,
+        memory_mb: defaults.memory_mb,
+        pids_limit: defaults.pids_limit,
+        network,
+        read_only_rootfs: pool.spec.read_only_rootfs.unwrap_or(true),
+        env: BTreeMap::new(),
+        tmp_size_mb: ctl.settings.tmp_size_mb,
+        user: ctl.settings.sandbox_user.clone(),
+        runtime: (!runtime.is_empty()).then_some(runtime),
+        spec_hash: key.to_string(),
+        helper_volume: ctl.helper_volume().await?,
+        workspace_volume: volume.clone(),
+    };
+    let created = async {
+        let id = ctl.engine.create_container(&plan).await?;
+        let (uid_num, gid_num) = ctl
+            .settings
+            .sandbox_uid_gid()
+            .map_err(|e| ReconcileError::Other(e.to_string()))?;
+        ctl.engine.prepare_workspace(&id, uid_num, gid_num).await?;
+        ctl.engine.start_container(&id).await?;
+        Ok::<_, ReconcileError>(())
+    }
+    .await;
+    if let Err(error) = created {
+        let _ = ctl.engine.remove_container(&container_name(&member)).await;
+        let _ = ctl.engine.remove_volume(&volume).await;
+        return Err(error);
+    }
+    tracing::debug!(pool = %pool.metadata.name, member, at = %Utc::now(), "pool container ready");
+    Ok(())
+}
+
+async fn remove_members(
+    ctl: &Controller,
+    members: &[ManagedContainer],
+) -> Result<(), ReconcileError> {
+    for member in members {
+        ctl.engine.remove_container(&member.id).await?;
+        if let Some(id) = member.sandbox() {
+            ctl.engine.remove_volume(&member_volume(id)).await?;
+        }
+    }
+    Ok(())
+}
