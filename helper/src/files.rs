@@ -46,7 +46,10 @@ struct Fail {
 }
 
 fn fail(code: i32, message: impl Into<String>) -> Fail {
-    Fail { code, message: message.into() }
+    Fail {
+        code,
+        message: message.into(),
+    }
 }
 
 fn os_fail(what: &str, e: io::Error) -> Fail {
@@ -83,7 +86,14 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
 
 fn openat(dir: RawFd, name: &CStr, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
     loop {
-        let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) };
+        let fd = unsafe {
+            libc::openat(
+                dir,
+                name.as_ptr(),
+                flags | libc::O_CLOEXEC,
+                mode as libc::c_uint,
+            )
+        };
         if fd >= 0 {
             return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
         }
@@ -138,7 +148,9 @@ fn components(path: &[u8]) -> Vec<Vec<u8>> {
 /// The components below `/workspace` of a normalized path, or `None` when it is not under it.
 fn under_workspace(comps: &[Vec<u8>]) -> Option<Vec<Vec<u8>>> {
     match comps.split_first() {
-        Some((first, rest)) if first.as_slice() == &WORKSPACE.as_bytes()[1..] => Some(rest.to_vec()),
+        Some((first, rest)) if first.as_slice() == &WORKSPACE.as_bytes()[1..] => {
+            Some(rest.to_vec())
+        }
         _ => None,
     }
 }
@@ -149,7 +161,9 @@ fn json_str(out: &mut String, bytes: &[u8]) {
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\u{:04x}", c as u32))
+            }
             c => out.push(c),
         }
     }
@@ -176,7 +190,10 @@ pub fn write_file_main(args: &[String]) -> i32 {
             Ok(mode) if mode <= 0o7777 => write_file(path.as_bytes(), mode),
             _ => Err(fail(E_USAGE, format!("invalid mode {mode:?}"))),
         },
-        _ => Err(fail(E_USAGE, "usage: agent-sandbox-helper write-file <path> <octal-mode>")),
+        _ => Err(fail(
+            E_USAGE,
+            "usage: agent-sandbox-helper write-file <path> <octal-mode>",
+        )),
     };
     let mut line = String::new();
     match &outcome {
@@ -194,7 +211,15 @@ pub fn write_file_main(args: &[String]) -> i32 {
 
 /// Opens the directory that will hold the file and returns it with the file's name.
 fn resolve_parent(path: &[u8]) -> Result<(OwnedFd, Vec<u8>, Vec<u8>), Fail> {
-    let outside = || fail(E_OUTSIDE, format!("{} leads outside {WORKSPACE}", String::from_utf8_lossy(path)));
+    let outside = || {
+        fail(
+            E_OUTSIDE,
+            format!(
+                "{} leads outside {WORKSPACE}",
+                String::from_utf8_lossy(path)
+            ),
+        )
+    };
     if !path.starts_with(b"/") {
         return Err(outside());
     }
@@ -205,10 +230,17 @@ fn resolve_parent(path: &[u8]) -> Result<(OwnedFd, Vec<u8>, Vec<u8>), Fail> {
     let ws = cstring(WORKSPACE.as_bytes())?;
     let mut links = 0;
     'restart: loop {
-        let mut dir = openat(libc::AT_FDCWD, &ws, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)
-            .map_err(|e| os_fail(WORKSPACE, e))?;
+        let mut dir = openat(
+            libc::AT_FDCWD,
+            &ws,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            0,
+        )
+        .map_err(|e| os_fail(WORKSPACE, e))?;
         let mut logical: Vec<Vec<u8>> = Vec::new();
-        let Some((name, parents)) = rest.split_last() else { return Err(outside()) };
+        let Some((name, parents)) = rest.split_last() else {
+            return Err(outside());
+        };
         let mut i = 0;
         while i < parents.len() {
             let comp = &parents[i];
@@ -232,13 +264,22 @@ fn resolve_parent(path: &[u8]) -> Result<(OwnedFd, Vec<u8>, Vec<u8>), Fail> {
                     let target = match readlinkat(dir.as_raw_fd(), &c) {
                         Ok(t) => t,
                         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                            return Err(fail(E_NOT_DIR, format!("{} is not a directory", shown(&logical, comp))))
+                            return Err(fail(
+                                E_NOT_DIR,
+                                format!("{} is not a directory", shown(&logical, comp)),
+                            ))
                         }
                         Err(e) => return Err(os_fail(&shown(&logical, comp), e)),
                     };
                     links += 1;
                     if links > MAX_LINKS {
-                        return Err(fail(E_LOOP, format!("{}: too many levels of symbolic links", String::from_utf8_lossy(path))));
+                        return Err(fail(
+                            E_LOOP,
+                            format!(
+                                "{}: too many levels of symbolic links",
+                                String::from_utf8_lossy(path)
+                            ),
+                        ));
                     }
                     let mut base: Vec<u8> = if target.starts_with(b"/") {
                         target
@@ -252,7 +293,9 @@ fn resolve_parent(path: &[u8]) -> Result<(OwnedFd, Vec<u8>, Vec<u8>), Fail> {
                         b
                     };
                     base.push(b'/');
-                    let Some(mut next) = under_workspace(&components(&base)) else { return Err(outside()) };
+                    let Some(mut next) = under_workspace(&components(&base)) else {
+                        return Err(outside());
+                    };
                     next.extend_from_slice(&parents[i + 1..]);
                     next.push(name.clone());
                     rest = next;
@@ -267,7 +310,11 @@ fn resolve_parent(path: &[u8]) -> Result<(OwnedFd, Vec<u8>, Vec<u8>), Fail> {
 
 fn shown(logical: &[Vec<u8>], last: &[u8]) -> String {
     let mut s = String::from(WORKSPACE);
-    for l in logical.iter().map(Vec::as_slice).chain(std::iter::once(last)) {
+    for l in logical
+        .iter()
+        .map(Vec::as_slice)
+        .chain(std::iter::once(last))
+    {
         s.push('/');
         s.push_str(&String::from_utf8_lossy(l));
     }
@@ -302,10 +349,18 @@ fn write_file(path: &[u8], mode: u32) -> Result<String, Fail> {
     let mut file = File::from(fd);
     let result = (|| -> Result<(), Fail> {
         io::copy(&mut io::stdin().lock(), &mut file).map_err(|e| os_fail(&shown_path, e))?;
-        cvt(unsafe { libc::fchmod(file.as_raw_fd(), mode as libc::mode_t) }).map_err(|e| os_fail(&shown_path, e))?;
-        file.sync_all().map_err(|e| os_fail(&shown_path, e))?;
-        cvt(unsafe { libc::renameat(dir.as_raw_fd(), tmp.as_ptr(), dir.as_raw_fd(), cname.as_ptr()) })
+        cvt(unsafe { libc::fchmod(file.as_raw_fd(), mode as libc::mode_t) })
             .map_err(|e| os_fail(&shown_path, e))?;
+        file.sync_all().map_err(|e| os_fail(&shown_path, e))?;
+        cvt(unsafe {
+            libc::renameat(
+                dir.as_raw_fd(),
+                tmp.as_ptr(),
+                dir.as_raw_fd(),
+                cname.as_ptr(),
+            )
+        })
+        .map_err(|e| os_fail(&shown_path, e))?;
         Ok(())
     })();
     if let Err(f) = result {
@@ -339,20 +394,28 @@ pub fn read_file_main(args: &[String]) -> i32 {
             Ok(max) => read_file(path, max),
             Err(_) => Err(fail(E_USAGE, format!("invalid size limit {max:?}"))),
         },
-        _ => Err(fail(E_USAGE, "usage: agent-sandbox-helper read-file <path> <max-bytes>")),
+        _ => Err(fail(
+            E_USAGE,
+            "usage: agent-sandbox-helper read-file <path> <max-bytes>",
+        )),
     })
 }
 
 fn read_file(path: &str, max: u64) -> Result<(), Fail> {
     let c = cstring(path.as_bytes())?;
     // Non-blocking so that a FIFO cannot hang the open; the type is checked right after.
-    let fd = openat(libc::AT_FDCWD, &c, libc::O_RDONLY | libc::O_NOCTTY | libc::O_NONBLOCK, 0)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ENOTDIR) => fail(E_NOT_FOUND, format!("{path}: not found")),
-            Some(libc::ENOENT) => fail(E_NOT_FOUND, format!("{path}: not found")),
-            Some(libc::ELOOP) => fail(E_LOOP, format!("{path}: too many levels of symbolic links")),
-            _ => os_fail(path, e),
-        })?;
+    let fd = openat(
+        libc::AT_FDCWD,
+        &c,
+        libc::O_RDONLY | libc::O_NOCTTY | libc::O_NONBLOCK,
+        0,
+    )
+    .map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOTDIR) => fail(E_NOT_FOUND, format!("{path}: not found")),
+        Some(libc::ENOENT) => fail(E_NOT_FOUND, format!("{path}: not found")),
+        Some(libc::ELOOP) => fail(E_LOOP, format!("{path}: too many levels of symbolic links")),
+        _ => os_fail(path, e),
+    })?;
     let st = fstat(fd.as_raw_fd()).map_err(|e| os_fail(path, e))?;
     match st.st_mode & libc::S_IFMT {
         libc::S_IFREG => {}
@@ -397,14 +460,20 @@ pub fn list_dir_main(args: &[String]) -> i32 {
 
 fn list_dir(path: &str) -> Result<(), Fail> {
     let c = cstring(path.as_bytes())?;
-    let fd = openat(libc::AT_FDCWD, &c, libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(|e| match e.raw_os_error() {
-        Some(libc::ENOENT) => fail(E_NOT_FOUND, format!("{path}: not found")),
-        Some(libc::ENOTDIR) | Some(libc::EACCES) => fail(E_NOT_DIR, format!("{path} is not a directory")),
-        _ => os_fail(path, e),
-    })?;
+    let fd =
+        openat(libc::AT_FDCWD, &c, libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(|e| {
+            match e.raw_os_error() {
+                Some(libc::ENOENT) => fail(E_NOT_FOUND, format!("{path}: not found")),
+                Some(libc::ENOTDIR) | Some(libc::EACCES) => {
+                    fail(E_NOT_DIR, format!("{path} is not a directory"))
+                }
+                _ => os_fail(path, e),
+            }
+        })?;
     let raw = fd.as_raw_fd();
     // fdopendir takes ownership of the descriptor on success; keep a second one for fstatat.
-    let dup = cvt(unsafe { libc::fcntl(raw, libc::F_DUPFD_CLOEXEC, 0) }).map_err(|e| os_fail(path, e))?;
+    let dup =
+        cvt(unsafe { libc::fcntl(raw, libc::F_DUPFD_CLOEXEC, 0) }).map_err(|e| os_fail(path, e))?;
     let dirp = unsafe { libc::fdopendir(dup) };
     if dirp.is_null() {
         let e = io::Error::last_os_error();
@@ -433,7 +502,10 @@ fn list_dir(path: &str) -> Result<(), Fail> {
         };
         let mut line = String::from("{\"name\":");
         json_str(&mut line, OsStr::from_bytes(bytes).as_bytes());
-        line.push_str(&format!(",\"type\":\"{kind}\",\"size\":{},\"mtime\":{}}}\n", st.st_size, st.st_mtime));
+        line.push_str(&format!(
+            ",\"type\":\"{kind}\",\"size\":{},\"mtime\":{}}}\n",
+            st.st_size, st.st_mtime
+        ));
         if let Err(e) = out.write_all(line.as_bytes()) {
             result = Err(os_fail("stdout", e));
             break;
@@ -450,8 +522,14 @@ mod tests {
 
     #[test]
     fn lexical_components() {
-        assert_eq!(components(b"/workspace/a/../b/./c/"), vec![b"workspace".to_vec(), b"b".to_vec(), b"c".to_vec()]);
-        assert_eq!(under_workspace(&components(b"/workspace/x")), Some(vec![b"x".to_vec()]));
+        assert_eq!(
+            components(b"/workspace/a/../b/./c/"),
+            vec![b"workspace".to_vec(), b"b".to_vec(), b"c".to_vec()]
+        );
+        assert_eq!(
+            under_workspace(&components(b"/workspace/x")),
+            Some(vec![b"x".to_vec()])
+        );
         assert_eq!(under_workspace(&components(b"/workspace/../etc")), None);
         assert_eq!(under_workspace(&components(b"/workspacex/a")), None);
         assert_eq!(under_workspace(&components(b"/")), None);

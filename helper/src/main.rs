@@ -8,6 +8,7 @@
 
 #[path = "../../src/helper_protocol.rs"]
 mod helper_protocol;
+mod files;
 mod shepherd;
 mod sys;
 
@@ -28,7 +29,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// PATH used when the request's environment has none (same as Docker's default).
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-const USAGE: &str = "usage: agent-sandbox-helper serve|idle\n\
+const USAGE: &str = "usage: agent-sandbox-helper serve|idle|write-file|read-file|list-dir\n\
 \n\
 Speaks the agent-sandbox helper protocol on stdin (requests) and stdout (events).\n";
 
@@ -41,6 +42,9 @@ fn main() {
         .as_slice()
     {
         ["serve"] => std::process::exit(serve()),
+        ["write-file", ..] => std::process::exit(files::write_file_main(&args[1..])),
+        ["read-file", ..] => std::process::exit(files::read_file_main(&args[1..])),
+        ["list-dir", ..] => std::process::exit(files::list_dir_main(&args[1..])),
         // The container's main process: it only keeps the container alive. It is not PID 1
         // (Docker's init is), so SIGTERM's default action ends it on `docker stop`.
         ["idle"] => loop {

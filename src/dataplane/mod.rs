@@ -6,7 +6,12 @@
 //! own process group under a child subreaper so that a timeout or a vanished client kills the whole
 //! tree. File writes also go through the helper, as the sandbox user, confined to `/workspace`.
 
+mod archive_read;
+mod channel;
+mod exec;
+mod files;
 pub mod paths;
+mod utf8;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -121,11 +126,75 @@ pub type DataPlaneResult<T> = Result<T, DataPlaneError>;
 pub struct DataPlane {
     engine: Arc<dyn Engine>,
     settings: Arc<Settings>,
+    /// Whether sandboxes carry the helper (this build embeds one).
+    helper: bool,
+    pool: channel::Pool,
 }
 
 impl DataPlane {
     pub fn new(engine: Arc<dyn Engine>, settings: Arc<Settings>) -> DataPlane {
-        DataPlane { engine, settings }
+        let helper = crate::helper_binary::helper_binary().is_some();
+        DataPlane::with_helper(engine, settings, helper)
+    }
+
+    /// Like [`DataPlane::new`], saying whether sandboxes carry the helper.
+    pub fn with_helper(
+        engine: Arc<dyn Engine>,
+        settings: Arc<Settings>,
+        helper: bool,
+    ) -> DataPlane {
+        DataPlane {
+            engine,
+            settings,
+            helper,
+            pool: channel::Pool::default(),
+        }
+    }
+
+    /// Starts a command: on the container's shared helper channel, or on a channel of its own
+    /// (`private`, for client-paced streams), or as a plain `docker exec` without a helper.
+    async fn start(
+        &self,
+        target: &SandboxTarget,
+        prepared: &exec::Prepared,
+        private: bool,
+    ) -> DataPlaneResult<(exec::Source, Option<Arc<channel::Channel>>)> {
+        let user = &self.settings.sandbox_user;
+        let container = &target.container_id;
+        let fail = |e| exec::channel_error(&target.name, e);
+        if self.helper {
+            let opened = if private {
+                channel::Channel::open(self.engine.as_ref(), container, user).await
+            } else {
+                self.pool.get(self.engine.as_ref(), container, user).await
+            };
+            match opened {
+                Ok(ch) => match ch.start(prepared.start_request()).await {
+                    Ok(running) => {
+                        let keep = private.then_some(ch);
+                        return Ok((exec::Source::helper(running), keep));
+                    }
+                    Err(channel::ChannelError::Dead(why)) if !private => {
+                        // Nothing started: one more try on a fresh shared channel.
+                        tracing::debug!(%why, "shared helper channel died; reopening");
+                        let ch = self
+                            .pool
+                            .get(self.engine.as_ref(), container, user)
+                            .await
+                            .map_err(fail)?;
+                        let running = ch.start(prepared.start_request()).await.map_err(fail)?;
+                        return Ok((exec::Source::helper(running), None));
+                    }
+                    Err(e) => return Err(fail(e)),
+                },
+                Err(channel::ChannelError::NoHelper(_)) => {}
+                Err(e) => return Err(fail(e)),
+            }
+        }
+        let plain = exec::Plain::start(Arc::clone(&self.engine), container, prepared, user)
+            .await
+            .map_err(|e| exec::engine_error(&target.name, e))?;
+        Ok((exec::Source::Plain(plain), None))
     }
 
     /// Runs a command to completion, capturing at most `max_exec_output_bytes` across both streams.
@@ -134,8 +203,40 @@ impl DataPlane {
         target: &SandboxTarget,
         request: ExecRequest,
     ) -> DataPlaneResult<ExecResponse> {
-        let _ = (target, request, &self.engine, &self.settings);
-        todo!()
+        let began = std::time::Instant::now();
+        let prepared = exec::Prepared::new(
+            &target.env,
+            request,
+            self.settings.default_exec_timeout_seconds,
+        )?;
+        let cap = self.settings.max_exec_output_bytes;
+        let mut retried = false;
+        loop {
+            let (mut source, _) = self.start(target, &prepared, false).await?;
+            let c = exec::collect(&mut source, prepared.timeout, cap).await;
+            match c.exit {
+                Ok((exit_code, timed_out)) => {
+                    return Ok(ExecResponse {
+                        stdout: String::from_utf8_lossy(&c.stdout).into_owned(),
+                        stderr: String::from_utf8_lossy(&c.stderr).into_owned(),
+                        exit_code,
+                        timed_out,
+                        truncated: c.truncated,
+                        duration_ms: exec::duration_ms(began),
+                    })
+                }
+                // The helper died before the command was heard of: it never ran, so run it again.
+                Err((why, true)) if !retried => {
+                    tracing::debug!(%why, "retrying a command its helper never started");
+                    retried = true;
+                }
+                Err((why, _)) => {
+                    return Err(DataPlaneError::Backend(format!(
+                        "lost contact with the command: {why}"
+                    )))
+                }
+            }
+        }
     }
 
     /// Runs a command and streams its output as it arrives; the last event is always `Exit`.
@@ -145,14 +246,19 @@ impl DataPlane {
         target: &SandboxTarget,
         request: ExecRequest,
     ) -> DataPlaneResult<BoxStream<'static, ExecEvent>> {
-        let _ = (target, request);
-        todo!()
+        let began = std::time::Instant::now();
+        let prepared = exec::Prepared::new(
+            &target.env,
+            request,
+            self.settings.default_exec_timeout_seconds,
+        )?;
+        let (source, channel) = self.start(target, &prepared, true).await?;
+        Ok(exec::events(source, prepared.timeout, began, channel))
     }
 
     /// Reads a file anywhere in the sandbox (symlinks followed inside it), at most `max_file_bytes`.
     pub async fn read_file(&self, target: &SandboxTarget, path: &str) -> DataPlaneResult<Bytes> {
-        let _ = (target, path);
-        todo!()
+        self.read_file_impl(target, path).await
     }
 
     /// Writes a file strictly under `/workspace`, atomically, owned by the sandbox user.
@@ -163,8 +269,7 @@ impl DataPlane {
         contents: Bytes,
         mode: u32,
     ) -> DataPlaneResult<FileInfo> {
-        let _ = (target, path, contents, mode);
-        todo!()
+        self.write_file_impl(target, path, contents, mode).await
     }
 
     /// Lists a directory, sorted by name; returns the normalized path and the entries.
@@ -173,7 +278,6 @@ impl DataPlane {
         target: &SandboxTarget,
         path: &str,
     ) -> DataPlaneResult<(String, Vec<FileInfo>)> {
-        let _ = (target, path);
-        todo!()
+        self.list_files_impl(target, path).await
     }
 }

@@ -1,0 +1,444 @@
+//! File reads, writes and listings, done by the in-sandbox helper's one-shot modes as the
+//! sandbox user (`helper/src/files.rs` documents them and their exit codes, mirrored below).
+//!
+//! - Writes never use Docker's archive API: it writes as root and follows symlinks, so a link in
+//!   the workspace could aim it anywhere. `write-file` runs in its own `docker exec -i` (the body
+//!   goes down its stdin) and resolves the path component by component, confined to
+//!   `/workspace`; anything that leaves it is refused with 400 and nothing is written.
+//! - Reads and listings run as commands on the container's shared helper channel: no extra
+//!   `docker exec`, the sandbox's own view of the filesystem (under gVisor the archive API cannot
+//!   see `/tmp`), and symlinks followed by the sandbox's kernel. A file the sandbox user may not
+//!   read, or a container without the helper, falls back to the archive API (root, like the
+//!   reference), following links by hand for at most [`MAX_LINKS`] hops.
+//!
+//! Nothing here holds more than `max_file_bytes` of content (plus bounded framing).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::Deserialize;
+use tokio::io::AsyncWriteExt;
+
+use super::channel::{helper_path, ChannelError};
+use super::exec::{self, channel_error, engine_error, Source};
+use super::{paths, DataPlane, DataPlaneError, DataPlaneResult, FileInfo, FileType, SandboxTarget};
+use crate::docker::{ExecOutput, ExecPlan};
+use crate::helper_protocol::StartRequest;
+
+// Exit codes of the helper's file modes (see `helper/src/files.rs`).
+const E_USAGE: i64 = 2;
+const E_OUTSIDE: i64 = 3;
+const E_NOT_FOUND: i64 = 4;
+const E_IS_DIR: i64 = 5;
+const E_NOT_DIR: i64 = 6;
+const E_TOO_LARGE: i64 = 7;
+const E_NOT_REGULAR: i64 = 8;
+const E_LOOP: i64 = 9;
+const E_DENIED: i64 = 10;
+
+/// Symlink hops when following links by hand (the reference's limit).
+const MAX_LINKS: usize = 8;
+/// How long one file operation may take inside the sandbox.
+const FILE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Largest listing accepted from the helper.
+const MAX_LISTING_BYTES: usize = 64 << 20;
+/// Helper messages (stderr, result lines) kept.
+const MESSAGE_BYTES: usize = 64 << 10;
+
+/// What a one-shot helper command produced.
+struct Outcome {
+    code: i64,
+    stdout: Vec<u8>,
+    stderr: String,
+}
+
+impl Outcome {
+    fn message(&self) -> String {
+        self.stderr.trim().to_string()
+    }
+}
+
+#[derive(Deserialize)]
+struct WriteResult {
+    #[serde(default)]
+    error: Option<i64>,
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    size: u64,
+    #[serde(default)]
+    mtime: i64,
+    #[serde(default)]
+    mtime_nsec: u32,
+}
+
+#[derive(Deserialize)]
+struct ListEntry {
+    name: String,
+    #[serde(rename = "type")]
+    kind: String,
+    size: u64,
+    mtime: i64,
+}
+
+fn timestamp(secs: i64, nsec: u32) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::from_timestamp(secs, nsec).unwrap_or_default()
+}
+
+/// The last path component (`/` for the root).
+fn base_name(path: &str) -> String {
+    path.rsplit('/')
+        .find(|s| !s.is_empty())
+        .unwrap_or("/")
+        .to_string()
+}
+
+impl DataPlane {
+    /// Runs a helper file mode on the container's shared channel; `None` when there is no helper.
+    async fn oneshot(
+        &self,
+        target: &SandboxTarget,
+        args: &[&str],
+        cap: usize,
+    ) -> DataPlaneResult<Option<Outcome>> {
+        if !self.helper {
+            return Ok(None);
+        }
+        let user = &self.settings.sandbox_user;
+        let mut argv = vec![helper_path()];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        let request = StartRequest {
+            id: 0,
+            argv,
+            env: vec![("PATH".into(), exec::DEFAULT_PATH.into())],
+            workdir: "/".into(),
+            timeout_ms: FILE_TIMEOUT.as_millis() as u64,
+            linger_ms: 0,
+            keep_background: false,
+        };
+        let fail = |e| channel_error(&target.name, e);
+        let mut retried = false;
+        loop {
+            let channel = match self
+                .pool
+                .get(self.engine.as_ref(), &target.container_id, user)
+                .await
+            {
+                Ok(c) => c,
+                Err(ChannelError::NoHelper(_)) => return Ok(None),
+                Err(e) => return Err(fail(e)),
+            };
+            let running = channel.start(request.clone()).await.map_err(fail)?;
+            let mut source = Source::helper(running);
+            let c = exec::collect(&mut source, FILE_TIMEOUT, cap).await;
+            match c.exit {
+                Ok((code, _)) => {
+                    if c.truncated && code == 0 {
+                        return Err(DataPlaneError::Backend(
+                            "the helper sent more than it may".into(),
+                        ));
+                    }
+                    let mut stderr = c.stderr;
+                    stderr.truncate(MESSAGE_BYTES);
+                    return Ok(Some(Outcome {
+                        code,
+                        stdout: c.stdout,
+                        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+                    }));
+                }
+                Err((_, true)) if !retried => retried = true,
+                Err((why, _)) => {
+                    return Err(DataPlaneError::Backend(format!(
+                        "lost contact with the helper: {why}"
+                    )))
+                }
+            }
+        }
+    }
+
+    pub(super) async fn read_file_impl(
+        &self,
+        target: &SandboxTarget,
+        path: &str,
+    ) -> DataPlaneResult<Bytes> {
+        let path = paths::normalize(path)?;
+        let limit = self.settings.max_file_bytes;
+        let max = usize::try_from(limit).unwrap_or(usize::MAX);
+        let outcome = self
+            .oneshot(
+                target,
+                &["read-file", &path, &limit.to_string()],
+                max.saturating_add(MESSAGE_BYTES),
+            )
+            .await?;
+        let Some(outcome) = outcome else {
+            return self.read_via_archive(target, &path).await;
+        };
+        match outcome.code {
+            0 => Ok(Bytes::from(outcome.stdout)),
+            E_DENIED => self.read_via_archive(target, &path).await,
+            E_NOT_FOUND => Err(DataPlaneError::NotFound(format!("{path}: not found"))),
+            E_TOO_LARGE => Err(DataPlaneError::TooLarge { what: path, limit }),
+            E_IS_DIR => Err(DataPlaneError::InvalidRequest(format!(
+                "{path} is a directory"
+            ))),
+            E_NOT_REGULAR => Err(DataPlaneError::InvalidRequest(format!(
+                "{path} is not a regular file"
+            ))),
+            E_LOOP => Err(DataPlaneError::InvalidRequest(format!(
+                "{path}: too many levels of symbolic links"
+            ))),
+            _ => Err(DataPlaneError::Backend(format!(
+                "cannot read {path}: {}",
+                outcome.message()
+            ))),
+        }
+    }
+
+    /// Reads through Docker's archive API (as root), following links by hand.
+    async fn read_via_archive(&self, target: &SandboxTarget, path: &str) -> DataPlaneResult<Bytes> {
+        let limit = self.settings.max_file_bytes;
+        let mut current = path.to_string();
+        for _ in 0..=MAX_LINKS {
+            match super::archive_read::first_entry(
+                self.engine.as_ref(),
+                &target.container_id,
+                &current,
+                limit,
+            )
+            .await
+            .map_err(|e| match e {
+                super::archive_read::ReadError::NotFound => {
+                    DataPlaneError::NotFound(format!("{current}: not found"))
+                }
+                super::archive_read::ReadError::Engine(e) => engine_error(&target.name, e),
+                super::archive_read::ReadError::Bad(m) => DataPlaneError::Backend(m),
+            })? {
+                super::archive_read::Entry::File(bytes) => return Ok(bytes),
+                super::archive_read::Entry::TooLarge => {
+                    return Err(DataPlaneError::TooLarge {
+                        what: current,
+                        limit,
+                    })
+                }
+                super::archive_read::Entry::Directory => {
+                    return Err(DataPlaneError::InvalidRequest(format!(
+                        "{current} is a directory"
+                    )))
+                }
+                super::archive_read::Entry::Other => {
+                    return Err(DataPlaneError::InvalidRequest(format!(
+                        "{current} is not a regular file"
+                    )))
+                }
+                super::archive_read::Entry::Link(to) => {
+                    let joined = if to.starts_with('/') {
+                        to
+                    } else {
+                        let parent = current.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
+                        format!("{parent}/{to}")
+                    };
+                    current = paths::normalize(&joined)?;
+                }
+            }
+        }
+        Err(DataPlaneError::InvalidRequest(format!(
+            "{path}: too many levels of symbolic links"
+        )))
+    }
+
+    pub(super) async fn write_file_impl(
+        &self,
+        target: &SandboxTarget,
+        path: &str,
+        contents: Bytes,
+        mode: u32,
+    ) -> DataPlaneResult<FileInfo> {
+        let path = paths::normalize(path)?;
+        if !paths::is_strictly_in_workspace(&path) {
+            return Err(DataPlaneError::InvalidRequest(
+                "writes are limited to files under /workspace".into(),
+            ));
+        }
+        let limit = self.settings.max_file_bytes;
+        if contents.len() as u64 > limit {
+            return Err(DataPlaneError::TooLarge { what: path, limit });
+        }
+        if mode > 0o777 {
+            return Err(DataPlaneError::InvalidRequest(
+                "mode must be between 0 and 0o777".into(),
+            ));
+        }
+        if !self.helper {
+            return Err(no_helper_for_writes("this server was built without it"));
+        }
+        let plan = ExecPlan {
+            argv: vec![
+                helper_path(),
+                "write-file".into(),
+                path.clone(),
+                format!("{mode:o}"),
+            ],
+            env: Vec::new(),
+            workdir: None,
+            user: self.settings.sandbox_user.clone(),
+            stdin: true,
+        };
+        let session = self
+            .engine
+            .exec(&target.container_id, &plan)
+            .await
+            .map_err(|e| engine_error(&target.name, e))?;
+        let mut input = session
+            .input
+            .ok_or_else(|| DataPlaneError::Backend("docker gave no stdin".into()))?;
+        // Written concurrently with reading: a helper that refuses early stops reading its stdin.
+        let feeder = tokio::spawn(async move {
+            input.write_all(&contents).await?;
+            input.shutdown().await
+        });
+        let mut stdout = Vec::new();
+        let mut stderr = Vec::new();
+        let mut output = session.output;
+        let read = async {
+            while let Some(item) = output.next().await {
+                match item {
+                    Ok(ExecOutput::Stdout(b)) if stdout.len() < MESSAGE_BYTES => {
+                        stdout.extend_from_slice(&b)
+                    }
+                    Ok(ExecOutput::Stderr(b)) if stderr.len() < MESSAGE_BYTES => {
+                        stderr.extend_from_slice(&b)
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Err(DataPlaneError::Backend(e.to_string())),
+                }
+            }
+            Ok(())
+        };
+        let read = tokio::time::timeout(FILE_TIMEOUT, read).await;
+        feeder.abort();
+        match read {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(DataPlaneError::Backend(format!(
+                    "writing {path} took too long"
+                )))
+            }
+        }
+        let text = String::from_utf8_lossy(&stdout);
+        let line = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        let Ok(result) = serde_json::from_str::<WriteResult>(line) else {
+            let said = if stderr.is_empty() { &stdout } else { &stderr };
+            let said = String::from_utf8_lossy(said).trim().to_string();
+            if said.contains("no such file or directory") {
+                return Err(no_helper_for_writes(&said));
+            }
+            return Err(DataPlaneError::Backend(format!(
+                "cannot write {path}: {said}"
+            )));
+        };
+        match result.error {
+            None => Ok(FileInfo {
+                name: base_name(&path),
+                path,
+                file_type: FileType::File,
+                size: result.size,
+                modified_at: timestamp(result.mtime, result.mtime_nsec),
+            }),
+            Some(E_OUTSIDE) => Err(DataPlaneError::InvalidRequest(format!(
+                "writes are limited to files under /workspace: {}",
+                result.message
+            ))),
+            Some(E_IS_DIR | E_NOT_DIR | E_LOOP | E_USAGE) => {
+                Err(DataPlaneError::InvalidRequest(result.message))
+            }
+            Some(E_DENIED) => Err(DataPlaneError::InvalidRequest(format!(
+                "cannot write {path}: {}",
+                result.message
+            ))),
+            Some(_) => Err(DataPlaneError::Backend(format!(
+                "cannot write {path}: {}",
+                result.message
+            ))),
+        }
+    }
+
+    pub(super) async fn list_files_impl(
+        &self,
+        target: &SandboxTarget,
+        path: &str,
+    ) -> DataPlaneResult<(String, Vec<FileInfo>)> {
+        let path = paths::normalize(path)?;
+        let outcome = self
+            .oneshot(target, &["list-dir", &path], MAX_LISTING_BYTES)
+            .await?
+            .ok_or_else(|| {
+                DataPlaneError::Backend(
+                    "listing files needs the in-sandbox helper, which this sandbox lacks".into(),
+                )
+            })?;
+        match outcome.code {
+            0 => {}
+            E_NOT_FOUND => return Err(DataPlaneError::NotFound(format!("{path}: not found"))),
+            E_NOT_DIR | E_DENIED => {
+                return Err(DataPlaneError::InvalidRequest(format!(
+                    "{path} is not a directory"
+                )))
+            }
+            _ => {
+                return Err(DataPlaneError::Backend(format!(
+                    "cannot list {path}: {}",
+                    outcome.message()
+                )))
+            }
+        }
+        let prefix = if path == "/" { "" } else { path.as_str() };
+        let mut entries = Vec::new();
+        for line in outcome.stdout.split(|&b| b == b'\n') {
+            if line.is_empty() {
+                continue;
+            }
+            let e: ListEntry = serde_json::from_slice(line).map_err(|e| {
+                DataPlaneError::Backend(format!("the helper sent a bad listing: {e}"))
+            })?;
+            let file_type = match e.kind.as_str() {
+                "file" => FileType::File,
+                "directory" => FileType::Directory,
+                "symlink" => FileType::Symlink,
+                _ => FileType::Other,
+            };
+            entries.push(FileInfo {
+                path: format!("{prefix}/{}", e.name),
+                name: e.name,
+                file_type,
+                size: e.size,
+                modified_at: timestamp(e.mtime, 0),
+            });
+        }
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok((path, entries))
+    }
+}
+
+fn no_helper_for_writes(why: &str) -> DataPlaneError {
+    DataPlaneError::Backend(format!(
+        "file writes need the in-sandbox helper, which this sandbox lacks: {why}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(base_name("/workspace/a/b.txt"), "b.txt");
+        assert_eq!(base_name("/"), "/");
+        assert_eq!(timestamp(0, 0).timestamp(), 0);
+    }
+}
