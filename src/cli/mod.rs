@@ -1,6 +1,23 @@
-//! The command line: `serve` runs the server; `schemas` and `openapi` regenerate committed
-//! contracts. (kubectl-style client commands and `mcp` live here too.)
+//! The command line. `serve` runs the server; `schemas` and `openapi` regenerate committed
+//! contracts; `validate` checks manifests offline; every other command is a kubectl-style client
+//! of a running server over HTTP (`AGENT_SANDBOX_URL`, `AGENT_SANDBOX_API_KEY`), and `mcp` is an
+//! MCP server over stdio backed by that same client.
+//!
+//! Client commands never touch the data directory or Docker, and never parse YAML themselves:
+//! manifests go through `resource::yaml`. Every failure is one line on stderr and a non-zero exit.
 
+mod apply;
+pub mod client;
+mod diff;
+mod exec;
+mod get;
+mod manifests;
+pub mod mcp;
+mod ops;
+mod util;
+mod validate;
+
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -12,7 +29,14 @@ use crate::config::Settings;
 #[command(
     name = "agent-sandbox",
     version,
-    about = "Disposable, hardened Docker sandboxes for AI agents"
+    about = "Disposable, hardened Docker sandboxes for AI agents",
+    after_help = "Client commands reach the server at AGENT_SANDBOX_URL (default http://127.0.0.1:8080)
+with the key in AGENT_SANDBOX_API_KEY, or --server and --api-key.
+
+Examples:
+  agent-sandbox apply -f manifests/
+  agent-sandbox get sandboxes
+  agent-sandbox exec demo -- ls -la /workspace"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -24,7 +48,7 @@ pub enum Command {
     /// Run the server (API, controller, folder watchers).
     ///
     /// Example: AGENT_SANDBOX_DATA_DIR=./data agent-sandbox serve --watch ./manifests
-    Serve(Settings),
+    Serve(Box<Settings>),
     /// Write the JSON Schemas of every kind into a folder.
     ///
     /// Example: agent-sandbox schemas schemas/
@@ -36,12 +60,67 @@ pub enum Command {
     ///
     /// Example: agent-sandbox openapi docs/openapi.json
     Openapi { path: Option<PathBuf> },
+    /// Create or update the resources manifests declare.
+    Apply(apply::ApplyArgs),
+    /// Delete resources, by name or as manifests declare them.
+    Delete(apply::DeleteArgs),
+    /// List resources, or show one, as a table, YAML or JSON.
+    Get(get::GetArgs),
+    /// Show one resource in full: spec, status, conditions and history.
+    Describe(get::DescribeArgs),
+    /// Show what `apply` would change, and what each change does to running sandboxes.
+    Diff(diff::DiffArgs),
+    /// Check manifests against the schemas, offline.
+    Validate(validate::ValidateArgs),
+    /// Run a command in a sandbox, streaming its output.
+    Exec(exec::ExecArgs),
+    /// Copy a file into or out of a sandbox.
+    Cp(exec::CpArgs),
+    /// Wait until a resource meets a condition or is deleted.
+    Wait(ops::WaitArgs),
+    /// Save a sandbox's /workspace as a snapshot.
+    Snapshot(ops::SnapshotArgs),
+    /// Restore a sandbox's /workspace from a snapshot.
+    Rollback(ops::RollbackArgs),
+    /// Start sandboxes from a snapshot.
+    Fork(ops::ForkArgs),
+    /// Set how long a sandbox lives from now.
+    Timeout(ops::TimeoutArgs),
+    /// Serve the sandbox tools to an MCP client over stdio.
+    Mcp(mcp::McpArgs),
+}
+
+/// Why a client command failed. The message is printed as `error: <message>`.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Client(#[from] client::ClientError),
+    /// The command line asks for something that cannot be done.
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Failed(String),
+    /// The details are already on stderr; this is the summary.
+    #[error("{0}")]
+    Reported(String),
+}
+
+/// Writes to stdout. A closed pipe (`| head`) is not an error worth a message.
+pub(crate) fn emit(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
+}
+
+/// Writes one line to stderr.
+pub(crate) fn emit_err(line: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}");
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(settings) => crate::server::run_blocking(settings),
+        Command::Serve(settings) => crate::server::run_blocking(*settings),
         Command::Openapi { path } => {
             let document = crate::api::openapi_document();
             match path {
@@ -65,5 +144,110 @@ pub fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        other => run_client(other),
+    }
+}
+
+fn run_client(command: Command) -> ExitCode {
+    // kubectl's convention: diff exits 1 for "differs", so its errors are 2.
+    let error_exit = if matches!(command, Command::Diff(_)) {
+        2
+    } else {
+        1
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            emit_err(&format!("error: cannot start: {e}"));
+            return ExitCode::from(error_exit);
+        }
+    };
+    match runtime.block_on(dispatch(command)) {
+        Ok(code) => code,
+        Err(e) => {
+            emit_err(&format!("error: {e}"));
+            ExitCode::from(error_exit)
+        }
+    }
+}
+
+async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
+    match command {
+        Command::Apply(args) => apply::apply(args).await,
+        Command::Delete(args) => apply::delete(args).await,
+        Command::Get(args) => get::get(args).await,
+        Command::Describe(args) => get::describe(args).await,
+        Command::Diff(args) => diff::diff(args).await,
+        Command::Validate(args) => validate::validate(args),
+        Command::Exec(args) => exec::exec(args).await,
+        Command::Cp(args) => exec::cp(args).await,
+        Command::Wait(args) => ops::wait(args).await,
+        Command::Snapshot(args) => ops::snapshot(args).await,
+        Command::Rollback(args) => ops::rollback(args).await,
+        Command::Fork(args) => ops::fork(args).await,
+        Command::Timeout(args) => ops::timeout(args).await,
+        Command::Mcp(args) => mcp::mcp(args).await,
+        Command::Serve(_) | Command::Schemas { .. } | Command::Openapi { .. } => {
+            Err(CliError::Usage("not a client command".into()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_client_command_has_an_example() {
+        let cli = Cli::command();
+        for sub in cli.get_subcommands() {
+            let help = format!(
+                "{}{}",
+                sub.get_long_about()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
+                sub.get_after_help()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            );
+            assert!(
+                help.contains("Example"),
+                "`{}` has no example in its help",
+                sub.get_name()
+            );
+        }
+    }
+
+    #[test]
+    fn exec_takes_the_command_after_dashes() {
+        let cli = Cli::try_parse_from([
+            "agent-sandbox",
+            "exec",
+            "demo",
+            "-e",
+            "A=1",
+            "--",
+            "sh",
+            "-c",
+            "echo hi",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Exec(args) => {
+                assert_eq!(args.name, "demo");
+                assert_eq!(args.command, ["sh", "-c", "echo hi"]);
+                assert_eq!(args.env, ["A=1"]);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
