@@ -334,18 +334,32 @@ fn temp_name(name: &[u8]) -> Vec<u8> {
     t
 }
 
-fn write_file(path: &[u8], mode: u32) -> Result<String, Fail> {
-    let (dir, name, shown_path) = resolve_parent(path)?;
-    let shown_path = String::from_utf8_lossy(&shown_path).into_owned();
-    let cname = cstring(&name)?;
-    if let Ok(st) = lstatat(dir.as_raw_fd(), &cname) {
-        if is_dir(&st) {
-            return Err(fail(E_IS_DIR, format!("{shown_path} is a directory")));
+/// Resolves the target directory and creates the temporary file in it. A directory removed
+/// between the two (a concurrent `rm -rf`) is resolved again, a few times.
+fn open_temp(path: &[u8]) -> Result<(OwnedFd, OwnedFd, Vec<u8>, CString, String), Fail> {
+    let mut attempt = 0;
+    loop {
+        let (dir, name, shown_path) = resolve_parent(path)?;
+        let shown_path = String::from_utf8_lossy(&shown_path).into_owned();
+        let cname = cstring(&name)?;
+        if let Ok(st) = lstatat(dir.as_raw_fd(), &cname) {
+            if is_dir(&st) {
+                return Err(fail(E_IS_DIR, format!("{shown_path} is a directory")));
+            }
+        }
+        let tmp = cstring(&temp_name(&name))?;
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        match openat(dir.as_raw_fd(), &tmp, flags, 0o600) {
+            Ok(fd) => return Ok((dir, fd, name, tmp, shown_path)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) && attempt < 5 => attempt += 1,
+            Err(e) => return Err(os_fail(&shown_path, e)),
         }
     }
-    let tmp = cstring(&temp_name(&name))?;
-    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
-    let fd = openat(dir.as_raw_fd(), &tmp, flags, 0o600).map_err(|e| os_fail(&shown_path, e))?;
+}
+
+fn write_file(path: &[u8], mode: u32) -> Result<String, Fail> {
+    let (dir, fd, name, tmp, shown_path) = open_temp(path)?;
+    let cname = cstring(&name)?;
     let mut file = File::from(fd);
     let result = (|| -> Result<(), Fail> {
         io::copy(&mut io::stdin().lock(), &mut file).map_err(|e| os_fail(&shown_path, e))?;

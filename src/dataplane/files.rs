@@ -357,6 +357,11 @@ impl DataPlane {
             Some(E_IS_DIR | E_NOT_DIR | E_LOOP | E_USAGE) => {
                 Err(DataPlaneError::InvalidRequest(result.message))
             }
+            // A directory on the way was removed while the file was being written.
+            Some(E_NOT_FOUND) => Err(DataPlaneError::InvalidRequest(format!(
+                "{path} changed while it was being written: {}",
+                result.message
+            ))),
             Some(E_DENIED) => Err(DataPlaneError::InvalidRequest(format!(
                 "cannot write {path}: {}",
                 result.message
