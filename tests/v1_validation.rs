@@ -237,7 +237,7 @@ fn reconcile(store: &Store, resource: &AnyResource) {
             };
             let _ = store.update_status(Kind::Snapshot, &name, status);
         }
-        AnyResource::Fork(_) => {}
+        AnyResource::Fork(_) | AnyResource::SandboxPool(_) => {}
     }
 }
 
