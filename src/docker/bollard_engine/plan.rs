@@ -13,6 +13,10 @@ use crate::docker::{
 };
 
 /// Where the workspace volume is mounted; also the sandbox user's home and working directory.
+
+/// Extra pids granted under runsc: the container's pids cgroup also counts gVisor's own threads.
+pub const RUNSC_PIDS_HEADROOM: u64 = 128;
+
 pub const WORKSPACE: &str = "/workspace";
 /// Hostname every sandbox sees.
 pub const HOSTNAME: &str = "sandbox";
@@ -48,7 +52,14 @@ pub fn create_body(plan: &ContainerPlan) -> EngineResult<ContainerCreateBody> {
 
     let memory = memory_bytes(plan.memory_mb)
         .ok_or_else(|| invalid(format!("memory of {} MiB is out of range", plan.memory_mb)))?;
-    let pids = i64::try_from(plan.pids_limit)
+    // Under gVisor the container's pids cgroup also counts the runsc sandbox's own threads
+    // (its Go runtime), which would otherwise eat a small limit before any command runs.
+    let headroom = if plan.runtime.as_deref() == Some("runsc") {
+        RUNSC_PIDS_HEADROOM
+    } else {
+        0
+    };
+    let pids = i64::try_from(plan.pids_limit.saturating_add(headroom))
         .map_err(|_| invalid(format!("pids limit {} is out of range", plan.pids_limit)))?;
     let nano_cpus = nano_cpus(plan.cpus).ok_or_else(|| invalid(format!("cpus {}", plan.cpus)))?;
 
