@@ -99,10 +99,7 @@ fn apply_get_diff_and_delete_a_folder() {
     let a = unique("cli-a");
     let b = unique("cli-b");
     // A folder with a nested file holding two documents, and a file that is not a manifest.
-    write(
-        &dir.path().join("1.yaml"),
-        &sandbox_doc(&a, "  cpus: 1\n"),
-    );
+    write(&dir.path().join("1.yaml"), &sandbox_doc(&a, "  cpus: 1\n"));
     write(
         &dir.path().join("2/more.yml"),
         &format!(
@@ -198,10 +195,7 @@ fn apply_get_diff_and_delete_a_folder() {
     );
 
     // Limits change in place; env replaces the container but keeps /workspace.
-    write(
-        &dir.path().join("1.yaml"),
-        &sandbox_doc(&a, "  cpus: 2\n"),
-    );
+    write(&dir.path().join("1.yaml"), &sandbox_doc(&a, "  cpus: 2\n"));
     let d = cli(&server, &["diff", "-f", folder]);
     assert_eq!(d.code, 1, "{}", d.stderr);
     assert!(
@@ -596,8 +590,26 @@ fn wait_snapshot_rollback_fork_and_timeout() {
         "v1\n"
     );
 
-    // Several: a Fork resource that keeps them.
+    // Several: a Fork resource that keeps them, seen live by `get -w`.
     let fork = unique("cli-fork");
+    let mut watcher = command(&server, &["get", "forks", "-w"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let watched = watcher.stdout.take().unwrap();
+    let watch_fork = fork.clone();
+    let seen = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(watched).lines().map_while(Result::ok) {
+            let done = line.starts_with(&watch_fork) && line.contains("2/2");
+            lines.push(line);
+            if done {
+                break;
+            }
+        }
+        lines
+    });
     let out = ok(
         &server,
         &[
@@ -637,6 +649,19 @@ fn wait_snapshot_rollback_fork_and_timeout() {
             "--for=condition=Ready",
             "--timeout=30s",
         ],
+    );
+    let lines = seen.join().unwrap();
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+    assert!(
+        lines[0].starts_with("NAME") && lines[0].contains("READY"),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with(&fork) && !l.contains("2/2")),
+        "the watch shows the fork before it is ready too: {lines:?}"
     );
 
     let out = ok(&server, &["timeout", &name, "120"]);
