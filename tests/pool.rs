@@ -102,8 +102,13 @@ fn sandboxes_claim_warm_containers_with_their_own_limits_and_the_pool_refills() 
     wait_until("pool refilled", Duration::from_secs(60), || {
         members(&pool).len() == 2
     });
-    let p = wait_pool_ready(&server, &pool, 2);
-    assert_eq!(p["status"]["claimed"], 1);
+    server.wait_for(
+        "sandboxpools",
+        &pool,
+        "refilled with one claimed",
+        Duration::from_secs(60),
+        |p| p.is_some_and(|p| p["status"]["readyReplicas"] == 2 && p["status"]["claimed"] == 1),
+    );
 
     // Deleting the sandbox removes its claimed container and workspace.
     let volume = sandbox["status"]["workspaceVolume"]
