@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# The in-sandbox helper is part of what is tested: a build without it must fail, not fall back.
+export AGENT_SANDBOX_REQUIRE_HELPER=1
+
 step "test images"
 bash scripts/build-test-images.sh
 
@@ -16,14 +19,16 @@ step "build"
 cargo build --all-targets --locked
 
 step "cargo test (runc)"
-cargo test --locked -- --test-threads="${TEST_THREADS:-4}"
-
-if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
-  step "integration tests under gVisor (runsc)"
-  AGENT_SANDBOX_TEST_RUNTIME=runsc cargo test --locked --tests -- --test-threads="${TEST_THREADS:-4}"
-else
-  echo "runsc is not registered with docker: skipping the gVisor pass (scripts/install-runsc.sh adds it)"
-fi
+cargo test --locked --no-fail-fast -- --test-threads="${TEST_THREADS:-4}"
 
 step "Python SDK compatibility suite"
 bash tests/sdk/run.sh
+
+if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
+  step "integration tests under gVisor (runsc)"
+  AGENT_SANDBOX_TEST_RUNTIME=runsc cargo test --locked --no-fail-fast --tests -- --test-threads="${TEST_THREADS:-4}"
+  step "Python SDK compatibility suite under gVisor (runsc)"
+  AGENT_SANDBOX_TEST_RUNTIME=runsc bash tests/sdk/run.sh
+else
+  echo "runsc is not registered with docker: skipping the gVisor pass (scripts/install-runsc.sh adds it)"
+fi
