@@ -8,6 +8,7 @@
 
 mod apply;
 pub mod client;
+mod describe;
 mod diff;
 mod exec;
 mod get;
@@ -67,7 +68,7 @@ pub enum Command {
     /// List resources, or show one, as a table, YAML or JSON.
     Get(get::GetArgs),
     /// Show one resource in full: spec, status, conditions and history.
-    Describe(get::DescribeArgs),
+    Describe(describe::DescribeArgs),
     /// Show what `apply` would change, and what each change does to running sandboxes.
     Diff(diff::DiffArgs),
     /// Check manifests against the schemas, offline.
@@ -179,7 +180,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
         Command::Apply(args) => apply::apply(args).await,
         Command::Delete(args) => apply::delete(args).await,
         Command::Get(args) => get::get(args).await,
-        Command::Describe(args) => get::describe(args).await,
+        Command::Describe(args) => describe::describe(args).await,
         Command::Diff(args) => diff::diff(args).await,
         Command::Validate(args) => validate::validate(args),
         Command::Exec(args) => exec::exec(args).await,
