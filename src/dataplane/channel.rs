@@ -357,6 +357,16 @@ impl Running {
     pub async fn kill(&self) {
         let _ = self.channel.send(&Request::Kill { id: self.id }).await;
     }
+
+    /// The helper let the command's deadline pass without an `Exit`: it is wedged (under gVisor a
+    /// sandbox killed by the OOM killer leaves its exec stream open forever), so the channel is
+    /// given up and the next command opens a fresh one.
+    pub async fn give_up(&self) {
+        self.kill().await;
+        self.channel
+            .shared
+            .die("the helper did not answer within the command's deadline".into());
+    }
 }
 
 impl Drop for Running {

@@ -197,7 +197,7 @@ impl Source {
 
     async fn kill(&mut self) {
         match self {
-            Source::Helper { running, .. } => running.kill().await,
+            Source::Helper { running, .. } => running.give_up().await,
             Source::Plain(plain) => plain.kill().await,
         }
     }
