@@ -183,10 +183,6 @@ fn concurrent_claims_never_share_a_container() {
         "the three warm containers were used ({claimed})"
     );
     for id in &ids {
-        assert_eq!(
-            containers_of(id).len() + usize::from(container(id).is_some()) >= 1,
-            true
-        );
         let c = container(id).expect("container named after its sandbox");
         assert_eq!(c["State"]["Running"], true);
     }

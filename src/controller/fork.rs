@@ -313,17 +313,8 @@ fn delete(ctl: &Controller, fork: &Fork, children: &[Sandbox]) -> Result<Outcome
 }
 
 fn write_status(ctl: &Controller, fork: &Fork, status: ForkStatus) -> Result<(), ReconcileError> {
-    if fork.status.as_ref() == Some(&status) {
-        return Ok(());
-    }
-    let value = serde_json::to_value(&status).map_err(|e| ReconcileError::Other(e.to_string()))?;
-    match ctl
-        .store
-        .update_status(Kind::Fork, &fork.metadata.name, value)
-    {
-        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    let name = &fork.metadata.name;
+    super::write_status_if_changed(&ctl.store, Kind::Fork, name, fork.status.as_ref(), &status)
 }
 
 #[cfg(test)]

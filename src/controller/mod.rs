@@ -66,6 +66,26 @@ impl Outcome {
     }
 }
 
+/// Writes `new` as the status of `kind`/`name` unless it equals `old`, so that a reconcile that
+/// observed nothing new writes nothing (an idle resync costs no writes). A resource deleted
+/// meanwhile is not an error: the next reconcile sees that.
+fn write_status_if_changed<S: serde::Serialize + PartialEq>(
+    store: &Store,
+    kind: Kind,
+    name: &str,
+    old: Option<&S>,
+    new: &S,
+) -> Result<(), ReconcileError> {
+    if old == Some(new) {
+        return Ok(());
+    }
+    let value = serde_json::to_value(new).map_err(|e| ReconcileError::Other(e.to_string()))?;
+    match store.update_status(kind, name, value) {
+        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 pub struct Controller {
     store: Arc<Store>,
     engine: Arc<dyn Engine>,

@@ -222,14 +222,13 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         claimed,
         message: message.clone(),
     };
-    if pool.status.as_ref() != Some(&status) {
-        let value =
-            serde_json::to_value(&status).map_err(|e| ReconcileError::Other(e.to_string()))?;
-        match ctl.store.update_status(Kind::SandboxPool, name, value) {
-            Ok(_) | Err(crate::store::StoreError::NotFound { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
+    super::write_status_if_changed(
+        &ctl.store,
+        Kind::SandboxPool,
+        name,
+        pool.status.as_ref(),
+        &status,
+    )?;
     if !message.is_empty() {
         return Err(ReconcileError::Other(message));
     }

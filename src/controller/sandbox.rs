@@ -464,19 +464,14 @@ async fn write_status(
     sandbox: &Sandbox,
     status: SandboxStatus,
 ) -> Result<(), ReconcileError> {
-    if sandbox.status.as_ref() == Some(&status) {
-        return Ok(());
-    }
-    let value = serde_json::to_value(&status).map_err(|e| ReconcileError::Other(e.to_string()))?;
-    match ctl
-        .store
-        .update_status(Kind::Sandbox, &sandbox.metadata.name, value)
-    {
-        Ok(_) => Ok(()),
-        // Deleted meanwhile: the next reconcile sees it.
-        Err(crate::store::StoreError::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    let name = &sandbox.metadata.name;
+    super::write_status_if_changed(
+        &ctl.store,
+        Kind::Sandbox,
+        name,
+        sandbox.status.as_ref(),
+        &status,
+    )
 }
 
 fn non_empty(s: &str) -> Option<String> {

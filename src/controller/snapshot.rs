@@ -569,16 +569,12 @@ fn write_status(
     snapshot: &Snapshot,
     status: SnapshotStatus,
 ) -> Result<(), ReconcileError> {
-    if snapshot.status.as_ref() == Some(&status) {
-        return Ok(());
-    }
-    let value = serde_json::to_value(&status).map_err(|e| ReconcileError::Other(e.to_string()))?;
-    match ctl
-        .store
-        .update_status(Kind::Snapshot, &snapshot.metadata.name, value)
-    {
-        Ok(_) => Ok(()),
-        Err(crate::store::StoreError::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    let name = &snapshot.metadata.name;
+    super::write_status_if_changed(
+        &ctl.store,
+        Kind::Snapshot,
+        name,
+        snapshot.status.as_ref(),
+        &status,
+    )
 }

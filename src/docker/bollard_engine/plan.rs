@@ -12,11 +12,9 @@ use crate::docker::{
     LABEL_SERVER, LABEL_SPEC_HASH, LABEL_UID,
 };
 
-/// Where the workspace volume is mounted; also the sandbox user's home and working directory.
-
 /// Extra pids granted under runsc: the container's pids cgroup also counts gVisor's own threads.
 pub const RUNSC_PIDS_HEADROOM: u64 = 128;
-
+/// Where the workspace volume is mounted; also the sandbox user's home and working directory.
 pub const WORKSPACE: &str = "/workspace";
 /// Hostname every sandbox sees.
 pub const HOSTNAME: &str = "sandbox";
