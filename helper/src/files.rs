@@ -245,8 +245,7 @@ fn resolve_parent(path: &[u8]) -> Result<(OwnedFd, Vec<u8>, Vec<u8>), Fail> {
         while i < parents.len() {
             let comp = &parents[i];
             let c = cstring(comp)?;
-            let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
-            match openat(dir.as_raw_fd(), &c, flags, 0) {
+            match open_subdir(dir.as_raw_fd(), &c) {
                 Ok(fd) => {
                     dir = fd;
                     logical.push(comp.clone());
@@ -308,6 +307,33 @@ fn resolve_parent(path: &[u8]) -> Result<(OwnedFd, Vec<u8>, Vec<u8>), Fail> {
     }
 }
 
+/// Opens the directory `name` in `dir` without following a link, and proves it: the entry is
+/// checked with `lstat` first and the opened descriptor must be that same inode. `O_NOFOLLOW`
+/// alone is not trusted, since not every kernel (gVisor's, for one) honours it with
+/// `O_DIRECTORY`. A link yields `ELOOP`, anything else but a directory `ENOTDIR`.
+fn open_subdir(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
+    for _ in 0..10 {
+        let st = lstatat(dir, name)?;
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR => {}
+            libc::S_IFLNK => return Err(io::Error::from_raw_os_error(libc::ELOOP)),
+            _ => return Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
+        }
+        let fd = openat(
+            dir,
+            name,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            0,
+        )?;
+        let opened = fstat(fd.as_raw_fd())?;
+        if opened.st_dev == st.st_dev && opened.st_ino == st.st_ino {
+            return Ok(fd);
+        }
+        // Swapped between the check and the open: look again.
+    }
+    Err(io::Error::from_raw_os_error(libc::EAGAIN))
+}
+
 fn shown(logical: &[Vec<u8>], last: &[u8]) -> String {
     let mut s = String::from(WORKSPACE);
     for l in logical
@@ -350,7 +376,18 @@ fn open_temp(path: &[u8]) -> Result<(OwnedFd, OwnedFd, Vec<u8>, CString, String)
         let tmp = cstring(&temp_name(&name))?;
         let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
         match openat(dir.as_raw_fd(), &tmp, flags, 0o600) {
-            Ok(fd) => return Ok((dir, fd, name, tmp, shown_path)),
+            Ok(fd) => {
+                // Prove the new file is where it should be (not reached through a link).
+                let opened = fstat(fd.as_raw_fd()).map_err(|e| os_fail(&shown_path, e))?;
+                let entry = lstatat(dir.as_raw_fd(), &tmp).map_err(|e| os_fail(&shown_path, e))?;
+                if opened.st_ino != entry.st_ino || opened.st_dev != entry.st_dev {
+                    return Err(fail(
+                        E_OUTSIDE,
+                        format!("{shown_path} leads outside {WORKSPACE}"),
+                    ));
+                }
+                return Ok((dir, fd, name, tmp, shown_path));
+            }
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) && attempt < 5 => attempt += 1,
             Err(e) => return Err(os_fail(&shown_path, e)),
         }
