@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: unit and in-process tests, integration tests against the real Docker
-# daemon (under runc, and under gVisor's runsc when it is registered), and the compatibility suite
-# that drives the server through the published Python SDK.
+# daemon (under runc, and under gVisor's runsc when it is registered), the compatibility suite that
+# drives the server through the published Python SDK, and the MCP server through an MCP client.
 #
 # Needs: a running Docker daemon, cargo, python3. Builds the offline test images itself.
 set -euo pipefail
@@ -23,6 +23,9 @@ cargo test --locked --no-fail-fast -- --test-threads="${TEST_THREADS:-4}"
 
 step "Python SDK compatibility suite"
 bash tests/sdk/run.sh
+
+step "MCP server, driven by the Python MCP client"
+bash tests/mcp/run.sh
 
 if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
   step "integration tests under gVisor (runsc)"
