@@ -129,6 +129,9 @@ pub struct DataPlane {
     /// Whether sandboxes carry the helper (this build embeds one).
     helper: bool,
     pool: channel::Pool,
+    /// One opened, idle private channel per container that has streamed before, so the next
+    /// stream does not wait for a `docker exec` to start (see [`DataPlane::private_channel`]).
+    spares: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<channel::Channel>>>>,
 }
 
 impl DataPlane {
@@ -148,6 +151,36 @@ impl DataPlane {
             settings,
             helper,
             pool: channel::Pool::default(),
+            spares: Arc::default(),
+        }
+    }
+
+    /// A channel of the stream's own: the container's spare if one is ready, else a new one; then
+    /// a new spare is opened in the background. A spare is one idle helper process in the
+    /// sandbox; it dies with the container.
+    async fn private_channel(
+        &self,
+        container: &str,
+        user: &str,
+    ) -> Result<Arc<channel::Channel>, channel::ChannelError> {
+        let spare = {
+            let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
+            spares.retain(|_, c| !c.is_dead());
+            spares.remove(container)
+        };
+        let (engine, spares) = (Arc::clone(&self.engine), Arc::clone(&self.spares));
+        let (container_owned, user_owned) = (container.to_string(), user.to_string());
+        tokio::spawn(async move {
+            if let Ok(next) =
+                channel::Channel::open(engine.as_ref(), &container_owned, &user_owned).await
+            {
+                let mut spares = spares.lock().unwrap_or_else(|p| p.into_inner());
+                spares.insert(container_owned, next);
+            }
+        });
+        match spare {
+            Some(channel) => Ok(channel),
+            None => channel::Channel::open(self.engine.as_ref(), container, user).await,
         }
     }
 
@@ -164,7 +197,7 @@ impl DataPlane {
         let fail = |e| exec::channel_error(&target.name, e);
         if self.helper {
             let opened = if private {
-                channel::Channel::open(self.engine.as_ref(), container, user).await
+                self.private_channel(container, user).await
             } else {
                 self.pool.get(self.engine.as_ref(), container, user).await
             };
@@ -174,16 +207,19 @@ impl DataPlane {
                         let keep = private.then_some(ch);
                         return Ok((exec::Source::helper(running), keep));
                     }
-                    Err(channel::ChannelError::Dead(why)) if !private => {
-                        // Nothing started: one more try on a fresh shared channel.
-                        tracing::debug!(%why, "shared helper channel died; reopening");
-                        let ch = self
-                            .pool
-                            .get(self.engine.as_ref(), container, user)
-                            .await
-                            .map_err(fail)?;
+                    Err(channel::ChannelError::Dead(why)) => {
+                        // Nothing started (a stale spare, a shared channel that just died): one
+                        // more try on a fresh channel.
+                        tracing::debug!(%why, "helper channel died; reopening");
+                        let ch = if private {
+                            channel::Channel::open(self.engine.as_ref(), container, user).await
+                        } else {
+                            self.pool.get(self.engine.as_ref(), container, user).await
+                        }
+                        .map_err(fail)?;
                         let running = ch.start(prepared.start_request()).await.map_err(fail)?;
-                        return Ok((exec::Source::helper(running), None));
+                        let keep = private.then_some(ch);
+                        return Ok((exec::Source::helper(running), keep));
                     }
                     Err(e) => return Err(fail(e)),
                 },

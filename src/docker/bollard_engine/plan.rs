@@ -12,8 +12,10 @@ use crate::docker::{
     LABEL_SERVER, LABEL_SPEC_HASH, LABEL_UID,
 };
 
-/// Extra pids granted under runsc: the container's pids cgroup also counts gVisor's own threads.
-pub const RUNSC_PIDS_HEADROOM: u64 = 128;
+/// Extra pids granted under runsc: the container's pids cgroup also counts gVisor's own host
+/// threads, which grow with concurrent activity (about 30 per running command was measured), not
+/// with the sandbox's processes.
+pub const RUNSC_PIDS_HEADROOM: u64 = 1024;
 /// Where the workspace volume is mounted; also the sandbox user's home and working directory.
 pub const WORKSPACE: &str = "/workspace";
 /// Hostname every sandbox sees.
