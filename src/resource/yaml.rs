@@ -459,7 +459,8 @@ spec:
         let parsed = parse_file(deep.as_bytes(), Path::new("deep.yaml"));
         assert!(parsed.documents.is_empty());
         assert_eq!(parsed.errors.len(), 1);
-        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // A guard against a hang, not a speed claim (debug builds on a loaded machine are slow).
+        assert!(started.elapsed() < std::time::Duration::from_secs(60));
     }
 
     #[test]
