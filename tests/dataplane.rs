@@ -258,7 +258,8 @@ fn timeouts_and_disconnects_kill_the_whole_tree() {
     let took = started.elapsed();
     assert_eq!(r["timed_out"], true, "{r}");
     assert_eq!(r["exit_code"], 137);
-    assert!(took < Duration::from_millis(2500), "took {took:?}");
+    // About a second past the deadline, with slack for a loaded machine.
+    assert!(took < Duration::from_millis(3500), "took {took:?}");
     assert!(took >= Duration::from_millis(950), "took {took:?}");
     wait_no_processes(&id, "sleep 10", Duration::from_secs(3));
 
@@ -321,8 +322,9 @@ fn concurrent_execs_and_streams_do_not_wait_for_each_other() {
         }
     });
     let took = started.elapsed();
+    // One after another they would take 25 s; together, about one (slack for a loaded machine).
     assert!(
-        took < Duration::from_secs(5),
+        took < Duration::from_secs(12),
         "25 one-second commands took {took:?}"
     );
 }
