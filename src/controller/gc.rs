@@ -19,6 +19,10 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
         tracing::debug!("store not fully loaded yet; garbage collection waits");
         return Ok(0);
     }
+    // Docker first, then the store: every object listed was made by a reconcile of a resource that
+    // was already in the store, so a resource created meanwhile cannot lose its fresh objects.
+    let containers = ctl.engine.list_containers().await?;
+    let volumes = ctl.engine.list_volumes().await?;
     let sandboxes = ctl.store.list(Kind::Sandbox);
     let live: HashMap<String, Option<String>> = sandboxes
         .iter()
@@ -60,7 +64,6 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
     let ours = |labels: &BTreeMap<String, String>| labels.get(LABEL_SERVER) == Some(&ctl.server_id);
 
     let mut removed = 0;
-    let containers = ctl.engine.list_containers().await?;
     let unclaimed_members: HashSet<String> = containers
         .iter()
         .filter_map(|c| {
@@ -73,16 +76,24 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
             continue;
         }
         let id = container.sandbox();
+        // A pool container just claimed carries its sandbox's name before the status names it.
+        let named_for_live = container
+            .name
+            .strip_prefix("agent-sandbox-")
+            .is_some_and(|n| live.contains_key(n));
         let belongs = referenced_containers.contains(&container.id)
+            || named_for_live
             || labeled_for_live(id, container.labels.get(LABEL_UID))
             || (live_pool_member(id) && id.is_some_and(|id| unclaimed_members.contains(id)));
         if !belongs {
             tracing::info!(container = %container.name, "removing orphaned container");
-            ctl.engine.remove_container(&container.id).await?;
-            removed += 1;
+            match ctl.engine.remove_container(&container.id).await {
+                Ok(()) => removed += 1,
+                Err(error) => tracing::warn!(container = %container.name, %error, "cannot remove"),
+            }
         }
     }
-    for volume in ctl.engine.list_volumes().await? {
+    for volume in volumes {
         // Helper volumes are shared by every server on the daemon, whatever its version: not
         // ours to remove.
         if volume.labels.contains_key(LABEL_ROLE) || !ours(&volume.labels) {
@@ -94,8 +105,12 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
             || (live_pool_member(id) && id.is_some_and(|id| unclaimed_members.contains(id)));
         if !belongs {
             tracing::info!(volume = %volume.name, "removing orphaned volume");
-            ctl.engine.remove_volume(&volume.name).await?;
-            removed += 1;
+            // Docker refuses to remove a volume still mounted (one claimed a moment ago, say):
+            // not an error, the next pass judges it again.
+            match ctl.engine.remove_volume(&volume.name).await {
+                Ok(()) => removed += 1,
+                Err(error) => tracing::debug!(volume = %volume.name, %error, "volume kept"),
+            }
         }
     }
     Ok(removed)
