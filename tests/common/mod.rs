@@ -56,7 +56,10 @@ impl Server {
             log_path: tmp.path().join("server.log"),
             _tmp: tmp,
             port,
-            extra_env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            extra_env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         server.spawn();
         server
@@ -105,7 +108,11 @@ impl Server {
                     panic!("server exited with {status}:\n{}", self.log());
                 }
             }
-            assert!(Instant::now() < deadline, "server not healthy in time:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "server not healthy in time:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -144,13 +151,31 @@ impl Server {
     }
 
     pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let (status, text) = http(method, &format!("{}{}", self.url, path), Some(&self.key), body.map(|b| b.to_string()), "application/json");
+        let (status, text) = http(
+            method,
+            &format!("{}{}", self.url, path),
+            Some(&self.key),
+            body.map(|b| b.to_string()),
+            "application/json",
+        );
         let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         (status, value)
     }
 
-    pub fn request_raw(&self, method: &str, path: &str, body: Option<String>, content_type: &str) -> (u16, String) {
-        http(method, &format!("{}{}", self.url, path), Some(&self.key), body, content_type)
+    pub fn request_raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<String>,
+        content_type: &str,
+    ) -> (u16, String) {
+        http(
+            method,
+            &format!("{}{}", self.url, path),
+            Some(&self.key),
+            body,
+            content_type,
+        )
     }
 
     pub fn get(&self, kind_plural: &str, name: &str) -> Option<Value> {
@@ -159,7 +184,14 @@ impl Server {
     }
 
     /// Polls until `check` holds for the resource, or panics with the last state and server log.
-    pub fn wait_for(&self, kind_plural: &str, name: &str, what: &str, limit: Duration, check: impl Fn(Option<&Value>) -> bool) -> Option<Value> {
+    pub fn wait_for(
+        &self,
+        kind_plural: &str,
+        name: &str,
+        what: &str,
+        limit: Duration,
+        check: impl Fn(Option<&Value>) -> bool,
+    ) -> Option<Value> {
         let deadline = Instant::now() + limit;
         loop {
             let current = self.get(kind_plural, name);
@@ -175,13 +207,18 @@ impl Server {
 
     pub fn wait_running(&self, name: &str) -> Value {
         self.wait_for("sandboxes", name, "Running", Duration::from_secs(60), |r| {
-            r.is_some_and(|r| r["status"]["phase"] == "Running" && r["status"]["observedGeneration"] == r["metadata"]["generation"])
+            r.is_some_and(|r| {
+                r["status"]["phase"] == "Running"
+                    && r["status"]["observedGeneration"] == r["metadata"]["generation"]
+            })
         })
         .unwrap()
     }
 
     pub fn wait_gone(&self, kind_plural: &str, name: &str) {
-        self.wait_for(kind_plural, name, "gone", Duration::from_secs(60), |r| r.is_none());
+        self.wait_for(kind_plural, name, "gone", Duration::from_secs(60), |r| {
+            r.is_none()
+        });
     }
 }
 
@@ -195,14 +232,34 @@ impl Drop for Server {
             if let Ok(entries) = std::fs::read_dir(self.data_dir.join(dir)) {
                 for e in entries.flatten() {
                     let n = e.file_name().to_string_lossy().to_string();
-                    if let Some(stem) = n.strip_suffix(".yaml").or_else(|| n.strip_suffix(".json")) {
+                    if let Some(stem) = n.strip_suffix(".yaml").or_else(|| n.strip_suffix(".json"))
+                    {
                         names.push(stem.to_string());
                     }
                 }
             }
         }
-        for name in names {
-            cleanup_sandbox_objects(&name);
+        for name in &names {
+            cleanup_sandbox_objects(name);
+        }
+        // Then everything else labeled with this server's identity (warm-pool members, claimed
+        // workspaces), and workspaces named after its sandboxes whatever their labels.
+        if let Ok(id) = std::fs::read_to_string(self.data_dir.join("server-id")) {
+            let filter = format!("label=io.agent-sandbox.server={}", id.trim());
+            for c in docker(&["ps", "-aq", "--filter", &filter]).split_whitespace() {
+                let _ = docker_status(&["rm", "-f", c]);
+            }
+            for v in docker(&["volume", "ls", "-q", "--filter", &filter]).split_whitespace() {
+                let _ = docker_status(&["volume", "rm", "-f", v]);
+            }
+        }
+        for name in &names {
+            let _ = docker_status(&[
+                "volume",
+                "rm",
+                "-f",
+                &format!("agent-sandbox-{name}-workspace"),
+            ]);
         }
     }
 }
@@ -221,12 +278,20 @@ pub fn cleanup_sandbox_objects(name: &str) {
 }
 
 pub fn docker(args: &[&str]) -> String {
-    let out = Command::new("docker").args(args).output().expect("docker CLI");
+    let out = Command::new("docker")
+        .args(args)
+        .output()
+        .expect("docker CLI");
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
 pub fn docker_status(args: &[&str]) -> bool {
-    Command::new("docker").args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new("docker")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// `docker inspect` of one object as JSON, or `None` when it does not exist.
@@ -248,25 +313,47 @@ pub fn container(name: &str) -> Option<Value> {
 /// Runs a command in the sandbox's container as the sandbox user, returning (exit code, stdout).
 pub fn docker_exec(name: &str, script: &str) -> (i32, String) {
     let out = Command::new("docker")
-        .args(["exec", "-u", "1000:1000", &format!("agent-sandbox-{name}"), "sh", "-c", script])
+        .args([
+            "exec",
+            "-u",
+            "1000:1000",
+            &format!("agent-sandbox-{name}"),
+            "sh",
+            "-c",
+            script,
+        ])
         .output()
         .expect("docker exec");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).to_string())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+    )
 }
 
 /// Managed containers carrying `io.agent-sandbox.id=<name>`.
 pub fn containers_of(name: &str) -> Vec<String> {
-    docker(&["ps", "-aq", "--filter", &format!("label=io.agent-sandbox.id={name}")])
-        .split_whitespace()
-        .map(String::from)
-        .collect()
+    docker(&[
+        "ps",
+        "-aq",
+        "--filter",
+        &format!("label=io.agent-sandbox.id={name}"),
+    ])
+    .split_whitespace()
+    .map(String::from)
+    .collect()
 }
 
 pub fn volumes_of(name: &str) -> Vec<String> {
-    docker(&["volume", "ls", "-q", "--filter", &format!("label=io.agent-sandbox.id={name}")])
-        .split_whitespace()
-        .map(String::from)
-        .collect()
+    docker(&[
+        "volume",
+        "ls",
+        "-q",
+        "--filter",
+        &format!("label=io.agent-sandbox.id={name}"),
+    ])
+    .split_whitespace()
+    .map(String::from)
+    .collect()
 }
 
 pub fn write_manifest(dir: &Path, file: &str, text: &str) {
@@ -294,7 +381,11 @@ pub fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) 
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn ureq_get(url: &str, key: Option<&str>) -> Result<(u16, String), String> {
@@ -308,17 +399,29 @@ fn ureq_get(url: &str, key: Option<&str>) -> Result<(u16, String), String> {
 
 /// A minimal blocking HTTP/1.1 client over std, so tests need no async runtime. Returns status 0
 /// and the error text when the connection fails.
-pub fn http(method: &str, url: &str, key: Option<&str>, body: Option<String>, content_type: &str) -> (u16, String) {
+pub fn http(
+    method: &str,
+    url: &str,
+    key: Option<&str>,
+    body: Option<String>,
+    content_type: &str,
+) -> (u16, String) {
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://").expect("http url");
-    let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}"))).unwrap_or((rest, "/".into()));
+    let (host, path) = rest
+        .split_once('/')
+        .map(|(h, p)| (h, format!("/{p}")))
+        .unwrap_or((rest, "/".into()));
     let mut stream = match std::net::TcpStream::connect(host) {
         Ok(s) => s,
         Err(e) => return (0, e.to_string()),
     };
     stream.set_read_timeout(Some(Duration::from_secs(120))).ok();
     let body = body.unwrap_or_default();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
     if !body.is_empty() {
         req.push_str(&format!("Content-Type: {content_type}\r\n"));
     }
@@ -340,16 +443,28 @@ pub fn http(method: &str, url: &str, key: Option<&str>, body: Option<String>, co
     let Some((head, rest)) = text.split_once("\r\n\r\n") else {
         return (0, text);
     };
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    let body = if chunked { dechunk(rest) } else { rest.to_string() };
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
     (status, body)
 }
 
 fn dechunk(mut s: &str) -> String {
     let mut out = String::new();
     while let Some((size, rest)) = s.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
         if n == 0 || rest.len() < n {
             break;
         }
