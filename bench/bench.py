@@ -54,14 +54,17 @@ def parse_args():
     p.add_argument("--resync-seconds", type=float, default=30.0)
     p.add_argument("--quick", action="store_true", help="5 iterations and small scale tests")
     p.add_argument("-n", "--iterations", type=int)
+    p.add_argument("--idle-count", type=int, help="declared sandboxes for the idle measurement")
     p.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
+    p.add_argument("--skip", action="append", default=[], help="comma-separated sections to leave out")
+    p.add_argument("--merge", type=pathlib.Path, help="results JSON of an earlier phase to report with these")
     p.add_argument("--json", type=pathlib.Path, help="write raw results here")
     p.add_argument("--markdown", type=pathlib.Path, help="write the report here too")
     args = p.parse_args()
     quick = args.quick
     args.n = args.iterations or (5 if quick else 20)
     args.converge = 20 if quick else 100
-    args.idle_count = 50 if quick else 1000
+    args.idle_count = args.idle_count or (50 if quick else 1000)
     args.idle_window = 20.0 if quick else 60.0
     args.big_mib = 128 if quick else 1024
     args.big_rounds = 1 if quick else 2
@@ -207,13 +210,18 @@ def main() -> int:
     ref = Server(REF, args.ref_url, args.ref_key, args.image)
     server_id = (args.ours_data / "server-id").read_text().strip()
     only = {s.strip() for s in args.only.split(",") if s.strip()}
+    skip = {s.strip() for s in ",".join(args.skip).split(",") if s.strip()}
     results = Results()
     info = machine()
+    if args.merge:
+        earlier = json.loads(args.merge.read_text())
+        results = Results.from_json(earlier)
+        info = earlier.get("machine", info)
     pools = has_pools(ours)
-    results.facts["warm pool available"] = pools
+    results.facts.setdefault("warm pool available", pools)
 
     def section(name, fn, *a):
-        if only and name not in only:
+        if (only and name not in only) or name in skip:
             return
         log(f"== {name}")
         try:
@@ -241,13 +249,15 @@ def main() -> int:
             ours_only.manifest_to_running(results, ours, args.ours_data, args.n, " (warm pool)")
 
         section("pool", with_pool, results, ours, max(args.n, 2 * args.n), pooled)
-    else:
+    elif not only or "pool" in only:
         results.fail("create (warm pool)", OURS, "this server has no SandboxPool resource")
     section("forks", ours_only.fork_replicas, results, ours, args.fork_rounds)
     section("bigsnapshot", ours_only.big_snapshot, results, ours, args.work, args.big_mib, args.big_rounds)
     section("idle", idle.idle_scale, results, ours, args.ours_data, args.ours_pid, server_id,
             args.idle_count, args.idle_window, args.resync_seconds)
 
+    if "idle" in skip:
+        results.facts["server RSS after the other measurements, MiB"] = round(idle.rss_mib(args.ours_pid), 1)
     text = report(results, args, info)
     print(text)
     if args.markdown:

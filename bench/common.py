@@ -171,6 +171,17 @@ class Results:
         self.add(op, server, ms_since(start))
         return value
 
+    @classmethod
+    def from_json(cls, data: dict) -> "Results":
+        results = cls()
+        for op, servers in data.get("operations", {}).items():
+            for server, s in servers.items():
+                series = results.get(op, server)
+                series.samples = list(s.get("samples_ms", []))
+                series.errors = list(s.get("errors", []))
+        results.facts = dict(data.get("facts", {}))
+        return results
+
     def to_json(self) -> dict:
         ops = {}
         for (op, server), s in self.series.items():

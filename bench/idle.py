@@ -56,6 +56,7 @@ def docker_writes(since: float, until: float, server_id: str, volume_prefix: str
         check=True, capture_output=True, text=True, timeout=120,
     ).stdout
     counts: dict[str, int] = {}
+    objects: set[str] = set()
     for line in out.splitlines():
         try:
             event = json.loads(line)
@@ -71,6 +72,9 @@ def docker_writes(since: float, until: float, server_id: str, volume_prefix: str
         if ours and action in WRITE_ACTIONS:
             key = f"{kind} {action}"
             counts[key] = counts.get(key, 0) + 1
+            objects.add(f"{kind} {actor.get('ID', '')}")
+    if objects:
+        counts["distinct objects written"] = len(objects)
     return counts
 
 
@@ -123,7 +127,7 @@ def idle_scale(results: Results, ours: Server, data_dir: pathlib.Path, pid: int,
         facts["idle CPU % of one core"] = round(cpu, 3)
         facts["server RSS, MiB (end)"] = round(rss_mib(pid), 1)
         facts["server RSS, MiB (peak in window)"] = round(peak, 1)
-        facts["docker writes in window"] = sum(writes.values())
+        facts["docker writes in window"] = sum(v for k, v in writes.items() if k != "distinct objects written")
         facts["docker writes by action"] = writes
         still = count_running(ours, batch)
         facts["still Running after window"] = still

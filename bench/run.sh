@@ -170,17 +170,32 @@ env "${unset_env[@]}" "${common_env[@]}" AGENT_SANDBOX_PORT="$ref_port" AGENT_SA
 ref_pid=$!
 wait_healthy "$ref_port" "$ref_pid" || { tail -n 30 "$work/ref.log" >&2; exit 1; }
 
-say "starting our server on 127.0.0.1:$ours_port"
-env "${unset_env[@]}" "${common_env[@]}" AGENT_SANDBOX_PORT="$ours_port" AGENT_SANDBOX_API_KEYS="$ours_key" \
-  AGENT_SANDBOX_DATA_DIR="$work/ours" AGENT_SANDBOX_RESYNC_SECONDS="$RESYNC_SECONDS" \
-  "$OURS_BIN" serve >"$work/ours.log" 2>&1 &
-ours_pid=$!
-wait_healthy "$ours_port" "$ours_pid" || { tail -n 30 "$work/ours.log" >&2; exit 1; }
+start_ours() {
+  say "starting our server on 127.0.0.1:$ours_port"
+  env "${unset_env[@]}" "${common_env[@]}" AGENT_SANDBOX_PORT="$ours_port" AGENT_SANDBOX_API_KEYS="$ours_key" \
+    AGENT_SANDBOX_DATA_DIR="$work/ours" AGENT_SANDBOX_RESYNC_SECONDS="$RESYNC_SECONDS" \
+    "$OURS_BIN" serve >>"$work/ours.log" 2>&1 &
+  ours_pid=$!
+  wait_healthy "$ours_port" "$ours_pid" || { tail -n 30 "$work/ours.log" >&2; exit 1; }
+}
+start_ours
 
-"$PYTHON" bench/bench.py \
-  --ours-url "http://127.0.0.1:$ours_port" --ours-key "$ours_key" --ours-pid "$ours_pid" \
-  --ours-data "$work/ours" \
-  --ref-url "http://127.0.0.1:$ref_port" --ref-key "$ref_key" \
-  --image "$IMAGE" --work "$work" --resync-seconds "$RESYNC_SECONDS" \
-  --json "$OUT_DIR/results.json" --markdown "$OUT_DIR/report.md" \
-  "${bench_args[@]}"
+bench() {
+  PYTHONDONTWRITEBYTECODE=1 "$PYTHON" bench/bench.py \
+    --ours-url "http://127.0.0.1:$ours_port" --ours-key "$ours_key" --ours-pid "$ours_pid" \
+    --ours-data "$work/ours" \
+    --ref-url "http://127.0.0.1:$ref_port" --ref-key "$ref_key" \
+    --image "$IMAGE" --work "$work" --resync-seconds "$RESYNC_SECONDS" "$@"
+}
+
+if printf '%s\n' "${bench_args[@]}" | grep -qx -- '--only'; then
+  bench --json "$OUT_DIR/results.json" --markdown "$OUT_DIR/report.md" "${bench_args[@]}"
+  exit 0
+fi
+# The idle measurement gets a freshly started server (same data directory), so that memory kept
+# from the earlier measurements (a 1 GiB snapshot, say) is not counted as the cost of idling.
+bench --skip idle --json "$work/phase1.json" "${bench_args[@]}" >/dev/null
+stop "$ours_pid"
+start_ours
+bench --only idle --merge "$work/phase1.json" \
+  --json "$OUT_DIR/results.json" --markdown "$OUT_DIR/report.md" "${bench_args[@]}"
