@@ -9,7 +9,10 @@ use common::*;
 use serde_json::{json, Value};
 
 fn container_id(name: &str) -> String {
-    container(name).expect("container exists")["Id"].as_str().unwrap().to_string()
+    container(name).expect("container exists")["Id"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 #[test]
@@ -18,7 +21,10 @@ fn manifests_in_a_watched_folder_become_hardened_running_containers() {
     let (a, b) = (unique("fold-a"), unique("fold-b"));
     let text = format!(
         "{}\n---\n{}",
-        sandbox_manifest(&a, "  memoryMB: 128\n  pidsLimit: 64\n  cpus: 0.5\n  env:\n    GREETING: hi\n"),
+        sandbox_manifest(
+            &a,
+            "  memoryMB: 128\n  pidsLimit: 64\n  cpus: 0.5\n  env:\n    GREETING: hi\n"
+        ),
         sandbox_manifest(&b, "")
     );
     write_manifest(&server.watch_dir, "team/two.yaml", &text);
@@ -34,10 +40,20 @@ fn manifests_in_a_watched_folder_become_hardened_running_containers() {
     let host = &c["HostConfig"];
     assert_eq!(c["Config"]["User"], "1000:1000");
     assert_eq!(c["Config"]["Hostname"], "sandbox");
-    assert!(c["Config"]["Env"].as_array().unwrap().contains(&json!("HOME=/workspace")));
-    assert!(c["Config"]["Env"].as_array().unwrap().contains(&json!("GREETING=hi")));
+    assert!(c["Config"]["Env"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("HOME=/workspace")));
+    assert!(c["Config"]["Env"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("GREETING=hi")));
     assert_eq!(host["CapDrop"], json!(["ALL"]));
-    assert!(host["SecurityOpt"].as_array().unwrap().iter().any(|o| o.as_str().unwrap().starts_with("no-new-privileges")));
+    assert!(host["SecurityOpt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|o| o.as_str().unwrap().starts_with("no-new-privileges")));
     assert_eq!(host["ReadonlyRootfs"], true);
     assert_eq!(host["NetworkMode"], "none");
     assert_eq!(host["Memory"], 128 * 1024 * 1024);
@@ -48,11 +64,17 @@ fn manifests_in_a_watched_folder_become_hardened_running_containers() {
     assert_eq!(host["Init"], true);
     assert_eq!(host["Privileged"], false);
     let tmpfs = host["Tmpfs"]["/tmp"].as_str().unwrap();
-    assert!(tmpfs.contains("nosuid") && tmpfs.contains("nodev") && tmpfs.contains("size="), "{tmpfs}");
+    assert!(
+        tmpfs.contains("nosuid") && tmpfs.contains("nodev") && tmpfs.contains("size="),
+        "{tmpfs}"
+    );
     assert_eq!(c["Config"]["Labels"]["io.agent-sandbox.managed"], "true");
     assert_eq!(c["Config"]["Labels"]["io.agent-sandbox.id"], a.as_str());
     assert!(c["Config"]["Labels"]["io.agent-sandbox.spec-hash"].is_string());
-    assert_eq!(c["Config"]["Labels"]["io.agent-sandbox.uid"], sandbox["metadata"]["uid"]);
+    assert_eq!(
+        c["Config"]["Labels"]["io.agent-sandbox.uid"],
+        sandbox["metadata"]["uid"]
+    );
 
     // And from inside.
     let (code, out) = docker_exec(&a, "id -u; id -g; echo $HOME; hostname; touch /x 2>/dev/null && echo rootfs-writable; touch /workspace/ok && echo ws-ok");
@@ -69,25 +91,62 @@ fn manifests_in_a_watched_folder_become_hardened_running_containers() {
 fn editing_a_manifest_applies_the_change_and_keeps_the_workspace() {
     let server = Server::start();
     let name = unique("edit");
-    write_manifest(&server.watch_dir, "s.yaml", &sandbox_manifest(&name, "  cpus: 0.5\n"));
+    write_manifest(
+        &server.watch_dir,
+        "s.yaml",
+        &sandbox_manifest(&name, "  cpus: 0.5\n"),
+    );
     server.wait_running(&name);
     let first = container_id(&name);
     assert_eq!(docker_exec(&name, "echo kept > /workspace/file").0, 0);
 
     // A limit changes in place: same container, new limit.
-    write_manifest(&server.watch_dir, "s.yaml", &sandbox_manifest(&name, "  cpus: 1.5\n"));
-    let s = server.wait_for("sandboxes", &name, "at generation 2", Duration::from_secs(30), |r| {
-        r.is_some_and(|r| r["status"]["observedGeneration"] == 2 && r["status"]["phase"] == "Running")
-    }).unwrap();
+    write_manifest(
+        &server.watch_dir,
+        "s.yaml",
+        &sandbox_manifest(&name, "  cpus: 1.5\n"),
+    );
+    let s = server
+        .wait_for(
+            "sandboxes",
+            &name,
+            "at generation 2",
+            Duration::from_secs(30),
+            |r| {
+                r.is_some_and(|r| {
+                    r["status"]["observedGeneration"] == 2 && r["status"]["phase"] == "Running"
+                })
+            },
+        )
+        .unwrap();
     assert_eq!(s["metadata"]["generation"], 2);
-    assert_eq!(container_id(&name), first, "a limit change must not replace the container");
-    assert_eq!(container(&name).unwrap()["HostConfig"]["NanoCpus"], 1_500_000_000i64);
+    assert_eq!(
+        container_id(&name),
+        first,
+        "a limit change must not replace the container"
+    );
+    assert_eq!(
+        container(&name).unwrap()["HostConfig"]["NanoCpus"],
+        1_500_000_000i64
+    );
 
     // The env shapes the container: a new one, same workspace.
-    write_manifest(&server.watch_dir, "s.yaml", &sandbox_manifest(&name, "  cpus: 1.5\n  env:\n    MODE: two\n"));
-    server.wait_for("sandboxes", &name, "at generation 3", Duration::from_secs(30), |r| {
-        r.is_some_and(|r| r["status"]["observedGeneration"] == 3 && r["status"]["phase"] == "Running")
-    });
+    write_manifest(
+        &server.watch_dir,
+        "s.yaml",
+        &sandbox_manifest(&name, "  cpus: 1.5\n  env:\n    MODE: two\n"),
+    );
+    server.wait_for(
+        "sandboxes",
+        &name,
+        "at generation 3",
+        Duration::from_secs(30),
+        |r| {
+            r.is_some_and(|r| {
+                r["status"]["observedGeneration"] == 3 && r["status"]["phase"] == "Running"
+            })
+        },
+    );
     let second = container_id(&name);
     assert_ne!(second, first);
     let (_, out) = docker_exec(&name, "cat /workspace/file; echo $MODE");
@@ -98,9 +157,15 @@ fn editing_a_manifest_applies_the_change_and_keeps_the_workspace() {
     let labeled = sandbox_manifest(&name, "  cpus: 1.5\n  env:\n    MODE: two\n")
         .replace("metadata:\n", "metadata:\n  labels:\n    team: blue\n");
     write_manifest(&server.watch_dir, "s.yaml", &labeled);
-    let s = server.wait_for("sandboxes", &name, "labeled", Duration::from_secs(30), |r| {
-        r.is_some_and(|r| r["metadata"]["labels"]["team"] == "blue")
-    }).unwrap();
+    let s = server
+        .wait_for(
+            "sandboxes",
+            &name,
+            "labeled",
+            Duration::from_secs(30),
+            |r| r.is_some_and(|r| r["metadata"]["labels"]["team"] == "blue"),
+        )
+        .unwrap();
     assert_eq!(s["metadata"]["generation"], 3);
     assert_eq!(container_id(&name), second);
 }
@@ -110,22 +175,41 @@ fn an_invalid_document_is_isolated_and_its_last_good_version_kept() {
     let server = Server::start();
     let (good, bad) = (unique("good"), unique("bad"));
     let both = |good_extra: &str, bad_extra: &str| {
-        format!("{}---\n{}", sandbox_manifest(&good, good_extra), sandbox_manifest(&bad, bad_extra))
+        format!(
+            "{}---\n{}",
+            sandbox_manifest(&good, good_extra),
+            sandbox_manifest(&bad, bad_extra)
+        )
     };
-    write_manifest(&server.watch_dir, "pair.yaml", &both("  cpus: 0.5\n", "  cpus: 0.5\n"));
+    write_manifest(
+        &server.watch_dir,
+        "pair.yaml",
+        &both("  cpus: 0.5\n", "  cpus: 0.5\n"),
+    );
     server.wait_running(&good);
     server.wait_running(&bad);
     let bad_container = container_id(&bad);
 
-    write_manifest(&server.watch_dir, "pair.yaml", &both("  cpus: 1.0\n", "  cpus: -4\n  privileged: true\n"));
-    server.wait_for("sandboxes", &good, "updated", Duration::from_secs(30), |r| {
-        r.is_some_and(|r| r["spec"]["cpus"] == 1.0 && r["status"]["observedGeneration"] == 2)
-    });
+    write_manifest(
+        &server.watch_dir,
+        "pair.yaml",
+        &both("  cpus: 1.0\n", "  cpus: -4\n  privileged: true\n"),
+    );
+    server.wait_for(
+        "sandboxes",
+        &good,
+        "updated",
+        Duration::from_secs(30),
+        |r| r.is_some_and(|r| r["spec"]["cpus"] == 1.0 && r["status"]["observedGeneration"] == 2),
+    );
     let (status, errors) = server.request("GET", &format!("{API}/errors"), None);
     assert_eq!(status, 200);
     let text = errors.to_string();
     assert!(text.contains("pair.yaml"), "{text}");
-    assert!(text.contains("cpus") || text.contains("privileged"), "{text}");
+    assert!(
+        text.contains("cpus") || text.contains("privileged"),
+        "{text}"
+    );
     // The bad one keeps its last good spec and container.
     let b = server.get("sandboxes", &bad).expect("last good kept");
     assert_eq!(b["spec"]["cpus"], 0.5);
@@ -138,14 +222,20 @@ fn removing_a_manifest_removes_container_and_volume() {
     let server = Server::start();
     let (keep, drop_) = (unique("keep"), unique("drop"));
     write_manifest(&server.watch_dir, "keep.yaml", &sandbox_manifest(&keep, ""));
-    write_manifest(&server.watch_dir, "drop.yaml", &sandbox_manifest(&drop_, ""));
+    write_manifest(
+        &server.watch_dir,
+        "drop.yaml",
+        &sandbox_manifest(&drop_, ""),
+    );
     server.wait_running(&keep);
     server.wait_running(&drop_);
     std::fs::remove_file(server.watch_dir.join("drop.yaml")).unwrap();
     server.wait_gone("sandboxes", &drop_);
-    wait_until("container and volume removed", Duration::from_secs(30), || {
-        containers_of(&drop_).is_empty() && volumes_of(&drop_).is_empty()
-    });
+    wait_until(
+        "container and volume removed",
+        Duration::from_secs(30),
+        || containers_of(&drop_).is_empty() && volumes_of(&drop_).is_empty(),
+    );
     assert_eq!(containers_of(&keep).len(), 1);
 }
 
@@ -158,13 +248,22 @@ fn containers_removed_or_stopped_by_hand_come_back_with_their_workspace() {
     assert_eq!(docker_exec(&name, "echo data > /workspace/f").0, 0);
     let first = container_id(&name);
 
-    assert!(docker_status(&["rm", "-f", &format!("agent-sandbox-{name}")]));
+    assert!(docker_status(&[
+        "rm",
+        "-f",
+        &format!("agent-sandbox-{name}")
+    ]));
     wait_until("container recreated", Duration::from_secs(30), || {
         container(&name).is_some_and(|c| c["State"]["Running"] == true && c["Id"] != first.as_str())
     });
     assert_eq!(docker_exec(&name, "cat /workspace/f").1, "data\n");
 
-    assert!(docker_status(&["stop", "-t", "1", &format!("agent-sandbox-{name}")]));
+    assert!(docker_status(&[
+        "stop",
+        "-t",
+        "1",
+        &format!("agent-sandbox-{name}")
+    ]));
     wait_until("container restarted", Duration::from_secs(30), || {
         container(&name).is_some_and(|c| c["State"]["Running"] == true)
     });
@@ -189,7 +288,11 @@ fn kill_9_and_restart_adopts_containers_and_collects_orphans() {
         format!("io.agent-sandbox.id={orphan}"),
         format!("io.agent-sandbox.server={}", server_id.trim()),
     ];
-    let mut args = vec!["create".to_string(), "--name".into(), format!("agent-sandbox-{orphan}")];
+    let mut args = vec![
+        "create".to_string(),
+        "--name".into(),
+        format!("agent-sandbox-{orphan}"),
+    ];
     for l in &labels {
         args.push("--label".into());
         args.push(l.clone());
@@ -210,7 +313,11 @@ fn kill_9_and_restart_adopts_containers_and_collects_orphans() {
     wait_until("orphans collected", Duration::from_secs(30), || {
         containers_of(&orphan).is_empty() && volumes_of(&orphan).is_empty()
     });
-    assert_eq!(container_id(&name), before, "the running container is adopted, not recreated");
+    assert_eq!(
+        container_id(&name),
+        before,
+        "the running container is adopted, not recreated"
+    );
     assert_eq!(containers_of(&name).len(), 1);
     cleanup_sandbox_objects(&orphan);
 }
@@ -225,12 +332,18 @@ fn resource_api_create_conflict_dry_run_watch_and_delete() {
     // dryRun writes nothing.
     let (status, body) = server.request("POST", &format!("{API}/sandboxes?dryRun=All"), Some(&doc));
     assert_eq!(status, 201, "{body}");
-    assert!(!server.data_dir.join(format!("manifests/sandboxes/{name}.yaml")).exists());
+    assert!(!server
+        .data_dir
+        .join(format!("manifests/sandboxes/{name}.yaml"))
+        .exists());
     assert!(server.get("sandboxes", &name).is_none());
 
     let (status, created) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
     assert_eq!(status, 201, "{created}");
-    assert!(server.data_dir.join(format!("manifests/sandboxes/{name}.yaml")).exists());
+    assert!(server
+        .data_dir
+        .join(format!("manifests/sandboxes/{name}.yaml"))
+        .exists());
     let running = server.wait_running(&name);
     assert!(!containers_of(&name).is_empty());
 
@@ -251,8 +364,14 @@ fn resource_api_create_conflict_dry_run_watch_and_delete() {
     wait_until("docker objects removed", Duration::from_secs(30), || {
         containers_of(&name).is_empty() && volumes_of(&name).is_empty()
     });
-    assert!(!server.data_dir.join(format!("manifests/sandboxes/{name}.yaml")).exists());
-    assert!(!server.data_dir.join(format!("state/sandboxes/{name}.json")).exists());
+    assert!(!server
+        .data_dir
+        .join(format!("manifests/sandboxes/{name}.yaml"))
+        .exists());
+    assert!(!server
+        .data_dir
+        .join(format!("state/sandboxes/{name}.json"))
+        .exists());
 }
 
 #[test]
@@ -262,7 +381,9 @@ fn watch_streams_added_modified_and_deleted() {
     let name = unique("watch");
     let host = server.url.trim_start_matches("http://").to_string();
     let mut stream = std::net::TcpStream::connect(&host).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
     write!(stream, "GET {API}/sandboxes?watch=true HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {}\r\n\r\n", server.key).unwrap();
     let reader = std::thread::spawn(move || {
         let mut seen = Vec::new();
@@ -270,7 +391,13 @@ fn watch_streams_added_modified_and_deleted() {
             let Ok(line) = line else { break };
             if let Ok(event) = serde_json::from_str::<Value>(line.trim()) {
                 if let Some(t) = event["type"].as_str() {
-                    seen.push((t.to_string(), event["object"]["metadata"]["name"].as_str().unwrap_or("").to_string()));
+                    seen.push((
+                        t.to_string(),
+                        event["object"]["metadata"]["name"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_string(),
+                    ));
                     if t == "DELETED" {
                         break;
                     }
@@ -280,12 +407,20 @@ fn watch_streams_added_modified_and_deleted() {
         seen
     });
     std::thread::sleep(Duration::from_millis(300));
-    write_manifest(&server.data_dir.join("manifests/sandboxes"), &format!("{name}.yaml"), &sandbox_manifest(&name, ""));
+    write_manifest(
+        &server.data_dir.join("manifests/sandboxes"),
+        &format!("{name}.yaml"),
+        &sandbox_manifest(&name, ""),
+    );
     server.wait_running(&name);
     let (status, _) = server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
     assert!(status < 300);
     let seen = reader.join().unwrap();
-    let ours: Vec<&str> = seen.iter().filter(|(_, n)| n == &name).map(|(t, _)| t.as_str()).collect();
+    let ours: Vec<&str> = seen
+        .iter()
+        .filter(|(_, n)| n == &name)
+        .map(|(t, _)| t.as_str())
+        .collect();
     assert_eq!(ours.first(), Some(&"ADDED"), "{seen:?}");
     assert!(ours.contains(&"MODIFIED"), "{seen:?}");
     assert_eq!(ours.last(), Some(&"DELETED"), "{seen:?}");
@@ -299,7 +434,11 @@ fn a_folder_owned_sandbox_cannot_be_changed_or_deleted_through_the_api() {
     let current = server.wait_running(&name);
     let (status, body) = server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
     assert_eq!(status, 403, "{body}");
-    assert!(body.to_string().contains(server.watch_dir.to_str().unwrap()), "names the folder: {body}");
+    assert!(
+        body.to_string()
+            .contains(server.watch_dir.to_str().unwrap()),
+        "names the folder: {body}"
+    );
     let (status, _) = server.request("PUT", &format!("{API}/sandboxes/{name}"), Some(&current));
     assert_eq!(status, 403);
     assert!(server.get("sandboxes", &name).is_some());
@@ -314,26 +453,45 @@ fn expiry_deletes_api_sandboxes_and_parks_folder_sandboxes_until_their_document_
         "metadata": {"name": api}, "spec": {"image": TEST_IMAGE, "ttlSeconds": 3}});
     let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
     assert_eq!(status, 201, "{body}");
-    write_manifest(&server.watch_dir, "ttl.yaml", &sandbox_manifest(&folder, "  ttlSeconds: 3\n"));
+    write_manifest(
+        &server.watch_dir,
+        "ttl.yaml",
+        &sandbox_manifest(&folder, "  ttlSeconds: 3\n"),
+    );
     server.wait_running(&api);
     let running = server.wait_running(&folder);
     assert!(running["status"]["expiresAt"].is_string());
 
     server.wait_gone("sandboxes", &api);
-    let expired = server.wait_for("sandboxes", &folder, "Expired", Duration::from_secs(30), |r| {
-        r.is_some_and(|r| r["status"]["phase"] == "Expired")
-    }).unwrap();
+    let expired = server
+        .wait_for(
+            "sandboxes",
+            &folder,
+            "Expired",
+            Duration::from_secs(30),
+            |r| r.is_some_and(|r| r["status"]["phase"] == "Expired"),
+        )
+        .unwrap();
     assert_eq!(expired["status"]["conditions"][0]["status"], "False");
-    wait_until("expired containers removed", Duration::from_secs(30), || {
-        containers_of(&api).is_empty() && containers_of(&folder).is_empty()
-    });
+    wait_until(
+        "expired containers removed",
+        Duration::from_secs(30),
+        || containers_of(&api).is_empty() && containers_of(&folder).is_empty(),
+    );
 
     // It stays expired...
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(server.get("sandboxes", &folder).unwrap()["status"]["phase"], "Expired");
+    assert_eq!(
+        server.get("sandboxes", &folder).unwrap()["status"]["phase"],
+        "Expired"
+    );
     assert!(containers_of(&folder).is_empty());
     // ...until its document changes.
-    write_manifest(&server.watch_dir, "ttl.yaml", &sandbox_manifest(&folder, "  ttlSeconds: 600\n"));
+    write_manifest(
+        &server.watch_dir,
+        "ttl.yaml",
+        &sandbox_manifest(&folder, "  ttlSeconds: 600\n"),
+    );
     server.wait_running(&folder);
     assert_eq!(containers_of(&folder).len(), 1);
 }
@@ -354,12 +512,18 @@ fn an_invalid_setting_stops_the_server_with_a_message_naming_it() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
         .arg("serve")
         .env("AGENT_SANDBOX_ALLOW_NETWORK", "maybe")
-        .env("AGENT_SANDBOX_DATA_DIR", std::env::temp_dir().join("never-used"))
+        .env(
+            "AGENT_SANDBOX_DATA_DIR",
+            std::env::temp_dir().join("never-used"),
+        )
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("ALLOW_NETWORK") || err.contains("allow-network"), "{err}");
+    assert!(
+        err.contains("ALLOW_NETWORK") || err.contains("allow-network"),
+        "{err}"
+    );
 
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
         .arg("serve")
@@ -368,4 +532,47 @@ fn an_invalid_setting_stops_the_server_with_a_message_naming_it() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("AGENT_SANDBOX_SANDBOX_USER"));
+}
+
+#[test]
+fn an_idle_resync_makes_no_docker_writes() {
+    let server = Server::start_with(&[("AGENT_SANDBOX_RESYNC_SECONDS", "1")]);
+    let names = [unique("idle-a"), unique("idle-b")];
+    for name in &names {
+        write_manifest(
+            &server.watch_dir,
+            &format!("{name}.yaml"),
+            &sandbox_manifest(name, ""),
+        );
+    }
+    for name in &names {
+        server.wait_running(name);
+    }
+    // Let the first resyncs after convergence pass, then watch three more.
+    std::thread::sleep(Duration::from_secs(2));
+    // Absolute times: Docker reads relative ones as "that long ago".
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (since, until) = (now.to_string(), (now + 4).to_string());
+    let out = std::process::Command::new("docker")
+        .args([
+            "events",
+            "--since",
+            &since,
+            "--until",
+            &until,
+            "--format",
+            "{{.Type}} {{.Action}} {{.Actor.ID}} {{.Actor.Attributes.name}}",
+        ])
+        .output()
+        .unwrap();
+    let events = String::from_utf8_lossy(&out.stdout);
+    let ours: Vec<&str> = events
+        .lines()
+        .filter(|l| names.iter().any(|n| l.contains(n.as_str())))
+        .filter(|l| !l.contains("exec_") && !l.starts_with("container top"))
+        .collect();
+    assert!(ours.is_empty(), "idle resyncs wrote to Docker: {ours:?}");
 }

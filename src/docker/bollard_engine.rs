@@ -193,6 +193,13 @@ impl Engine for BollardEngine {
         name: &str,
         labels: &BTreeMap<String, String>,
     ) -> EngineResult<()> {
+        // Look before creating: Docker answers a create of an existing volume with 201 but still
+        // records it as a write (a `volume create` event), and an idle resync must write nothing.
+        match self.docker.inspect_volume(name).await {
+            Ok(_) => return Ok(()),
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => return Err(map_err("inspect", &format!("volume {name}"))(e)),
+        }
         let request = VolumeCreateRequest {
             name: Some(name.to_string()),
             labels: Some(labels.clone().into_iter().collect()),
