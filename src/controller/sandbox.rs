@@ -386,14 +386,24 @@ async fn delete(ctl: &Controller, sandbox: &Sandbox) -> Result<Outcome, Reconcil
         );
         write_status(ctl, sandbox, status).await?;
     }
-    remove_docker_objects(ctl, name).await?;
-    // A workspace claimed from a pool carries the pool member's name, not this sandbox's.
-    if let Some(volume) = sandbox
+    // The resource is ours, so its container name is too: remove by name, no lookups. Volumes
+    // are removed by the names the status knows (a claimed pool workspace carries the pool
+    // member's name); a sandbox that was rolled back may have stray ones, so only then list.
+    ctl.engine.remove_container(&container_name(name)).await?;
+    let recorded = sandbox
         .status
         .as_ref()
-        .and_then(|s| s.workspace_volume.as_ref())
-    {
-        ctl.engine.remove_volume(volume).await?;
+        .and_then(|s| s.workspace_volume.clone());
+    for volume in recorded.into_iter().chain([volume_name(name)]) {
+        ctl.engine.remove_volume(&volume).await?;
+    }
+    let rolled_back = sandbox.spec.rollback.is_some()
+        || sandbox
+            .status
+            .as_ref()
+            .is_some_and(|s| s.last_rollback.is_some());
+    if rolled_back {
+        remove_docker_objects(ctl, name).await?;
     }
     ctl.store.finalize(Kind::Sandbox, name)?;
     Ok(Outcome::done())
