@@ -232,6 +232,11 @@ impl Controller {
             while let Some(event) = events.next().await {
                 match event {
                     Ok(event) => {
+                        // Another server's object is not ours to reconcile (volume events carry
+                        // no labels, so they name no server and are looked at).
+                        if event.server.as_ref().is_some_and(|s| *s != self.server_id) {
+                            continue;
+                        }
                         if let Some(sandbox) = event.sandbox {
                             self.queue.add((Kind::Sandbox, sandbox));
                         }
