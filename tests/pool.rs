@@ -64,11 +64,17 @@ fn sandboxes_claim_warm_containers_with_their_own_limits_and_the_pool_refills() 
         })
         .collect();
 
-    let (status, created) = server.request(
-        "POST",
-        "/v1/sandboxes",
-        Some(&json!({"memory_mb": 192, "cpus": 0.5, "pids_limit": 100, "env": {"FROM": "pool"}})),
-    );
+    // runsc cannot change a live container's limits, so there only default-sized sandboxes
+    // claim; under runc the claim applies the sandbox's own limits.
+    let runsc = test_runtime() == "runsc";
+    let (memory, cpus, pids) = if runsc {
+        (512, 1.0, 256)
+    } else {
+        (192, 0.5, 100)
+    };
+    let request =
+        json!({"memory_mb": memory, "cpus": cpus, "pids_limit": pids, "env": {"FROM": "pool"}});
+    let (status, created) = server.request("POST", "/v1/sandboxes", Some(&request));
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap().to_string();
     let sandbox = server.get("sandboxes", &id).unwrap();
@@ -83,10 +89,11 @@ fn sandboxes_claim_warm_containers_with_their_own_limits_and_the_pool_refills() 
     );
     let c = container(&id).expect("renamed to the sandbox's container name");
     assert_eq!(c["Id"], container_id.as_str());
-    assert_eq!(c["HostConfig"]["Memory"], 192 * 1024 * 1024);
-    assert_eq!(c["HostConfig"]["MemorySwap"], 192 * 1024 * 1024);
-    assert_eq!(c["HostConfig"]["NanoCpus"], 500_000_000);
-    assert_eq!(c["HostConfig"]["PidsLimit"], 100);
+    assert_eq!(c["HostConfig"]["Memory"], memory * 1024 * 1024);
+    assert_eq!(c["HostConfig"]["MemorySwap"], memory * 1024 * 1024);
+    assert_eq!(c["HostConfig"]["NanoCpus"], (cpus * 1e9) as i64);
+    let headroom = if runsc { 1024 } else { 0 };
+    assert_eq!(c["HostConfig"]["PidsLimit"], pids + headroom);
     assert_eq!(c["HostConfig"]["ReadonlyRootfs"], true);
     assert_eq!(c["HostConfig"]["CapDrop"], json!(["ALL"]));
     // The sandbox's env reaches its commands even though the container was made before it.
