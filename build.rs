@@ -23,7 +23,10 @@ fn main() {
     match build_helper() {
         Ok(path) => {
             println!("cargo::rustc-cfg=agent_sandbox_helper");
-            println!("cargo::rustc-env=AGENT_SANDBOX_HELPER_PATH={}", path.display());
+            println!(
+                "cargo::rustc-env=AGENT_SANDBOX_HELPER_PATH={}",
+                path.display()
+            );
         }
         Err(why) if required => panic!("cannot build the in-sandbox helper: {why}"),
         Err(why) => println!("cargo::warning=building without the in-sandbox helper: {why}"),
@@ -34,14 +37,23 @@ fn build_helper() -> Result<PathBuf, String> {
     let host = env::var("HOST").unwrap_or_default();
     let target = env::var("TARGET").unwrap_or_default();
     if host != TARGET || target != TARGET {
-        return Err(format!("the helper is built for {TARGET} only (host {host}, target {target})"));
+        return Err(format!(
+            "the helper is built for {TARGET} only (host {host}, target {target})"
+        ));
     }
     let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?);
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let target_dir = out_dir.join("helper-target");
     let status = Command::new(cargo)
-        .args(["build", "--release", "--locked", "--target", TARGET, "--manifest-path"])
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--target",
+            TARGET,
+            "--manifest-path",
+        ])
         .arg(manifest_dir.join("helper/Cargo.toml"))
         .arg("--target-dir")
         .arg(&target_dir)
@@ -56,7 +68,10 @@ fn build_helper() -> Result<PathBuf, String> {
     if !status.success() {
         return Err(format!("cargo build of helper/ failed with {status}"));
     }
-    let binary = target_dir.join(TARGET).join("release").join("agent-sandbox-helper");
+    let binary = target_dir
+        .join(TARGET)
+        .join("release")
+        .join("agent-sandbox-helper");
     if !binary.is_file() {
         return Err(format!("{} was not produced", binary.display()));
     }

@@ -11,10 +11,23 @@ fn every_example_is_a_valid_manifest() {
         if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
             continue;
         }
-        let parsed = agent_sandbox::resource::yaml::parse_file(&std::fs::read(&path).unwrap(), &path);
-        assert!(parsed.errors.is_empty(), "{}: {:?}", path.display(), parsed.errors);
-        assert!(!parsed.documents.is_empty(), "{} holds no document", path.display());
+        let parsed =
+            agent_sandbox::resource::yaml::parse_file(&std::fs::read(&path).unwrap(), &path);
+        assert!(
+            parsed.errors.is_empty(),
+            "{}: {:?}",
+            path.display(),
+            parsed.errors
+        );
+        assert!(
+            !parsed.documents.is_empty(),
+            "{} holds no document",
+            path.display()
+        );
         documents += parsed.documents.len();
     }
-    assert!(documents >= 5, "expected the examples of every kind, found {documents} documents");
+    assert!(
+        documents >= 5,
+        "expected the examples of every kind, found {documents} documents"
+    );
 }

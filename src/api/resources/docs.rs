@@ -197,10 +197,8 @@ pub fn operations_of(kind: Kind) -> Vec<Operation> {
             with_types::<SnapshotResource, SnapshotResourceList, SnapshotWatchEvent>(kind)
         }
         Kind::Fork => with_types::<ForkResource, ForkResourceList, ForkWatchEvent>(kind),
-        Kind::SandboxPool => with_types::<
-            SandboxPoolResource,
-            SandboxPoolResourceList,
-            SandboxPoolWatchEvent,
-        >(kind),
+        Kind::SandboxPool => {
+            with_types::<SandboxPoolResource, SandboxPoolResourceList, SandboxPoolWatchEvent>(kind)
+        }
     }
 }
