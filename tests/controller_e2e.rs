@@ -60,7 +60,11 @@ fn manifests_in_a_watched_folder_become_hardened_running_containers() {
     assert_eq!(host["MemorySwap"], 128 * 1024 * 1024);
     assert_eq!(host["NanoCpus"], 500_000_000);
     // Under runsc the pids cgroup also counts gVisor's own threads, hence the headroom.
-    let headroom = if test_runtime() == "runsc" { 1024 } else { 0 };
+    let headroom = if test_runtime() == "runsc" {
+        agent_sandbox::docker::RUNSC_PIDS_HEADROOM
+    } else {
+        0
+    };
     assert_eq!(host["PidsLimit"], 64 + headroom);
     assert_eq!(host["IpcMode"], "private");
     assert_eq!(host["Init"], true);

@@ -262,7 +262,7 @@ async fn hardened_container_as_docker_reports_it() {
     assert_eq!(hc.nano_cpus, Some(500_000_000));
     // Under runsc the pids cgroup also counts gVisor's own threads: the engine adds headroom.
     let headroom = if runtime().as_deref() == Some("runsc") {
-        1024
+        agent_sandbox::docker::RUNSC_PIDS_HEADROOM as i64
     } else {
         0
     };

@@ -92,7 +92,11 @@ fn sandboxes_claim_warm_containers_with_their_own_limits_and_the_pool_refills() 
     assert_eq!(c["HostConfig"]["Memory"], memory * 1024 * 1024);
     assert_eq!(c["HostConfig"]["MemorySwap"], memory * 1024 * 1024);
     assert_eq!(c["HostConfig"]["NanoCpus"], (cpus * 1e9) as i64);
-    let headroom = if runsc { 1024 } else { 0 };
+    let headroom = if runsc {
+        agent_sandbox::docker::RUNSC_PIDS_HEADROOM
+    } else {
+        0
+    };
     assert_eq!(c["HostConfig"]["PidsLimit"], pids + headroom);
     assert_eq!(c["HostConfig"]["ReadonlyRootfs"], true);
     assert_eq!(c["HostConfig"]["CapDrop"], json!(["ALL"]));

@@ -419,7 +419,11 @@ fn pids_limit_contains_a_fork_bomb() {
     let c = container(&bomb).unwrap();
     // Under gVisor the pids cgroup also counts runsc's own threads, so the engine adds headroom
     // (SECURITY.md); the bound enforced on the host is the limit plus that headroom.
-    let host_limit = if gvisor() { limit + 1024 } else { limit };
+    let host_limit = if gvisor() {
+        limit + agent_sandbox::docker::RUNSC_PIDS_HEADROOM
+    } else {
+        limit
+    };
     assert_eq!(c["HostConfig"]["PidsLimit"], host_limit);
     let id = c["Id"].as_str().unwrap().to_string();
     if !gvisor() {

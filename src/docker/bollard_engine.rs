@@ -20,6 +20,8 @@ mod dataplane;
 mod events;
 mod helper;
 mod plan;
+
+pub use plan::RUNSC_PIDS_HEADROOM;
 mod tarball;
 
 use std::collections::{BTreeMap, HashMap};

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 use tokio::io::AsyncWrite;
 
-pub use bollard_engine::BollardEngine;
+pub use bollard_engine::{BollardEngine, RUNSC_PIDS_HEADROOM};
 
 /// Label on every container and volume this server manages.
 pub const LABEL_MANAGED: &str = "io.agent-sandbox.managed";
