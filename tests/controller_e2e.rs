@@ -320,12 +320,48 @@ fn kill_9_and_restart_adopts_containers_and_collects_orphans() {
     let orphan_volume = format!("agent-sandbox-{orphan}-workspace");
     vol_args.push(&orphan_volume);
     assert!(docker_status(&vol_args), "create orphan volume");
+    // Leftovers of a rollback interrupted by the kill: the container it replaced (renamed, still
+    // labeled for the live sandbox) and a staging container of a rollback no longer pending.
+    let uid = container(&name).unwrap()["Config"]["Labels"]["io.agent-sandbox.uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let retired = format!("agent-sandbox-{name}.retired-0000beef");
+    let staging = format!("agent-sandbox-{name}.restore");
+    for (container_name, id) in [(&retired, name.clone()), (&staging, "pool.p.1".to_string())] {
+        assert!(
+            docker_status(&[
+                "create",
+                "--name",
+                container_name,
+                "--label",
+                "io.agent-sandbox.managed=true",
+                "--label",
+                &format!("io.agent-sandbox.id={id}"),
+                "--label",
+                &format!("io.agent-sandbox.uid={uid}"),
+                "--label",
+                &format!("io.agent-sandbox.server={}", server_id.trim()),
+                TEST_IMAGE,
+                "true",
+            ]),
+            "create {container_name}"
+        );
+    }
 
     server.restart();
     server.wait_running(&name);
     wait_until("orphans collected", Duration::from_secs(30), || {
         containers_of(&orphan).is_empty() && volumes_of(&orphan).is_empty()
     });
+    wait_until(
+        "rollback leftovers collected",
+        Duration::from_secs(30),
+        || {
+            inspect(&["--type", "container", &retired]).is_none()
+                && inspect(&["--type", "container", &staging]).is_none()
+        },
+    );
     assert_eq!(
         container_id(&name),
         before,

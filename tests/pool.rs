@@ -198,3 +198,181 @@ fn concurrent_claims_never_share_a_container() {
         assert_eq!(c["State"]["Running"], true);
     }
 }
+
+/// What a restore must reproduce, one line per path (mode, owner, size, mtime, link target,
+/// content digest for files).
+const LISTING: &str = r#"cd /workspace && find . -mindepth 1 | sort | while read -r p; do
+  s=$(stat -c '%F %a %u:%g %s %Y' "$p")
+  if [ -L "$p" ]; then echo "$p $s -> $(readlink "$p")";
+  elif [ -f "$p" ]; then echo "$p $s $(md5sum < "$p" | cut -c1-32)";
+  else echo "$p ${s% *}"; fi
+done"#;
+
+fn api_exec(server: &Server, id: &str, command: &str) -> (i64, String) {
+    let (status, out) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(&json!({ "command": command })),
+    );
+    assert_eq!(status, 200, "{command}: {out}");
+    (
+        out["exit_code"].as_i64().unwrap(),
+        out["stdout"].as_str().unwrap().to_string(),
+    )
+}
+
+fn container_id_of(server: &Server, id: &str) -> String {
+    server.get("sandboxes", id).unwrap()["status"]["containerID"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn rollback_and_fork_take_warm_containers_and_restore_the_snapshot_faithfully() {
+    let server = Server::start();
+    let pool = unique("restore");
+    let (status, body) = server.request(
+        "POST",
+        &format!("{API}/sandboxpools"),
+        Some(&pool_doc(&pool, 2)),
+    );
+    assert_eq!(status, 201, "{body}");
+    wait_pool_ready(&server, &pool, 2);
+
+    let (status, created) = server.request(
+        "POST",
+        "/v1/sandboxes",
+        Some(&json!({"env": {"MODE": "one"}})),
+    );
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let tree = "set -e; cd /workspace; mkdir -p src empty private; chmod 700 private; \
+        printf 'print(1)\\n' > src/main.py; chmod 751 src/main.py; printf s > private/key; \
+        chmod 600 private/key; head -c 200000 /dev/urandom > src/blob; ln -s main.py src/link; \
+        ln -s /etc/hostname abs-link; touch -d '2021-02-03 04:05:06' src/main.py private; \
+        touch -h -d '2020-01-01 00:00:00' src/link";
+    assert_eq!(api_exec(&server, &id, tree).0, 0);
+    let before = api_exec(&server, &id, LISTING).1;
+    assert!(before.contains("./empty directory"), "{before}");
+    let (status, snap) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{id}/snapshots"),
+        Some(&json!({})),
+    );
+    assert_eq!(status, 201, "{snap}");
+    let snap = snap["id"].as_str().unwrap().to_string();
+
+    // Change the workspace, leave a process and /tmp state, then roll back.
+    api_exec(
+        &server,
+        &id,
+        "rm -rf /workspace/src && echo new > /workspace/new && echo t > /tmp/marker",
+    );
+    let (status, out) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(&json!({"command": "setsid sleep 1000 > /dev/null 2>&1 &", "timeout_seconds": 5})),
+    );
+    assert_eq!(status, 200, "{out}");
+    wait_pool_ready(&server, &pool, 2);
+    let warm: HashSet<String> = members(&pool)
+        .iter()
+        .map(|n| {
+            inspect(&["--type", "container", n]).unwrap()["Id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let old_container = container_id_of(&server, &id);
+    let old_volume = server.get("sandboxes", &id).unwrap()["status"]["workspaceVolume"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, rolled) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{id}/rollback"),
+        Some(&json!({ "snapshot_id": snap })),
+    );
+    assert_eq!(status, 200, "{rolled}");
+    let now = server.get("sandboxes", &id).unwrap();
+    let new_container = container_id_of(&server, &id);
+    assert!(
+        warm.contains(&new_container),
+        "the rollback runs on a former pool member"
+    );
+    assert_eq!(now["status"]["claimedFrom"], pool.as_str());
+    assert_eq!(
+        container(&id).expect("the sandbox's name")["Id"],
+        new_container.as_str()
+    );
+    assert_eq!(api_exec(&server, &id, LISTING).1, before);
+    let (code, _) = api_exec(&server, &id, "test -e /tmp/marker");
+    assert_ne!(code, 0, "/tmp starts empty after a rollback");
+    let (_, processes) = api_exec(&server, &id, "ps -o args | grep -c '[s]leep 1000' || true");
+    assert_eq!(processes.trim(), "0", "processes do not survive a rollback");
+    assert_eq!(api_exec(&server, &id, "echo $MODE; id -u").1, "one\n1000\n");
+    let c = container(&id).unwrap();
+    assert_eq!(c["HostConfig"]["ReadonlyRootfs"], true);
+    assert_eq!(c["HostConfig"]["CapDrop"], json!(["ALL"]));
+    wait_until(
+        "the replaced container and workspace are removed",
+        Duration::from_secs(30),
+        || {
+            inspect(&["--type", "container", &old_container]).is_none()
+                && inspect(&["--type", "volume", &old_volume]).is_none()
+        },
+    );
+    let named = docker(&[
+        "ps",
+        "-a",
+        "--format",
+        "{{.Names}}",
+        "--filter",
+        &format!("name=agent-sandbox-{id}"),
+    ]);
+    assert_eq!(
+        named.trim(),
+        format!("agent-sandbox-{id}"),
+        "no staging or retired container is left"
+    );
+
+    // A fork of the snapshot also starts from a warm container.
+    wait_pool_ready(&server, &pool, 2);
+    let warm: HashSet<String> = members(&pool)
+        .iter()
+        .map(|n| {
+            inspect(&["--type", "container", n]).unwrap()["Id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let (status, forked) = server.request(
+        "POST",
+        &format!("/v1/snapshots/{snap}/fork"),
+        Some(&json!({})),
+    );
+    assert_eq!(status, 201, "{forked}");
+    let child = forked["id"].as_str().unwrap().to_string();
+    assert!(warm.contains(&container_id_of(&server, &child)));
+    assert_eq!(
+        server.get("sandboxes", &child).unwrap()["status"]["claimedFrom"],
+        pool.as_str()
+    );
+    assert_eq!(api_exec(&server, &child, LISTING).1, before);
+    assert_eq!(api_exec(&server, &child, "echo $MODE").1, "one\n");
+    api_exec(&server, &child, "echo mine > /workspace/own");
+    assert_ne!(api_exec(&server, &id, "test -e /workspace/own").0, 0);
+
+    for sandbox in [&id, &child] {
+        let (status, _) = server.request("DELETE", &format!("/v1/sandboxes/{sandbox}"), None);
+        assert_eq!(status, 204);
+    }
+    let (status, _) = server.request("DELETE", &format!("{API}/sandboxpools/{pool}"), None);
+    assert!(status < 300);
+    wait_until("everything removed", Duration::from_secs(60), || {
+        members(&pool).is_empty() && container(&id).is_none() && container(&child).is_none()
+    });
+}

@@ -4,12 +4,15 @@
 //! with this server's identity are considered.
 //!
 //! An object belongs when a sandbox's status names it (a claimed pool container keeps its pool
-//! labels), when its labels name a live sandbox of the same uid, or when it is an unclaimed member
-//! of a live pool.
+//! labels), when it is under a live sandbox's container name (or its staging name while a rollback
+//! is pending), when its labels name a live sandbox of the same uid and it is under that
+//! sandbox's name (a container a rollback replaced is not), or when it is an unclaimed member of a
+//! live pool.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::pool::{pool_of_member, MEMBER_PREFIX};
+use super::restore::STAGING_SUFFIX;
 use super::{Controller, ReconcileError};
 use crate::docker::{container_name, LABEL_ROLE, LABEL_SERVER, LABEL_UID};
 use crate::resource::Kind;
@@ -31,6 +34,20 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
                 e.resource.name().to_string(),
                 e.resource.metadata().uid.clone(),
             )
+        })
+        .collect();
+    // Sandboxes with a rollback requested and not yet done: only they may have a staging container.
+    let rolling_back: HashSet<String> = sandboxes
+        .iter()
+        .filter_map(|e| {
+            let sandbox = e.resource.as_sandbox()?;
+            let wanted = &sandbox.spec.rollback.as_ref()?.request_id;
+            let done = sandbox
+                .status
+                .as_ref()
+                .and_then(|s| s.last_rollback.as_ref())
+                .is_some_and(|r| &r.request_id == wanted);
+            (!done).then(|| sandbox.metadata.name.clone())
         })
         .collect();
     let statuses: Vec<_> = sandboxes
@@ -76,14 +93,21 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
             continue;
         }
         let id = container.sandbox();
-        // A pool container just claimed carries its sandbox's name before the status names it.
+        // A pool container just claimed carries its sandbox's name (or, while a rollback fills
+        // it, the sandbox's staging name) before the status names it.
         let named_for_live = container
             .name
             .strip_prefix("agent-sandbox-")
-            .is_some_and(|n| live.contains_key(n));
+            .is_some_and(|n| match n.strip_suffix(STAGING_SUFFIX) {
+                Some(sandbox) => rolling_back.contains(sandbox),
+                None => live.contains_key(n),
+            });
+        // A container replaced by a rollback keeps its labels but loses its name: only a
+        // container under its sandbox's name is that sandbox's by its labels.
+        let under_own_name = id.is_some_and(|id| container.name == container_name(id));
         let belongs = referenced_containers.contains(&container.id)
             || named_for_live
-            || labeled_for_live(id, container.labels.get(LABEL_UID))
+            || (under_own_name && labeled_for_live(id, container.labels.get(LABEL_UID)))
             || (live_pool_member(id) && id.is_some_and(|id| unclaimed_members.contains(id)));
         if !belongs {
             tracing::info!(container = %container.name, "removing orphaned container");

@@ -83,11 +83,23 @@ impl Controller {
             .collect())
     }
 
-    /// Claims a running member of a pool matching `effective` for sandbox `name`, if there is one.
+    /// Claims a running member of a pool matching `effective` for sandbox `name`, if there is one,
+    /// renaming it to the sandbox's container name.
     pub(super) async fn claim_from_pool(
         &self,
         name: &str,
         effective: &EffectiveSandbox,
+    ) -> Result<Option<Claimed>, ReconcileError> {
+        self.claim_as(name, effective, &container_name(name)).await
+    }
+
+    /// Claims a running member for sandbox `name` under the container name `as_name`. Whatever
+    /// held that name before is removed: the caller found nothing there worth keeping.
+    pub(super) async fn claim_as(
+        &self,
+        name: &str,
+        effective: &EffectiveSandbox,
+        as_name: &str,
     ) -> Result<Option<Claimed>, ReconcileError> {
         let runtime = self.settings.docker_runtime.clone();
         let wanted = pool_key(
@@ -129,11 +141,8 @@ impl Controller {
             return Ok(None);
         };
         let member_id = member.sandbox().unwrap_or_default().to_string();
-        // Whatever holds the sandbox's name now is stale (the caller found nothing reusable).
-        self.engine.remove_container(&container_name(name)).await?;
-        self.engine
-            .rename_container(&member.id, &container_name(name))
-            .await?;
+        self.engine.remove_container(as_name).await?;
+        self.engine.rename_container(&member.id, as_name).await?;
         self.queue.add((Kind::SandboxPool, pool_name.clone()));
         if !default_limits {
             if let Err(error) = self

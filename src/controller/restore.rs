@@ -17,6 +17,7 @@ use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::pool::Claimed;
 use super::sandbox::{object_labels, plan_for};
 use super::Controller;
 use crate::archive::{self, ArchiveError, ChannelWriter, Limits, Policy};
@@ -159,7 +160,7 @@ pub async fn populate_volume(
             return Err(error.into());
         }
     };
-    match fill(ctl, &id, snapshot).await {
+    match fill(ctl, &id, snapshot, Prepare::Workspace).await {
         Ok(()) => Ok(id),
         Err(error) => {
             let _ = ctl.engine.remove_container(&id).await;
@@ -169,12 +170,27 @@ pub async fn populate_volume(
     }
 }
 
-async fn fill(ctl: &Controller, container: &str, snapshot: &Validated) -> Result<(), RestoreError> {
-    let (uid, gid) = ctl
-        .settings
-        .sandbox_uid_gid()
-        .map_err(|e| RestoreError::Other(e.to_string()))?;
-    ctl.engine.prepare_workspace(container, uid, gid).await?;
+/// Whether the container's `/workspace` still has to be made the sandbox user's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Prepare {
+    Workspace,
+    /// A pool member: prepared when it was made.
+    AlreadyDone,
+}
+
+async fn fill(
+    ctl: &Controller,
+    container: &str,
+    snapshot: &Validated,
+    prepare: Prepare,
+) -> Result<(), RestoreError> {
+    if prepare == Prepare::Workspace {
+        let (uid, gid) = ctl
+            .settings
+            .sandbox_uid_gid()
+            .map_err(|e| RestoreError::Other(e.to_string()))?;
+        ctl.engine.prepare_workspace(container, uid, gid).await?;
+    }
     let policy = restore_policy(ctl)?;
     let path = snapshot.path.clone();
     let (writer, chunks) = ChannelWriter::new(8);
@@ -221,6 +237,13 @@ pub(super) async fn ensure_source(
         return Ok(());
     }
     let snapshot = validated(ctl, &source.snapshot).await?;
+    if let Some(claimed) =
+        claim_filled(ctl, sandbox, effective, &container_name(name), &snapshot).await?
+    {
+        record_claim(status, claimed, effective);
+        status.source_snapshot = Some(source.snapshot.clone());
+        return Ok(());
+    }
     let volume = volume_name(name);
     let plan = plan_for(ctl, sandbox, effective, &volume).await?;
     ctl.engine.remove_container(&container_name(name)).await?;
@@ -264,29 +287,92 @@ fn note_source_change(status: &mut SandboxStatus, sandbox: &Sandbox, wanted: &st
     );
 }
 
-/// Carries out a new `spec.rollback` request: a fresh volume from the snapshot, then a new
-/// container on it, and only then the old workspace goes. Returns whether a rollback was done.
-/// The caller must persist `status` at once: that write is what makes the rollback complete.
+/// What a completed rollback left behind, to remove once its status is written.
+#[derive(Debug, Default)]
+pub(super) struct Replaced {
+    /// The previous container, renamed out of the way but still running.
+    pub container: Option<String>,
+    /// The previous workspace volume.
+    pub volume: Option<String>,
+}
+
+impl Replaced {
+    /// Removes the previous container, then its workspace. Failures are left to garbage
+    /// collection (a retired container belongs to no one) and the stray-volume cleanup.
+    pub(super) async fn remove(self, ctl: &Controller) {
+        if let Some(container) = &self.container {
+            if let Err(error) = ctl.engine.remove_container(container).await {
+                tracing::warn!(container, %error, "removing the replaced container failed");
+                return;
+            }
+        }
+        if let Some(volume) = &self.volume {
+            if let Err(error) = ctl.engine.remove_volume(volume).await {
+                tracing::warn!(volume, %error, "removing the replaced workspace failed");
+            }
+        }
+    }
+}
+
+/// Carries out a new `spec.rollback` request: a fresh workspace holding the snapshot in a fresh
+/// container, and only then the old one goes. Returns `None` when there was nothing to do.
+/// The caller must persist `status` at once: that write is what makes the rollback complete;
+/// after it, the returned leftovers are removed.
+///
+/// With a warm pool the new container is a pool member filled while still running under a
+/// staging name; the old container keeps serving until the two names are swapped, so the
+/// sandbox is never down. Without one, the old container goes first and a new one is built.
 pub(super) async fn ensure_rollback(
     ctl: &Controller,
     sandbox: &Sandbox,
     effective: &EffectiveSandbox,
     status: &mut SandboxStatus,
-) -> Result<bool, RestoreError> {
+) -> Result<Option<Replaced>, RestoreError> {
     let name = sandbox.metadata.name.as_str();
     let Some(request) = &sandbox.spec.rollback else {
-        return Ok(false);
+        return Ok(None);
     };
     let done = status
         .last_rollback
         .as_ref()
         .is_some_and(|r| r.request_id == request.request_id);
     if done {
-        return Ok(false);
+        return Ok(None);
     }
     // A snapshot of this sandbox in progress finishes first.
     let _lock = ctl.snapshots.lock(name).await;
     let snapshot = validated(ctl, &request.snapshot).await?;
+    let record = RollbackRecord {
+        request_id: request.request_id.clone(),
+        snapshot: request.snapshot.clone(),
+        completed_at: Utc::now(),
+    };
+    let staging = staging_container_name(name);
+    if let Some(claimed) = claim_filled(ctl, sandbox, effective, &staging, &snapshot).await? {
+        let current = container_name(name);
+        let retired = format!("{current}.retired-{:08x}", rand::random::<u32>());
+        let replaced = match ctl.engine.inspect_container(&current).await? {
+            Some(old) => {
+                ctl.engine.rename_container(&old.id, &retired).await?;
+                Some(old.id)
+            }
+            None => None,
+        };
+        ctl.engine
+            .rename_container(&claimed.container_id, &current)
+            .await?;
+        let old_volume = status.workspace_volume.clone();
+        record_claim(status, claimed, effective);
+        status.source_snapshot = Some(request.snapshot.clone());
+        status.last_rollback = Some(RollbackRecord {
+            completed_at: Utc::now(),
+            ..record
+        });
+        return Ok(Some(Replaced {
+            container: replaced,
+            volume: old_volume,
+        }));
+    }
     let volume = rollback_volume(name, &request.request_id);
     let plan = plan_for(ctl, sandbox, effective, &volume).await?;
     // From here on the sandbox is down until the new container runs; on failure the normal
@@ -304,12 +390,54 @@ pub(super) async fn ensure_rollback(
     status.started_at = Some(now);
     status.applied_limits = Some(limits_of(&plan));
     status.source_snapshot = Some(request.snapshot.clone());
+    status.claimed_from = None;
+    status.container_hash = None;
     status.last_rollback = Some(RollbackRecord {
-        request_id: request.request_id.clone(),
-        snapshot: request.snapshot.clone(),
         completed_at: now,
+        ..record
     });
-    Ok(true)
+    // The old container is already gone; the old volume is left to the stray-volume cleanup.
+    Ok(Some(Replaced::default()))
+}
+
+/// Name of the container a rollback fills before it takes over the sandbox's name. It is the
+/// sandbox's own (garbage collection keeps it while the sandbox lives; a retry replaces it).
+pub(super) fn staging_container_name(sandbox: &str) -> String {
+    format!("{}{STAGING_SUFFIX}", container_name(sandbox))
+}
+
+/// Suffix of a staging container's name (a dot never occurs in a sandbox name).
+pub(super) const STAGING_SUFFIX: &str = ".restore";
+
+/// Claims a warm pool member as `as_name` and fills its (running) workspace with the snapshot.
+/// `None` when no pool has a member ready. On a failed fill the member is removed again.
+async fn claim_filled(
+    ctl: &Controller,
+    sandbox: &Sandbox,
+    effective: &EffectiveSandbox,
+    as_name: &str,
+    snapshot: &Validated,
+) -> Result<Option<Claimed>, RestoreError> {
+    let name = sandbox.metadata.name.as_str();
+    let Some(claimed) = ctl.claim_as(name, effective, as_name).await? else {
+        return Ok(None);
+    };
+    if let Err(error) = fill(ctl, &claimed.container_id, snapshot, Prepare::AlreadyDone).await {
+        let _ = ctl.engine.remove_container(&claimed.container_id).await;
+        let _ = ctl.engine.remove_volume(&claimed.volume).await;
+        return Err(error);
+    }
+    Ok(Some(claimed))
+}
+
+/// Makes `status` describe a claimed, running pool member.
+fn record_claim(status: &mut SandboxStatus, claimed: Claimed, effective: &EffectiveSandbox) {
+    status.container_id = Some(claimed.container_id);
+    status.workspace_volume = Some(claimed.volume);
+    status.applied_limits = Some(claimed.limits);
+    status.claimed_from = Some(claimed.pool);
+    status.container_hash = Some(effective.container_hash());
+    status.started_at = Some(Utc::now());
 }
 
 /// Removes this sandbox's workspace volumes other than `current` (left by a rollback that

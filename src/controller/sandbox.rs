@@ -98,11 +98,12 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     // failure leaves the old workspace, which ensure_running brings back up below.
     let rollback_error =
         match restore::ensure_rollback(ctl, &sandbox, &effective, &mut status).await {
-            Ok(true) => {
+            Ok(Some(replaced)) => {
                 write_status(ctl, &sandbox, status.clone()).await?;
+                replaced.remove(ctl).await;
                 None
             }
-            Ok(false) => None,
+            Ok(None) => None,
             Err(error) => Some(error),
         };
 
