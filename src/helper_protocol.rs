@@ -22,6 +22,12 @@
 //!
 //! Requests (kind `0x01..=0x7f`): [`Request::Start`] runs a command, [`Request::Kill`] kills one
 //! command's whole process tree, [`Request::Shutdown`] kills everything and makes the helper exit.
+//! A file write is one more kind of command: [`Request::WriteFile`] opens it (an id, a path, a
+//! mode), any number of [`Request::Data`] frames carry the content (each at most
+//! [`MAX_CHUNK_LEN`] bytes), and [`Request::End`] commits it. The helper writes each chunk as it
+//! arrives, so it holds no more than one frame of content, and answers like the `write-file`
+//! mode: its JSON outcome line as `Stdout`, the reason as `Stderr` on failure, then `Exit` with
+//! that mode's exit code. `Kill` abandons a write (the temporary file is removed; `Exit` 137).
 //! Events (kind `0x81..=0xff`): [`Event::Hello`] once at startup, then per command `Started` (or
 //! `Failed`), any number of `Stdout`/`Stderr` chunks (each at most [`MAX_CHUNK_LEN`] bytes, sent as
 //! they are read, no line buffering) and exactly one `Exit`, which is always the last frame for that
@@ -53,7 +59,7 @@
 use std::fmt;
 
 /// Version announced in [`Event::Hello`]; bumped on any incompatible change of this file.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Bytes of the length prefix.
 pub const LEN_PREFIX: usize = 4;
 /// Largest allowed value of the length prefix (kind byte + payload).
@@ -78,6 +84,9 @@ pub mod kind {
     pub const START: u8 = 0x01;
     pub const KILL: u8 = 0x02;
     pub const SHUTDOWN: u8 = 0x03;
+    pub const WRITE_FILE: u8 = 0x04;
+    pub const DATA: u8 = 0x05;
+    pub const END: u8 = 0x06;
 
     pub const HELLO: u8 = 0x81;
     pub const STARTED: u8 = 0x82;
@@ -112,8 +121,25 @@ pub struct StartRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Start(StartRequest),
-    Kill { id: u64 },
+    Kill {
+        id: u64,
+    },
     Shutdown,
+    /// Start writing a file (strictly under `/workspace`, like `write-file`) with this mode.
+    WriteFile {
+        id: u64,
+        path: String,
+        mode: u32,
+    },
+    /// The next piece of a write's content (at most [`MAX_CHUNK_LEN`] bytes).
+    Data {
+        id: u64,
+        data: Vec<u8>,
+    },
+    /// All of a write's content was sent: commit it.
+    End {
+        id: u64,
+    },
 }
 
 /// Helper → host.
@@ -301,6 +327,27 @@ impl Request {
                 Ok(())
             }),
             Request::Shutdown => encode_frame(out, kind::SHUTDOWN, |_| Ok(())),
+            Request::WriteFile { id, path, mode } => encode_frame(out, kind::WRITE_FILE, |out| {
+                put_u64(out, *id);
+                put_u32(out, *mode);
+                put_str(out, path)
+            }),
+            Request::Data { id, data } => {
+                if data.len() > MAX_CHUNK_LEN {
+                    return Err(ProtocolError::InvalidValue(
+                        "data chunk larger than MAX_CHUNK_LEN",
+                    ));
+                }
+                encode_frame(out, kind::DATA, |out| {
+                    put_u64(out, *id);
+                    out.extend_from_slice(data);
+                    Ok(())
+                })
+            }
+            Request::End { id } => encode_frame(out, kind::END, |out| {
+                put_u64(out, *id);
+                Ok(())
+            }),
         }
     }
 
@@ -345,6 +392,25 @@ impl Request {
             }
             kind::KILL => Request::Kill { id: r.u64()? },
             kind::SHUTDOWN => Request::Shutdown,
+            kind::WRITE_FILE => Request::WriteFile {
+                id: r.u64()?,
+                mode: r.u32()?,
+                path: r.string()?,
+            },
+            kind::DATA => {
+                let id = r.u64()?;
+                let data = r.rest();
+                if data.len() > MAX_CHUNK_LEN {
+                    return Err(ProtocolError::InvalidValue(
+                        "data chunk larger than MAX_CHUNK_LEN",
+                    ));
+                }
+                Request::Data {
+                    id,
+                    data: data.to_vec(),
+                }
+            }
+            kind::END => Request::End { id: r.u64()? },
             other => return Err(ProtocolError::UnknownKind(other)),
         };
         r.finish()?;
@@ -639,6 +705,20 @@ mod tests {
             Request::Start(StartRequest::default()),
             Request::Kill { id: u64::MAX },
             Request::Shutdown,
+            Request::WriteFile {
+                id: 9,
+                path: "/workspace/é.txt".into(),
+                mode: 0o644,
+            },
+            Request::Data {
+                id: 9,
+                data: vec![0, 1, 0xff],
+            },
+            Request::Data {
+                id: 9,
+                data: Vec::new(),
+            },
+            Request::End { id: 9 },
         ]
     }
 
@@ -964,7 +1044,12 @@ mod tests {
     fn truncated_payloads_are_errors_for_every_message() {
         for r in all_requests() {
             let f = r.to_frame().unwrap();
-            for cut in LEN_PREFIX + 1..f.len() {
+            // Write data is "the rest of the payload" too: only cuts inside the id are errors.
+            let min = match r {
+                Request::Data { .. } => LEN_PREFIX + 1 + 8,
+                _ => f.len(),
+            };
+            for cut in LEN_PREFIX + 1..min {
                 let g = with_payload(f[LEN_PREFIX], &f[LEN_PREFIX + 1..cut]);
                 let mut d = FrameDecoder::new();
                 d.feed(&g);
@@ -990,6 +1075,9 @@ mod tests {
     #[test]
     fn trailing_bytes_are_errors() {
         for r in all_requests() {
+            if matches!(r, Request::Data { .. }) {
+                continue;
+            }
             let f = r.to_frame().unwrap();
             let mut payload = f[LEN_PREFIX + 1..].to_vec();
             payload.push(0);
@@ -1019,7 +1107,7 @@ mod tests {
             d.next_event(),
             Err(ProtocolError::UnknownKind(kind::SHUTDOWN))
         );
-        for k in [0u8, 0x04, 0x7f, 0x80, 0x88, 0xff] {
+        for k in [0u8, 0x07, 0x7f, 0x80, 0x88, 0xff] {
             let mut d = FrameDecoder::new();
             d.feed(&with_payload(k, &[]));
             assert!(d.next_request().is_err());

@@ -585,3 +585,77 @@ fn writes_never_leave_the_workspace() {
     let r = sh(&server, &id, "ls /tmp");
     assert_eq!(r["stdout"], "", "a swapped link redirected a write");
 }
+
+/// PIDs of the helper processes serving channels in the sandbox.
+fn helper_pids(id: &str) -> Vec<String> {
+    processes(id, "agent-sandbox-helper serve")
+        .iter()
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .collect()
+}
+
+#[test]
+fn streams_reuse_channels_and_survive_a_killed_helper() {
+    let server = server();
+    let id = sandbox(&server, json!({}));
+    sh(&server, &id, "true");
+
+    // Back-to-back streams reuse finished streams' channels: a handful of helpers, not one each.
+    for i in 0..6 {
+        let events = stream_all(&server, &id, &json!({"command": format!("echo s{i}")}));
+        let out: String = events.iter().filter_map(|e| e["data"].as_str()).collect();
+        assert_eq!(out, format!("s{i}\n"), "{events:?}");
+        assert_eq!(events.last().unwrap()["type"], "exit", "{events:?}");
+    }
+    let helpers = helper_pids(&id);
+    // The shared channel plus at most two idle spares.
+    assert!(helpers.len() <= 3, "helpers: {helpers:?}");
+
+    // A stream whose client does not read holds up neither buffered execs nor writes.
+    let mut slow = open_stream(
+        &server,
+        &id,
+        &json!({"command": "head -c 50000000 /dev/zero | tr '\\0' x; echo done"}),
+    );
+    assert!(next_event(&mut slow).is_some());
+    let started = Instant::now();
+    for i in 0..3 {
+        assert_eq!(
+            sh(&server, &id, &format!("echo b{i}"))["stdout"],
+            format!("b{i}\n")
+        );
+        let body = format!("w{i}");
+        let (status, info) = put_file(&server, &id, "w.txt", "600", body.as_bytes());
+        assert_eq!(status, 200, "{info}");
+        assert_eq!(get_file(&server, &id, "w.txt").1, body.as_bytes());
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "a stalled stream slowed other commands: {:?}",
+        started.elapsed()
+    );
+    drop(slow);
+
+    // Every helper killed from inside the sandbox: streams, execs and writes still work (the
+    // dead channels are noticed and replaced).
+    let pids = helper_pids(&id);
+    assert!(!pids.is_empty());
+    let mut args = vec![
+        "exec".to_string(),
+        format!("agent-sandbox-{id}"),
+        "kill".into(),
+        "-9".into(),
+    ];
+    args.extend(pids);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _ = docker_status(&args);
+    // Docker passes the end of a killed exec on within moments.
+    std::thread::sleep(Duration::from_millis(500));
+    let events = stream_all(&server, &id, &json!({"command": "echo again"}));
+    let out: String = events.iter().filter_map(|e| e["data"].as_str()).collect();
+    assert_eq!(out, "again\n", "{events:?}");
+    let (status, info) = put_file(&server, &id, "after.txt", "644", b"after kill");
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(get_file(&server, &id, "after.txt").1, b"after kill");
+    assert_eq!(sh(&server, &id, "stat -c %a after.txt")["stdout"], "644\n");
+}

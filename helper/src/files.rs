@@ -1,6 +1,7 @@
 //! One-shot file modes of the helper, run as the sandbox user:
 //!
 //! - `write-file <path> <mode>`: writes stdin to `<path>` strictly inside `/workspace`, atomically.
+//!   `serve` does the same for `WriteFile` requests, through [`WriteJob`].
 //! - `read-file <path> <max-bytes>`: copies a regular file to stdout (the kernel follows symlinks).
 //! - `list-dir <path>`: one JSON object per entry of a directory, on stdout.
 //!
@@ -40,7 +41,7 @@ const WORKSPACE: &str = "/workspace";
 /// Symbolic links followed while resolving one write, like the kernel's limit.
 const MAX_LINKS: usize = 40;
 
-struct Fail {
+pub struct Fail {
     code: i32,
     message: String,
 }
@@ -195,16 +196,7 @@ pub fn write_file_main(args: &[String]) -> i32 {
             "usage: agent-sandbox-helper write-file <path> <octal-mode>",
         )),
     };
-    let mut line = String::new();
-    match &outcome {
-        Ok(info) => line.push_str(info),
-        Err(f) => {
-            line.push_str(&format!("{{\"error\":{},\"message\":", f.code));
-            json_str(&mut line, f.message.as_bytes());
-            line.push('}');
-        }
-    }
-    line.push('\n');
+    let (line, _, _) = outcome_line(&outcome);
     let _ = io::stdout().write_all(line.as_bytes());
     report(outcome.map(|_| ()))
 }
@@ -348,11 +340,17 @@ fn shown(logical: &[Vec<u8>], last: &[u8]) -> String {
 }
 
 fn temp_name(name: &[u8]) -> Vec<u8> {
+    // `serve` writes several files in one process: a counter keeps their names apart.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let suffix = format!(".agent-sandbox-{}-{nanos:08x}.tmp", std::process::id());
+    let suffix = format!(
+        ".agent-sandbox-{}-{seq}-{nanos:08x}.tmp",
+        std::process::id()
+    );
     let mut t = b".".to_vec();
     // Keep within NAME_MAX (255).
     t.extend_from_slice(&name[..name.len().min(200)]);
@@ -395,44 +393,120 @@ fn open_temp(path: &[u8]) -> Result<(OwnedFd, OwnedFd, Vec<u8>, CString, String)
 }
 
 fn write_file(path: &[u8], mode: u32) -> Result<String, Fail> {
-    let (dir, fd, name, tmp, shown_path) = open_temp(path)?;
-    let cname = cstring(&name)?;
-    let mut file = File::from(fd);
-    let result = (|| -> Result<(), Fail> {
-        io::copy(&mut io::stdin().lock(), &mut file).map_err(|e| os_fail(&shown_path, e))?;
-        cvt(unsafe { libc::fchmod(file.as_raw_fd(), mode as libc::mode_t) })
-            .map_err(|e| os_fail(&shown_path, e))?;
-        file.sync_all().map_err(|e| os_fail(&shown_path, e))?;
-        cvt(unsafe {
-            libc::renameat(
-                dir.as_raw_fd(),
-                tmp.as_ptr(),
-                dir.as_raw_fd(),
-                cname.as_ptr(),
-            )
-        })
-        .map_err(|e| os_fail(&shown_path, e))?;
-        Ok(())
-    })();
-    if let Err(f) = result {
-        unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
-        if f.code == E_IS_DIR {
-            return Err(fail(E_IS_DIR, format!("{shown_path} is a directory")));
+    let mut job = WriteJob::begin(path, mode)?;
+    let mut stdin = io::stdin().lock();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => job.feed(&buf[..n])?,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(os_fail(&job.shown_path, e)),
         }
-        return Err(f);
     }
-    // The rename is durable once the directory is synced.
-    let _ = unsafe { libc::fsync(dir.as_raw_fd()) };
-    let st = fstat(file.as_raw_fd()).map_err(|e| os_fail(&shown_path, e))?;
-    let mut line = String::from("{\"name\":");
-    json_str(&mut line, &name);
-    line.push_str(",\"path\":");
-    json_str(&mut line, shown_path.as_bytes());
-    line.push_str(&format!(
-        ",\"size\":{},\"mtime\":{},\"mtime_nsec\":{}}}",
-        st.st_size, st.st_mtime, st.st_mtime_nsec
-    ));
-    Ok(line)
+    job.finish()
+}
+
+/// One write in progress: the content goes to a temporary file next to the target, which is
+/// renamed over it by [`WriteJob::finish`]. Dropped unfinished, it removes the temporary file.
+pub struct WriteJob {
+    dir: OwnedFd,
+    file: File,
+    name: Vec<u8>,
+    tmp: CString,
+    shown_path: String,
+    mode: u32,
+    committed: bool,
+}
+
+/// The outcome line of a write, as `write-file` prints it, and its exit status.
+pub fn outcome_line(outcome: &Result<String, Fail>) -> (String, i32, String) {
+    let mut line = String::new();
+    let (code, message) = match outcome {
+        Ok(info) => {
+            line.push_str(info);
+            (0, String::new())
+        }
+        Err(f) => {
+            line.push_str(&format!("{{\"error\":{},\"message\":", f.code));
+            json_str(&mut line, f.message.as_bytes());
+            line.push('}');
+            (f.code, f.message.clone())
+        }
+    };
+    line.push('\n');
+    (line, code, message)
+}
+
+impl WriteJob {
+    /// Resolves `path` (confined to `/workspace`) and creates the temporary file.
+    pub fn begin(path: &[u8], mode: u32) -> Result<WriteJob, Fail> {
+        if mode > 0o7777 {
+            return Err(fail(E_USAGE, format!("invalid mode {mode:o}")));
+        }
+        let (dir, fd, name, tmp, shown_path) = open_temp(path)?;
+        Ok(WriteJob {
+            dir,
+            file: File::from(fd),
+            name,
+            tmp,
+            shown_path,
+            mode,
+            committed: false,
+        })
+    }
+
+    pub fn feed(&mut self, data: &[u8]) -> Result<(), Fail> {
+        self.file
+            .write_all(data)
+            .map_err(|e| os_fail(&self.shown_path, e))
+    }
+
+    /// Sets the mode, syncs, and renames the file into place; returns the outcome line.
+    pub fn finish(mut self) -> Result<String, Fail> {
+        let cname = cstring(&self.name)?;
+        let (dir, tmp, shown_path) = (
+            self.dir.as_raw_fd(),
+            self.tmp.clone(),
+            self.shown_path.clone(),
+        );
+        let file = &self.file;
+        let result = (|| -> Result<(), Fail> {
+            cvt(unsafe { libc::fchmod(file.as_raw_fd(), self.mode as libc::mode_t) })
+                .map_err(|e| os_fail(&shown_path, e))?;
+            file.sync_all().map_err(|e| os_fail(&shown_path, e))?;
+            cvt(unsafe { libc::renameat(dir, tmp.as_ptr(), dir, cname.as_ptr()) })
+                .map_err(|e| os_fail(&shown_path, e))?;
+            Ok(())
+        })();
+        if let Err(f) = result {
+            if f.code == E_IS_DIR {
+                return Err(fail(E_IS_DIR, format!("{shown_path} is a directory")));
+            }
+            return Err(f);
+        }
+        self.committed = true;
+        // The rename is durable once the directory is synced.
+        let _ = unsafe { libc::fsync(dir) };
+        let st = fstat(self.file.as_raw_fd()).map_err(|e| os_fail(&shown_path, e))?;
+        let mut line = String::from("{\"name\":");
+        json_str(&mut line, &self.name);
+        line.push_str(",\"path\":");
+        json_str(&mut line, shown_path.as_bytes());
+        line.push_str(&format!(
+            ",\"size\":{},\"mtime\":{},\"mtime_nsec\":{}}}",
+            st.st_size, st.st_mtime, st.st_mtime_nsec
+        ));
+        Ok(line)
+    }
+}
+
+impl Drop for WriteJob {
+    fn drop(&mut self) {
+        if !self.committed {
+            unsafe { libc::unlinkat(self.dir.as_raw_fd(), self.tmp.as_ptr(), 0) };
+        }
+    }
 }
 
 // ------------------------------------------------------------------------------------------------

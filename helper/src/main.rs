@@ -6,9 +6,9 @@
 //! (command stdout, command stderr, shepherd status, shepherd control); all timers (timeout,
 //! linger) live here. Nothing needs a capability; it runs as the sandbox user.
 
+mod files;
 #[path = "../../src/helper_protocol.rs"]
 mod helper_protocol;
-mod files;
 mod shepherd;
 mod sys;
 
@@ -108,8 +108,16 @@ impl Command {
     }
 }
 
+/// A file write received over the channel (`WriteFile`, `Data`…, `End`).
+struct Write {
+    /// The failure is kept until `End` so that it is reported in order.
+    job: Result<files::WriteJob, files::Fail>,
+    began: Instant,
+}
+
 struct Helper {
     commands: BTreeMap<u64, Command>,
+    writes: BTreeMap<u64, Write>,
     out: Vec<u8>,
     out_pos: usize,
     /// stdout is broken: drop everything.
@@ -151,6 +159,7 @@ fn serve() -> i32 {
     let _ = sys::set_nonblocking(1);
     let mut h = Helper {
         commands: BTreeMap::new(),
+        writes: BTreeMap::new(),
         out: Vec::with_capacity(1 << 16),
         out_pos: 0,
         out_broken: false,
@@ -214,6 +223,8 @@ impl Helper {
             self.shutdown_since = Some(Instant::now());
         }
         self.stdin_open = false;
+        // Unfinished writes are abandoned: dropping them removes their temporary files.
+        self.writes.clear();
         for c in self.commands.values_mut() {
             c.kill();
         }
@@ -397,9 +408,62 @@ impl Helper {
                 if let Some(c) = self.commands.get_mut(&id) {
                     c.kill();
                 }
+                if let Some(w) = self.writes.remove(&id) {
+                    self.emit(&Event::Exit {
+                        id,
+                        exit_code: EXIT_CODE_LOST,
+                        timed_out: false,
+                        duration_ms: ms_since(w.began),
+                    });
+                }
             }
             Request::Shutdown => self.begin_shutdown(),
+            Request::WriteFile { id, path, mode } => {
+                if self.busy(id) {
+                    return self.protocol_violation(format!(
+                        "WriteFile with id {id} while that command is running"
+                    ));
+                }
+                let began = Instant::now();
+                let job = files::WriteJob::begin(path.as_bytes(), mode);
+                self.writes.insert(id, Write { job, began });
+            }
+            // Data for an id that is not being written belongs to a write that was killed.
+            Request::Data { id, data } => {
+                if let Some(w) = self.writes.get_mut(&id) {
+                    if let Ok(job) = &mut w.job {
+                        if let Err(f) = job.feed(&data) {
+                            w.job = Err(f);
+                        }
+                    }
+                }
+            }
+            Request::End { id } => {
+                if let Some(w) = self.writes.remove(&id) {
+                    let outcome = w.job.and_then(files::WriteJob::finish);
+                    let (line, code, message) = files::outcome_line(&outcome);
+                    let mut data = line.into_bytes();
+                    data.truncate(MAX_CHUNK_LEN);
+                    self.emit(&Event::Stdout { id, data });
+                    if code != 0 {
+                        let mut data = format!("{message}\n").into_bytes();
+                        data.truncate(MAX_CHUNK_LEN);
+                        self.emit(&Event::Stderr { id, data });
+                    }
+                    self.emit(&Event::Exit {
+                        id,
+                        exit_code: code,
+                        timed_out: false,
+                        duration_ms: ms_since(w.began),
+                    });
+                }
+            }
         }
+    }
+
+    /// Whether `id` names a command or write in progress.
+    fn busy(&self, id: u64) -> bool {
+        self.commands.contains_key(&id) || self.writes.contains_key(&id)
     }
 
     /// Reports a command that never ran: `Failed`, the reason on stderr, then `Exit`.
@@ -421,7 +485,7 @@ impl Helper {
 
     fn start(&mut self, s: StartRequest) {
         let began = Instant::now();
-        if self.commands.contains_key(&s.id) {
+        if self.busy(s.id) {
             self.protocol_violation(format!(
                 "Start with id {} while that command is running",
                 s.id

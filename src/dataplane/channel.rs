@@ -25,7 +25,9 @@ use tokio::sync::mpsc;
 use crate::docker::{
     Engine, EngineError, EngineResult, ExecOutput, ExecPlan, HELPER_BINARY, HELPER_MOUNT,
 };
-use crate::helper_protocol::{Event, FrameDecoder, Request, StartRequest, PROTOCOL_VERSION};
+use crate::helper_protocol::{
+    Event, FrameDecoder, Request, StartRequest, MAX_CHUNK_LEN, PROTOCOL_VERSION,
+};
 
 /// How long a freshly started helper has to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -158,6 +160,12 @@ impl Channel {
         self.shared.lock().dead.is_some()
     }
 
+    /// Alive with no command in flight: fit to carry the next private command.
+    pub fn is_idle(&self) -> bool {
+        let routes = self.shared.lock();
+        routes.dead.is_none() && routes.queues.is_empty()
+    }
+
     fn dead_reason(&self) -> String {
         self.shared
             .lock()
@@ -218,6 +226,50 @@ impl Channel {
             channel: Arc::clone(self),
             finished: false,
         })
+    }
+
+    /// Writes a file through the helper: `WriteFile`, the content in chunks of at most
+    /// [`MAX_CHUNK_LEN`] bytes, then `End`. The outcome arrives through the handle like a
+    /// command's output (the outcome line on stdout, then `Exit`). The request lock is taken per
+    /// frame, so other commands' requests interleave with a large write.
+    pub async fn write_file(
+        self: &Arc<Self>,
+        path: &str,
+        mode: u32,
+        contents: &[u8],
+    ) -> Result<Running, ChannelError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(QUEUE_EVENTS);
+        {
+            let mut routes = self.shared.lock();
+            if let Some(reason) = &routes.dead {
+                return Err(ChannelError::Dead(reason.clone()));
+            }
+            routes.queues.insert(id, tx);
+        }
+        // From here on, dropping the handle (also on an error below) tells the helper to abandon
+        // the write, which removes its temporary file.
+        let running = Running {
+            id,
+            rx,
+            channel: Arc::clone(self),
+            finished: false,
+        };
+        self.send(&Request::WriteFile {
+            id,
+            path: path.to_string(),
+            mode,
+        })
+        .await?;
+        for chunk in contents.chunks(MAX_CHUNK_LEN) {
+            self.send(&Request::Data {
+                id,
+                data: chunk.to_vec(),
+            })
+            .await?;
+        }
+        self.send(&Request::End { id }).await?;
+        Ok(running)
     }
 
     /// Sends `Kill` for a command without waiting (usable from `Drop`).
@@ -346,6 +398,11 @@ impl Running {
             self.finished = true;
         }
         event
+    }
+
+    /// Whether the command's `Exit` has been received.
+    pub fn is_finished(&self) -> bool {
+        self.finished
     }
 
     /// Why the channel died (after `next` returned `None`).

@@ -451,12 +451,42 @@ impl StreamState {
     }
 }
 
+/// Gives a private channel back once its stream ended cleanly, for the next stream to reuse.
+pub type Recycle = Box<dyn FnOnce(Arc<Channel>) + Send>;
+
+/// A stream's private channel and where it goes when the stream is over.
+pub struct Private {
+    pub channel: Arc<Channel>,
+    pub recycle: Recycle,
+}
+
+/// The state of [`events`]: the command and, for a private channel, its way back to the spares.
+struct Streaming {
+    state: StreamState,
+    private: Option<Private>,
+}
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        // A channel is reused only when its one command ended with an `Exit` from the helper: a
+        // stream dropped early (its command being killed), a host-side timeout or a lost helper
+        // leave it busy or dead, and it is simply closed.
+        let finished =
+            matches!(&self.state.source, Source::Helper { running, .. } if running.is_finished());
+        if let Some(private) = self.private.take() {
+            if self.state.done && finished && private.channel.is_idle() {
+                (private.recycle)(private.channel);
+            }
+        }
+    }
+}
+
 /// The events of a streamed command; dropping the stream kills the command (its source's guard).
 pub fn events(
     source: Source,
     timeout: Duration,
     began: Instant,
-    channel: Option<Arc<Channel>>,
+    private: Option<Private>,
 ) -> BoxStream<'static, ExecEvent> {
     let deadline = tokio::time::Instant::now() + timeout + source.grace();
     let state = StreamState {
@@ -469,9 +499,9 @@ pub fn events(
         done: false,
     };
     // The private channel lives exactly as long as the stream.
-    futures::stream::unfold((state, channel), |(mut state, channel)| async move {
-        let event = state.next_event().await?;
-        Some((event, (state, channel)))
+    futures::stream::unfold(Streaming { state, private }, |mut streaming| async move {
+        let event = streaming.state.next_event().await?;
+        Some((event, streaming))
     })
     .boxed()
 }

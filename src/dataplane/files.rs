@@ -2,8 +2,10 @@
 //! sandbox user (`helper/src/files.rs` documents them and their exit codes, mirrored below).
 //!
 //! - Writes never use Docker's archive API: it writes as root and follows symlinks, so a link in
-//!   the workspace could aim it anywhere. `write-file` runs in its own `docker exec -i` (the body
-//!   goes down its stdin) and resolves the path component by component, confined to
+//!   the workspace could aim it anywhere. The helper writes on the container's shared channel
+//!   (`WriteFile`, the body in bounded `Data` frames, `End`: no extra `docker exec`); a helper of
+//!   another protocol version gets its `write-file` mode run in its own `docker exec -i`, the
+//!   body on its stdin. Either way the path is resolved component by component, confined to
 //!   `/workspace`; anything that leaves it is refused with 400 and nothing is written.
 //! - Reads and listings run as commands on the container's shared helper channel: no extra
 //!   `docker exec`, the sandbox's own view of the filesystem (under gVisor the archive API cannot
@@ -273,11 +275,128 @@ impl DataPlane {
         if !self.helper {
             return Err(no_helper_for_writes("this server was built without it"));
         }
+        let (stdout, stderr) = match self
+            .write_over_channel(target, &path, &contents, mode)
+            .await?
+        {
+            Some(said) => said,
+            None => self.write_via_exec(target, &path, contents, mode).await?,
+        };
+        let text = String::from_utf8_lossy(&stdout);
+        let line = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        let Ok(result) = serde_json::from_str::<WriteResult>(line) else {
+            let said = if stderr.is_empty() { &stdout } else { &stderr };
+            let said = String::from_utf8_lossy(said).trim().to_string();
+            if said.contains("no such file or directory") {
+                return Err(no_helper_for_writes(&said));
+            }
+            return Err(DataPlaneError::Backend(format!(
+                "cannot write {path}: {said}"
+            )));
+        };
+        match result.error {
+            None => Ok(FileInfo {
+                name: base_name(&path),
+                path,
+                file_type: FileType::File,
+                size: result.size,
+                modified_at: timestamp(result.mtime, result.mtime_nsec),
+            }),
+            Some(E_OUTSIDE) => Err(DataPlaneError::InvalidRequest(format!(
+                "writes are limited to files under /workspace: {}",
+                result.message
+            ))),
+            Some(E_IS_DIR | E_NOT_DIR | E_LOOP | E_USAGE) => {
+                Err(DataPlaneError::InvalidRequest(result.message))
+            }
+            // A directory on the way was removed while the file was being written.
+            Some(E_NOT_FOUND) => Err(DataPlaneError::InvalidRequest(format!(
+                "{path} changed while it was being written: {}",
+                result.message
+            ))),
+            Some(E_DENIED) => Err(DataPlaneError::InvalidRequest(format!(
+                "cannot write {path}: {}",
+                result.message
+            ))),
+            Some(_) => Err(DataPlaneError::Backend(format!(
+                "cannot write {path}: {}",
+                result.message
+            ))),
+        }
+    }
+
+    /// Writes on the container's shared helper channel; `None` when it has no working helper
+    /// (one of another protocol version still has the `write-file` mode). Returns what the
+    /// helper said: its outcome line on stdout, its reason on stderr.
+    async fn write_over_channel(
+        &self,
+        target: &SandboxTarget,
+        path: &str,
+        contents: &[u8],
+        mode: u32,
+    ) -> DataPlaneResult<Option<(Vec<u8>, Vec<u8>)>> {
+        let user = &self.settings.sandbox_user;
+        let fail = |e| channel_error(&target.name, e);
+        let mut retried = false;
+        loop {
+            let channel = match self
+                .pool
+                .get(self.engine.as_ref(), &target.container_id, user)
+                .await
+            {
+                Ok(c) => c,
+                Err(ChannelError::NoHelper(_)) => return Ok(None),
+                Err(e) => return Err(fail(e)),
+            };
+            let running = match channel.write_file(path, mode, contents).await {
+                Ok(r) => r,
+                // The channel died under the request: the helper drops an unfinished write (its
+                // temporary file goes), so it can be sent again on a fresh channel.
+                Err(ChannelError::Dead(why)) if !retried => {
+                    tracing::debug!(%why, "helper channel died during a write; retrying");
+                    retried = true;
+                    continue;
+                }
+                Err(e) => return Err(fail(e)),
+            };
+            let mut source = Source::helper(running);
+            let c = exec::collect(&mut source, FILE_TIMEOUT, 2 * MESSAGE_BYTES).await;
+            match c.exit {
+                Ok((_, true)) => {
+                    return Err(DataPlaneError::Backend(format!(
+                        "writing {path} took too long"
+                    )))
+                }
+                Ok(_) => return Ok(Some((c.stdout, c.stderr))),
+                // Nothing was heard: the write is sent again (writing the same bytes twice is
+                // harmless even if the first one had been committed).
+                Err((_, true)) if !retried => retried = true,
+                Err((why, _)) => {
+                    return Err(DataPlaneError::Backend(format!(
+                        "lost contact with the helper: {why}"
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Writes with a `docker exec -i` of the helper's `write-file` mode, the body on its stdin.
+    async fn write_via_exec(
+        &self,
+        target: &SandboxTarget,
+        path: &str,
+        contents: Bytes,
+        mode: u32,
+    ) -> DataPlaneResult<(Vec<u8>, Vec<u8>)> {
         let plan = ExecPlan {
             argv: vec![
                 helper_path(),
                 "write-file".into(),
-                path.clone(),
+                path.to_string(),
                 format!("{mode:o}"),
             ],
             env: Vec::new(),
@@ -326,51 +445,7 @@ impl DataPlane {
                 )))
             }
         }
-        let text = String::from_utf8_lossy(&stdout);
-        let line = text
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
-        let Ok(result) = serde_json::from_str::<WriteResult>(line) else {
-            let said = if stderr.is_empty() { &stdout } else { &stderr };
-            let said = String::from_utf8_lossy(said).trim().to_string();
-            if said.contains("no such file or directory") {
-                return Err(no_helper_for_writes(&said));
-            }
-            return Err(DataPlaneError::Backend(format!(
-                "cannot write {path}: {said}"
-            )));
-        };
-        match result.error {
-            None => Ok(FileInfo {
-                name: base_name(&path),
-                path,
-                file_type: FileType::File,
-                size: result.size,
-                modified_at: timestamp(result.mtime, result.mtime_nsec),
-            }),
-            Some(E_OUTSIDE) => Err(DataPlaneError::InvalidRequest(format!(
-                "writes are limited to files under /workspace: {}",
-                result.message
-            ))),
-            Some(E_IS_DIR | E_NOT_DIR | E_LOOP | E_USAGE) => {
-                Err(DataPlaneError::InvalidRequest(result.message))
-            }
-            // A directory on the way was removed while the file was being written.
-            Some(E_NOT_FOUND) => Err(DataPlaneError::InvalidRequest(format!(
-                "{path} changed while it was being written: {}",
-                result.message
-            ))),
-            Some(E_DENIED) => Err(DataPlaneError::InvalidRequest(format!(
-                "cannot write {path}: {}",
-                result.message
-            ))),
-            Some(_) => Err(DataPlaneError::Backend(format!(
-                "cannot write {path}: {}",
-                result.message
-            ))),
-        }
+        Ok((stdout, stderr))
     }
 
     pub(super) async fn list_files_impl(

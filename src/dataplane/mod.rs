@@ -129,9 +129,26 @@ pub struct DataPlane {
     /// Whether sandboxes carry the helper (this build embeds one).
     helper: bool,
     pool: channel::Pool,
-    /// One opened, idle private channel per container that has streamed before, so the next
+    /// Opened, idle private channels per container (at most [`SPARES_PER_CONTAINER`]), so that a
     /// stream does not wait for a `docker exec` to start (see [`DataPlane::private_channel`]).
-    spares: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<channel::Channel>>>>,
+    spares: Spares,
+}
+
+/// Idle private channels kept per container: a finished stream's channel plus the one opened in
+/// the background when the last was taken, so back-to-back streams never wait for a `docker exec`
+/// and never start one either. Each is one idle helper process in the sandbox.
+const SPARES_PER_CONTAINER: usize = 2;
+
+type Spares = Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<Arc<channel::Channel>>>>>;
+
+/// Keeps `channel` as a spare of `container` if it is idle and there is room; else it is closed.
+fn keep_spare(spares: &Spares, container: &str, channel: Arc<channel::Channel>) {
+    let mut spares = spares.lock().unwrap_or_else(|p| p.into_inner());
+    let list = spares.entry(container.to_string()).or_default();
+    list.retain(|c| c.is_idle());
+    if list.len() < SPARES_PER_CONTAINER && channel.is_idle() {
+        list.push(channel);
+    }
 }
 
 impl DataPlane {
@@ -155,33 +172,46 @@ impl DataPlane {
         }
     }
 
-    /// A channel of the stream's own: the container's spare if one is ready, else a new one; then
-    /// a new spare is opened in the background. A spare is one idle helper process in the
-    /// sandbox; it dies with the container.
+    /// A channel of the stream's own: one of the container's spares if one is ready, else a new
+    /// one. When that leaves no spare, another is opened in the background. Spares die with the
+    /// container; those of containers that are gone are forgotten on the next take.
     async fn private_channel(
         &self,
         container: &str,
         user: &str,
     ) -> Result<Arc<channel::Channel>, channel::ChannelError> {
-        let spare = {
+        let (spare, refill) = {
             let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
-            spares.retain(|_, c| !c.is_dead());
-            spares.remove(container)
-        };
-        let (engine, spares) = (Arc::clone(&self.engine), Arc::clone(&self.spares));
-        let (container_owned, user_owned) = (container.to_string(), user.to_string());
-        tokio::spawn(async move {
-            if let Ok(next) =
-                channel::Channel::open(engine.as_ref(), &container_owned, &user_owned).await
-            {
-                let mut spares = spares.lock().unwrap_or_else(|p| p.into_inner());
-                spares.insert(container_owned, next);
+            for list in spares.values_mut() {
+                list.retain(|c| c.is_idle());
             }
-        });
+            spares.retain(|_, list| !list.is_empty());
+            let spare = spares.get_mut(container).and_then(Vec::pop);
+            let left = spares.get(container).map_or(0, Vec::len);
+            (spare, left == 0)
+        };
+        if refill {
+            let (engine, spares) = (Arc::clone(&self.engine), Arc::clone(&self.spares));
+            let (container_owned, user_owned) = (container.to_string(), user.to_string());
+            tokio::spawn(async move {
+                if let Ok(next) =
+                    channel::Channel::open(engine.as_ref(), &container_owned, &user_owned).await
+                {
+                    keep_spare(&spares, &container_owned, next);
+                }
+            });
+        }
         match spare {
             Some(channel) => Ok(channel),
             None => channel::Channel::open(self.engine.as_ref(), container, user).await,
         }
+    }
+
+    /// How a finished stream's private channel goes back to the container's spares.
+    fn recycler(&self, container: &str) -> exec::Recycle {
+        let spares = Arc::clone(&self.spares);
+        let container = container.to_string();
+        Box::new(move |channel| keep_spare(&spares, &container, channel))
     }
 
     /// Starts a command: on the container's shared helper channel, or on a channel of its own
@@ -289,7 +319,11 @@ impl DataPlane {
             self.settings.default_exec_timeout_seconds,
         )?;
         let (source, channel) = self.start(target, &prepared, true).await?;
-        Ok(exec::events(source, prepared.timeout, began, channel))
+        let private = channel.map(|channel| exec::Private {
+            channel,
+            recycle: self.recycler(&target.container_id),
+        });
+        Ok(exec::events(source, prepared.timeout, began, private))
     }
 
     /// Reads a file anywhere in the sandbox (symlinks followed inside it), at most `max_file_bytes`.
