@@ -1071,3 +1071,62 @@ fn rss_limit_is_untouched_when_the_subreaper_works() {
     let tagged = h.run_sh(1, "ulimit -m").out();
     assert_ne!(tagged, "unlimited\n", "the fallback tags commands");
 }
+
+#[test]
+fn file_writes_answer_like_write_file_and_can_be_abandoned() {
+    let mut h = Helper::spawn();
+    // Outside /workspace: refused with the write-file mode's code and outcome line; the data
+    // that follows the refused start is swallowed.
+    h.send(&Request::WriteFile {
+        id: 1,
+        path: "/etc/agent-sandbox-test".into(),
+        mode: 0o644,
+    });
+    h.send(&Request::Data {
+        id: 1,
+        data: b"ignored".to_vec(),
+    });
+    h.send(&Request::End { id: 1 });
+    let o = h.collect(&[1], Duration::from_secs(5)).remove(&1).unwrap();
+    assert_eq!(o.exit_code, 3, "{o:?}");
+    assert!(o.out().starts_with("{\"error\":3,"), "{}", o.out());
+    assert!(o.err().contains("outside"), "{}", o.err());
+
+    // A write that is killed before its end reports an exit and is forgotten: later data for
+    // its id is ignored, and the id may be used again.
+    h.send(&Request::WriteFile {
+        id: 2,
+        path: "/workspace/never/written".into(),
+        mode: 0o600,
+    });
+    h.send(&Request::Kill { id: 2 });
+    h.send(&Request::Data {
+        id: 2,
+        data: b"late".to_vec(),
+    });
+    let o = h.collect(&[2], Duration::from_secs(5)).remove(&2).unwrap();
+    assert_eq!(o.exit_code, EXIT_CODE_LOST, "{o:?}");
+    assert!(o.stdout.is_empty());
+    h.exited.remove(&2);
+    assert_eq!(h.run_sh(2, "echo still serving").out(), "still serving\n");
+
+    // A write may not take the id of a running command.
+    let m = marker();
+    h.start_sh(3, "sleep 0.5; echo ran", &m, 0);
+    h.send(&Request::WriteFile {
+        id: 3,
+        path: "/workspace/x".into(),
+        mode: 0o600,
+    });
+    let o = loop {
+        match h.next(Duration::from_secs(5)) {
+            Some(Event::Started { id: 3, .. }) => {}
+            Some(Event::Error { message }) => {
+                assert!(message.contains("id 3"), "{message}");
+                break h.collect(&[3], Duration::from_secs(10)).remove(&3).unwrap();
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(o.out(), "ran\n");
+}
