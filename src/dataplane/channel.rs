@@ -225,6 +225,7 @@ impl Channel {
             rx,
             channel: Arc::clone(self),
             finished: false,
+            peeked: None,
         })
     }
 
@@ -254,6 +255,7 @@ impl Channel {
             rx,
             channel: Arc::clone(self),
             finished: false,
+            peeked: None,
         };
         self.send(&Request::WriteFile {
             id,
@@ -388,11 +390,25 @@ pub struct Running {
     rx: mpsc::Receiver<Event>,
     channel: Arc<Channel>,
     finished: bool,
+    /// An event received by [`Running::acknowledged`], handed out first by [`Running::next`].
+    peeked: Option<Event>,
 }
 
 impl Running {
+    /// Waits for the command's first event (`Started`, or `Failed` for one that could not
+    /// start); `false` when the channel died before the helper said anything about it.
+    pub async fn acknowledged(&mut self) -> bool {
+        if self.peeked.is_none() {
+            self.peeked = self.next().await;
+        }
+        self.peeked.is_some()
+    }
+
     /// The next event of this command; `None` when the channel died before its `Exit`.
     pub async fn next(&mut self) -> Option<Event> {
+        if let Some(event) = self.peeked.take() {
+            return Some(event);
+        }
         let event = self.rx.recv().await;
         if matches!(event, Some(Event::Exit { .. })) {
             self.finished = true;

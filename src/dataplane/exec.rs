@@ -141,8 +141,23 @@ impl Source {
         }
     }
 
+    /// Waits until the helper has heard of the command (its first event); `Err` with the reason
+    /// when the channel died first, so that nothing ran and the command may be started again.
+    pub async fn acknowledged(&mut self) -> Result<(), String> {
+        match self {
+            Source::Helper { running, .. } => {
+                if running.acknowledged().await {
+                    Ok(())
+                } else {
+                    Err(running.lost_reason())
+                }
+            }
+            Source::Plain(_) => Ok(()),
+        }
+    }
+
     /// How long after the command's own deadline the host steps in.
-    fn grace(&self) -> Duration {
+    pub fn grace(&self) -> Duration {
         match self {
             Source::Helper { .. } => HOST_GRACE,
             Source::Plain(_) => Duration::ZERO,
@@ -484,11 +499,10 @@ impl Drop for Streaming {
 /// The events of a streamed command; dropping the stream kills the command (its source's guard).
 pub fn events(
     source: Source,
-    timeout: Duration,
+    deadline: tokio::time::Instant,
     began: Instant,
     private: Option<Private>,
 ) -> BoxStream<'static, ExecEvent> {
-    let deadline = tokio::time::Instant::now() + timeout + source.grace();
     let state = StreamState {
         source,
         deadline,

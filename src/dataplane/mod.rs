@@ -318,12 +318,30 @@ impl DataPlane {
             request,
             self.settings.default_exec_timeout_seconds,
         )?;
-        let (source, channel) = self.start(target, &prepared, true).await?;
-        let private = channel.map(|channel| exec::Private {
-            channel,
-            recycle: self.recycler(&target.container_id),
-        });
-        Ok(exec::events(source, prepared.timeout, began, private))
+        let mut retried = false;
+        loop {
+            let (mut source, channel) = self.start(target, &prepared, true).await?;
+            let deadline = tokio::time::Instant::now() + prepared.timeout + source.grace();
+            // Wait for the helper to take the command before answering: a spare whose helper
+            // died unnoticed (killed from inside the sandbox) shows up here, while the command
+            // can still be started on a fresh channel, as a buffered exec would be. A helper
+            // that never answers is left to the stream's own deadline.
+            let heard = tokio::time::timeout_at(deadline, source.acknowledged()).await;
+            match heard {
+                Ok(Err(why)) if !retried => {
+                    tracing::debug!(%why, "retrying a streamed command its helper never started");
+                    retried = true;
+                    continue;
+                }
+                // A second loss is reported by the stream itself (its queue is already closed).
+                Ok(_) | Err(_) => {}
+            }
+            let private = channel.map(|channel| exec::Private {
+                channel,
+                recycle: self.recycler(&target.container_id),
+            });
+            return Ok(exec::events(source, deadline, began, private));
+        }
     }
 
     /// Reads a file anywhere in the sandbox (symlinks followed inside it), at most `max_file_bytes`.
