@@ -194,7 +194,8 @@ fn apply_get_diff_and_delete_a_folder() {
         again.stderr
     );
 
-    // Limits change in place; env replaces the container but keeps /workspace.
+    // Limits and env change in place; the root filesystem mode replaces the container but keeps
+    // /workspace.
     write(&dir.path().join("1.yaml"), &sandbox_doc(&a, "  cpus: 2\n"));
     let d = cli(&server, &["diff", "-f", folder]);
     assert_eq!(d.code, 1, "{}", d.stderr);
@@ -219,7 +220,7 @@ fn apply_get_diff_and_delete_a_folder() {
         &dir.path().join("1.yaml"),
         &sandbox_doc(
             &a,
-            "  cpus: 2\n  env: {MODE: test}\n  source: {snapshot: snap_0000000000000000}\n",
+            "  cpus: 2\n  readOnlyRootfs: false\n  env: {MODE: test}\n  source: {snapshot: snap_0000000000000000}\n",
         ),
     );
     let d = cli(&server, &["diff", "-f", folder]);
@@ -237,8 +238,17 @@ fn apply_get_diff_and_delete_a_folder() {
         .find(|l| l.contains("spec.env.MODE"))
         .unwrap();
     assert!(
-        env_line.contains("<unset> -> \"test\"") && env_line.contains("replaces the container"),
+        env_line.contains("<unset> -> \"test\"") && env_line.contains("in place"),
         "{env_line}"
+    );
+    let rootfs_line = d
+        .stdout
+        .lines()
+        .find(|l| l.contains("spec.readOnlyRootfs"))
+        .unwrap();
+    assert!(
+        rootfs_line.contains("replaces the container"),
+        "{rootfs_line}"
     );
     let source_line = d
         .stdout
@@ -261,7 +271,10 @@ fn apply_get_diff_and_delete_a_folder() {
 
     write(
         &dir.path().join("1.yaml"),
-        &sandbox_doc(&a, "  cpus: 2\n  env: {MODE: test}\n"),
+        &sandbox_doc(
+            &a,
+            "  cpus: 2\n  readOnlyRootfs: false\n  env: {MODE: test}\n",
+        ),
     );
     let before = container(&a).unwrap()["Id"].clone();
     let out = ok(&server, &["apply", "-f", folder]);
@@ -279,7 +292,7 @@ fn apply_get_diff_and_delete_a_folder() {
     assert_ne!(
         container(&a).unwrap()["Id"],
         before,
-        "env replaced the container"
+        "the root filesystem mode replaced the container"
     );
     let d = cli(&server, &["diff", "-f", folder]);
     assert_eq!(d.code, 0, "{}{}", d.stdout, d.stderr);

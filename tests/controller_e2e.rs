@@ -44,10 +44,18 @@ fn manifests_in_a_watched_folder_become_hardened_running_containers() {
         .as_array()
         .unwrap()
         .contains(&json!("HOME=/workspace")));
-    assert!(c["Config"]["Env"]
+    // The sandbox's env is given to each command, never stored in the container.
+    assert!(!c["Config"]["Env"]
         .as_array()
         .unwrap()
         .contains(&json!("GREETING=hi")));
+    let (status, out) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{a}/exec"),
+        Some(&json!({"command": "echo $GREETING"})),
+    );
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["stdout"], "hi\n");
     assert_eq!(host["CapDrop"], json!(["ALL"]));
     assert!(host["SecurityOpt"]
         .as_array()
@@ -143,7 +151,8 @@ fn editing_a_manifest_applies_the_change_and_keeps_the_workspace() {
         1_500_000_000i64
     );
 
-    // The env shapes the container: a new one, same workspace.
+    // The env applies in place: the next command sees it, in the same container.
+    let before_env = container_id(&name);
     write_manifest(
         &server.watch_dir,
         "s.yaml",
@@ -160,15 +169,55 @@ fn editing_a_manifest_applies_the_change_and_keeps_the_workspace() {
             })
         },
     );
+    assert_eq!(
+        container_id(&name),
+        before_env,
+        "an env change keeps the container"
+    );
+    let (status, out) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{name}/exec"),
+        Some(&json!({"command": "cat /workspace/file; echo $MODE"})),
+    );
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["stdout"], "kept\ntwo\n");
+
+    // The root filesystem mode shapes the container: a new one, same workspace.
+    write_manifest(
+        &server.watch_dir,
+        "s.yaml",
+        &sandbox_manifest(
+            &name,
+            "  cpus: 1.5\n  readOnlyRootfs: false\n  env:\n    MODE: two\n",
+        ),
+    );
+    server.wait_for(
+        "sandboxes",
+        &name,
+        "at generation 4",
+        Duration::from_secs(30),
+        |r| {
+            r.is_some_and(|r| {
+                r["status"]["observedGeneration"] == 4 && r["status"]["phase"] == "Running"
+            })
+        },
+    );
     let second = container_id(&name);
-    assert_ne!(second, first);
-    let (_, out) = docker_exec(&name, "cat /workspace/file; echo $MODE");
-    assert_eq!(out, "kept\ntwo\n");
+    assert_ne!(second, before_env);
+    assert_eq!(
+        container(&name).unwrap()["HostConfig"]["ReadonlyRootfs"],
+        false
+    );
+    let (_, out) = docker_exec(&name, "cat /workspace/file");
+    assert_eq!(out, "kept\n");
     assert_eq!(containers_of(&name).len(), 1);
 
     // Labels are not spec: no generation bump, no new container.
-    let labeled = sandbox_manifest(&name, "  cpus: 1.5\n  env:\n    MODE: two\n")
-        .replace("metadata:\n", "metadata:\n  labels:\n    team: blue\n");
+    let labeled = sandbox_manifest(
+        &name,
+        "  cpus: 1.5\n  readOnlyRootfs: false\n  env:\n    MODE: two\n",
+    )
+    .replace("metadata:\n", "metadata:\n  labels:\n    team: blue\n");
     write_manifest(&server.watch_dir, "s.yaml", &labeled);
     let s = server
         .wait_for(
@@ -179,7 +228,7 @@ fn editing_a_manifest_applies_the_change_and_keeps_the_workspace() {
             |r| r.is_some_and(|r| r["metadata"]["labels"]["team"] == "blue"),
         )
         .unwrap();
-    assert_eq!(s["metadata"]["generation"], 3);
+    assert_eq!(s["metadata"]["generation"], 4);
     assert_eq!(container_id(&name), second);
 }
 

@@ -189,10 +189,10 @@ fn classify(
 fn classify_sandbox(leaf: &str, server: &Value, wanted: &AnyResource) -> (Impact, Option<String>) {
     let top = leaf.split('.').next().unwrap_or(leaf);
     match top {
-        "cpus" | "memoryMB" | "pidsLimit" | "ttlSeconds" | "shutdownTime" => {
+        "cpus" | "memoryMB" | "pidsLimit" | "ttlSeconds" | "shutdownTime" | "env" => {
             (Impact::InPlace, None)
         }
-        "image" | "env" | "network" | "readOnlyRootfs" => (Impact::ReplacesContainer, None),
+        "image" | "network" | "readOnlyRootfs" => (Impact::ReplacesContainer, None),
         "source" => (
             Impact::Ignored,
             Some(
@@ -431,18 +431,22 @@ mod tests {
     }
 
     #[test]
-    fn image_env_network_replace_the_container() {
+    fn image_and_network_replace_the_container_env_applies_in_place() {
         let server = server_of(&sandbox(base()), json!({}));
-        let mut spec = SandboxSpec {
-            image: Some("img:2".into()),
-            ..base()
-        };
-        spec.env.insert("A".into(), "b".into());
-        let p = plan(Some(&server), &sandbox(spec));
-        assert_eq!(p.impact(), Some(Impact::ReplacesContainer));
+        let mut env_only = base();
+        env_only.env.insert("A".into(), "b".into());
+        let p = plan(Some(&server), &sandbox(env_only.clone()));
+        assert_eq!(p.impact(), Some(Impact::InPlace));
         let Plan::Update(changes) = &p else { panic!() };
         assert_eq!(changes[0].field, "spec.env.A");
         assert_eq!(changes[0].from, None);
+
+        let spec = SandboxSpec {
+            image: Some("img:2".into()),
+            ..env_only
+        };
+        let p = plan(Some(&server), &sandbox(spec));
+        assert_eq!(p.impact(), Some(Impact::ReplacesContainer));
         let text = render("sandbox/demo", &p);
         assert!(
             text.contains("state outside /workspace is lost, /workspace is kept"),

@@ -325,7 +325,9 @@ pub(super) async fn plan_for(
         pids_limit: effective.pids_limit,
         network,
         read_only_rootfs: effective.read_only_rootfs,
-        env: effective.env.clone(),
+        // Commands get the env from the spec when they start (see `container_hash`); a copy in
+        // the container would only go stale.
+        env: BTreeMap::new(),
         tmp_size_mb: ctl.settings.tmp_size_mb,
         user: ctl.settings.sandbox_user.clone(),
         runtime: non_empty(&ctl.settings.docker_runtime),

@@ -36,7 +36,8 @@ pub struct SandboxSpec {
     /// Keep the root filesystem read-only (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_only_rootfs: Option<bool>,
-    /// Environment for the sandbox's processes; exec requests add to it.
+    /// Environment for the sandbox's commands; exec requests add to it. A change applies to the
+    /// next command, in the same container.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Lifetime in seconds, counted from creation.
@@ -197,14 +198,15 @@ impl SandboxSpec {
 
 impl EffectiveSandbox {
     /// The part that shapes the container and cannot change in place: a different hash means a new
-    /// container (the workspace volume is kept). Limits are left out: they are updated live.
+    /// container (the workspace volume is kept). Limits are left out: they are updated live. So
+    /// is the env: every command gets it from the spec as it is when the command starts (no
+    /// container carries it), so a change reaches the next command without a new container.
     pub fn container_hash(&self) -> String {
         use sha2::{Digest, Sha256};
         let shape = serde_json::json!({
             "image": self.image,
             "network": self.network,
             "readOnlyRootfs": self.read_only_rootfs,
-            "env": self.env,
         });
         let digest = Sha256::digest(shape.to_string().as_bytes());
         hex::encode(&digest[..8])
@@ -225,7 +227,7 @@ mod tests {
     }
 
     #[test]
-    fn limits_do_not_change_the_container_hash_but_shape_does() {
+    fn limits_and_env_do_not_change_the_container_hash_but_shape_does() {
         let base = SandboxSpec::default().effective(&defaults());
         let mut limits = base.clone();
         limits.cpus = 2.0;
@@ -236,7 +238,10 @@ mod tests {
         assert_ne!(base.container_hash(), image.container_hash());
         let mut env = base.clone();
         env.env.insert("A".into(), "b".into());
-        assert_ne!(base.container_hash(), env.container_hash());
+        assert_eq!(base.container_hash(), env.container_hash());
+        let mut writable = base.clone();
+        writable.read_only_rootfs = !base.read_only_rootfs;
+        assert_ne!(base.container_hash(), writable.container_hash());
         assert_eq!(
             base.container_hash(),
             SandboxSpec::default()
