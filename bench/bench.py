@@ -25,6 +25,8 @@ import paired  # noqa: E402
 from common import API, API_VERSION, Results, Server, fmt, log  # noqa: E402
 
 OURS, REF = "ours", "reference"
+# Operations measured while our server has a warm pool; the reference is timed at the same time.
+WARM = " (warm pool)"
 
 # (operation, ratio ours/reference at most) from the performance issues.
 RATIO_TARGETS = [
@@ -37,6 +39,8 @@ RATIO_TARGETS = [
     ("snapshot", 0.5),
     ("rollback", 0.2),
     ("fork", 0.2),
+    ("rollback (warm pool)", 0.2),
+    ("fork (warm pool)", 0.2),
     ("32 execs / 8 clients", 0.15),
 ]
 
@@ -80,7 +84,7 @@ def has_pools(ours: Server) -> bool:
 
 
 def with_pool(results: Results, ours: Server, size: int, body) -> None:
-    """Runs body() while a SandboxPool of `size` containers of the bench image is full."""
+    """Runs body(pool name, size) while a SandboxPool of `size` containers of the bench image is full."""
     name = f"bench-pool-{int(time.time()) % 10**8}"
     doc = {
         "apiVersion": API_VERSION,
@@ -92,7 +96,7 @@ def with_pool(results: Results, ours: Server, size: int, body) -> None:
         ours.call("POST", f"{API}/sandboxpools", json=doc, expect=(200, 201))
         seconds = paired.wait_for_pool(ours, name, size)
         results.facts[f"pool of {size} filled in s"] = round(seconds, 1)
-        body()
+        body(name, size)
     finally:
         ours.quietly(ours.call, "DELETE", f"{API}/sandboxpools/{name}")
         try:
@@ -131,10 +135,10 @@ def report(results: Results, args, info: dict) -> str:
               "|---|---|---|---|---|---|"]
     ratios = {}
     for op in results.order:
-        if (op, REF) not in results.series and op != "create (warm pool)":
+        if (op, REF) not in results.series and not op.endswith(WARM):
             continue
         o = results.get(op, OURS)
-        r = results.get(op, "reference" if op != "create (warm pool)" else "reference (same time)")
+        r = results.get(op, "reference" if not op.endswith(WARM) else "reference (same time)")
         om, op95 = o.cell()
         rm, rp95 = r.cell()
         ratio = "–"
@@ -143,7 +147,7 @@ def report(results: Results, args, info: dict) -> str:
             ratio = f"{ratios[op]:.3f}"
         lines.append(f"| {op} | {om} | {op95} | {rm} | {rp95} | {ratio} |")
     lines += ["", "Ours only:", "", "| measurement | median | p95 | n |", "|---|---|---|---|"]
-    ours_only_ops = [op for op in results.order if (op, REF) not in results.series and op != "create (warm pool)"]
+    ours_only_ops = [op for op in results.order if (op, REF) not in results.series and not op.endswith(WARM)]
     for op in ours_only_ops:
         s = results.get(op, OURS)
         med, p95 = s.cell()
@@ -164,7 +168,7 @@ def targets(results: Results, ratios: dict, args) -> str:
         shown = f"{ratio:.3f}" if ratio is not None else _why(results, op)
         rows.append(f"| {op}: ours/ref ≤ {limit} | {shown} | {verdict(None if ratio is None else ratio <= limit)} |")
     for suffix, limit in ((" (warm pool)", 300.0), ("", 1000.0)):
-        for kind in ("new", "edit"):
+        for kind in ("new", "edit (env)", "edit (new container)"):
             op = f"manifest {kind} → Running{suffix}"
             s = results.series.get((op, OURS))
             med = s.median() if s and not s.errors else None
@@ -237,7 +241,7 @@ def main() -> int:
     section("manifests", ours_only.manifest_to_running, results, ours, args.ours_data, args.n, "")
     section("converge", ours_only.convergence, results, ours, args.ours_data, args.converge)
     if pools:
-        def pooled():
+        def pooled(pool_name: str, pool_size: int):
             # Reference creates are taken at the same time, so the ratio compares like with like.
             for i in range(args.n):
                 pair = [(OURS, "create (warm pool)", ours), (REF, "create (warm pool)", ref)]
@@ -247,6 +251,9 @@ def main() -> int:
                     if sb is not None:
                         server.quietly(server.destroy, sb["id"])
             ours_only.manifest_to_running(results, ours, args.ours_data, args.n, " (warm pool)")
+            # Rollback and fork claim warm containers too; start them with the pool full again.
+            paired.wait_for_pool(ours, pool_name, pool_size)
+            paired.snapshots(results, both, args.n, pooled=True)
 
         section("pool", with_pool, results, ours, max(args.n, 2 * args.n), pooled)
     elif not only or "pool" in only:
