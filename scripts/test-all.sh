@@ -35,3 +35,9 @@ if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; th
 else
   echo "runsc is not registered with docker: skipping the gVisor pass (scripts/install-runsc.sh adds it)"
 fi
+
+# Last, and alone: nothing else may be using the daemon while it restarts.
+step "Docker daemon restart under a running server"
+AGENT_SANDBOX_TEST_DOCKER_RESTART=1 cargo test --locked --test crash_safety -- --ignored --exact \
+  docker_daemon_restart_under_a_running_server
+docker info > /dev/null
