@@ -17,9 +17,12 @@
 //! In strict mode (restores) any breach refuses the whole archive; callers validate fully before
 //! anything is restored. In lenient mode (taking a snapshot of a live workspace, which may hold a
 //! FIFO or a setuid bit the sandbox user set) the offending entries are dropped or stripped and
-//! listed in the [`Summary`]. This module never talks to Docker and never touches the filesystem
-//! beyond the reader and writer it is given.
+//! listed in the [`Summary`]. This module never talks to Docker; apart from [`HostTar`] (which
+//! reads a directory of this host, without following symlinks, into the same tar form Docker's
+//! archive API gives) it never touches the filesystem beyond the reader and writer it is given.
 
+mod digest;
+mod host;
 mod pipe;
 #[cfg(test)]
 mod tests;
@@ -32,6 +35,8 @@ use std::rc::Rc;
 use sha2::{Digest, Sha256};
 use tar::{EntryType, Header};
 
+pub use digest::HashedWriter;
+pub use host::{open_root, HostTar};
 pub use pipe::{ChannelReader, ChannelWriter};
 
 const BLOCK: u64 = 512;
@@ -497,7 +502,36 @@ fn append<W: Write, D: Read>(
         fields.linkname[..n].copy_from_slice(&target[..n]);
     }
     header.set_cksum();
-    builder.append(&header, data).map_err(write)
+    if header.entry_type() != EntryType::Regular {
+        return builder.append(&header, data).map_err(write);
+    }
+    // File data is copied in large pieces: `Builder::append` goes through an 8 KiB buffer, and
+    // every piece is hashed and written separately further down.
+    copy_entry(builder.get_mut(), &header, data).map_err(write)
+}
+
+/// Writes `header`, all of `data` and the padding to a whole block, as `Builder::append` does.
+fn copy_entry<W: Write, D: Read>(out: &mut W, header: &Header, mut data: D) -> io::Result<()> {
+    const PIECE: usize = 256 * 1024;
+    out.write_all(header.as_bytes())?;
+    let size = header.size().unwrap_or(0).clamp(1, PIECE as u64);
+    let mut buffer = vec![0u8; usize::try_from(size).unwrap_or(PIECE)];
+    let mut copied = 0u64;
+    loop {
+        let n = match data.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        out.write_all(&buffer[..n])?;
+        copied += n as u64;
+    }
+    let rest = (copied % BLOCK) as usize;
+    if rest != 0 {
+        out.write_all(&[0u8; BLOCK as usize][..BLOCK as usize - rest])?;
+    }
+    Ok(())
 }
 
 fn long_record<W: Write>(

@@ -418,3 +418,122 @@ fn the_capped_writer_stops_at_its_limit_and_nothing_looks_complete() {
     assert_eq!(digest, super::digest(&b"abc"[..]).unwrap());
     assert!(digest.starts_with("sha256:ba7816bf"));
 }
+
+#[test]
+fn the_hashed_writer_matches_the_capped_one_and_stops_at_its_limit() {
+    // Several pieces and a partial one, written in odd sizes.
+    let data: Vec<u8> = (0..3_500_000u32).map(|i| (i % 251) as u8).collect();
+    let mut hashed = HashedWriter::new(Vec::new(), 1 << 30).unwrap();
+    for chunk in data.chunks(77_777) {
+        std::io::Write::write_all(&mut hashed, chunk).unwrap();
+    }
+    assert_eq!(hashed.written(), data.len() as u64);
+    let (digest, inner) = hashed.finish().unwrap();
+    assert!(inner == data, "the inner writer got the data in order");
+    assert_eq!(digest, super::digest(&data[..]).unwrap());
+
+    let tar = Tar::new().file("big", 0o644, &[1u8; 10_000]).bytes();
+    let hashed = HashedWriter::new(Vec::new(), 4096).unwrap();
+    match transform(&tar[..], hashed, &strict()) {
+        Err(ArchiveError::TooLarge { limit: 4096 }) => {}
+        other => panic!("expected TooLarge, got {:?}", other.map(|r| r.0.entries)),
+    }
+}
+
+/// The entries of a tar: name, type, mode, size, link target and data.
+fn listing(tar: &[u8]) -> Vec<(String, EntryType, u32, u64, String, Vec<u8>)> {
+    let mut archive = tar::Archive::new(tar);
+    let mut out = Vec::new();
+    for entry in archive.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let header = entry.header();
+        let (kind, mode, size) = (
+            header.entry_type(),
+            header.mode().unwrap(),
+            header.size().unwrap(),
+        );
+        let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let link = entry
+            .link_name_bytes()
+            .map(|l| String::from_utf8_lossy(&l).into_owned())
+            .unwrap_or_default();
+        let mut data = Vec::new();
+        entry.read_to_end(&mut data).unwrap();
+        out.push((name, kind, mode, size, link, data));
+    }
+    out
+}
+
+#[test]
+fn a_host_directory_is_read_like_dockers_archive_without_following_symlinks() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), b"do not read").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("b/empty")).unwrap();
+    std::fs::write(root.join("b/file"), b"hello").unwrap();
+    std::fs::set_permissions(root.join("b/file"), std::fs::Permissions::from_mode(0o4750)).unwrap();
+    std::fs::write(root.join("a"), vec![7u8; 1000]).unwrap();
+    std::fs::hard_link(root.join("a"), root.join("c-hard")).unwrap();
+    // Symlinks out of the tree, to a directory and to a file: stored as links, never entered.
+    symlink(outside.path(), root.join("b/out-dir")).unwrap();
+    symlink(outside.path().join("secret"), root.join("out-file")).unwrap();
+    let long = "n".repeat(150);
+    std::fs::write(root.join(&long), b"long").unwrap();
+    let fifo = std::ffi::CString::new(root.join("pipe").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let _socket = std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap();
+
+    let raw = {
+        let mut bytes = Vec::new();
+        HostTar::new(open_root(root).unwrap(), "workspace")
+            .read_to_end(&mut bytes)
+            .unwrap();
+        bytes
+    };
+    let names: Vec<String> = listing(&raw).into_iter().map(|e| e.0).collect();
+    assert_eq!(
+        names,
+        vec![
+            "workspace/".to_string(),
+            "workspace/a".into(),
+            "workspace/b/".into(),
+            "workspace/b/empty/".into(),
+            "workspace/b/file".into(),
+            "workspace/b/out-dir".into(),
+            "workspace/c-hard".into(),
+            format!("workspace/{long}"),
+            "workspace/out-file".into(),
+            "workspace/pipe".into(),
+        ],
+        "byte order, directories before their contents, no socket"
+    );
+
+    let policy = Policy::export("workspace", OWNER, Limits::with_max_bytes(1 << 20));
+    let (summary, out) = transform(&raw[..], Vec::new(), &policy).unwrap();
+    assert_eq!(summary.adjusted_count, 2, "{summary:?}");
+    let entries = listing(&out);
+    let find = |name: &str| entries.iter().find(|e| e.0 == name).unwrap().clone();
+    assert_eq!(find("a").5, vec![7u8; 1000]);
+    assert_eq!(find("b/file").2, 0o750, "setuid cleared");
+    assert_eq!(find("b/file").5, b"hello");
+    assert_eq!(find("b/empty/").1, EntryType::Directory);
+    assert_eq!(find("c-hard").1, EntryType::Link);
+    assert_eq!(find("c-hard").4, "a");
+    assert_eq!(find("b/out-dir").1, EntryType::Symlink);
+    assert_eq!(find("b/out-dir").4, outside.path().to_string_lossy());
+    assert_eq!(find("out-file").1, EntryType::Symlink);
+    assert_eq!(find(&long).5, b"long");
+    assert!(entries.iter().all(|e| e.0 != "pipe"));
+    assert!(
+        out.windows(11).all(|w| w != b"do not read"),
+        "nothing behind a symlink was read"
+    );
+
+    // A root that is a symlink is refused.
+    let link = dir.path().join("b/out-dir");
+    assert!(open_root(&link).is_err());
+}
