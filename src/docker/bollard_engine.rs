@@ -347,6 +347,26 @@ impl Engine for BollardEngine {
         }
     }
 
+    async fn volume_source(
+        &self,
+        container: &str,
+        path: &str,
+    ) -> EngineResult<Option<std::path::PathBuf>> {
+        let inspected = match self.docker.inspect_container(container, None).await {
+            Ok(i) => i,
+            Err(e) if is_status(&e, 404) => return Ok(None),
+            Err(e) => return Err(map_err("inspect", &format!("container {container}"))(e)),
+        };
+        let source = inspected
+            .mounts
+            .unwrap_or_default()
+            .into_iter()
+            .find(|m| m.destination.as_deref() == Some(path) && m.typ.as_deref() == Some("volume"))
+            .and_then(|m| m.source)
+            .filter(|s| !s.is_empty());
+        Ok(source.map(std::path::PathBuf::from))
+    }
+
     async fn rename_container(&self, id: &str, new_name: &str) -> EngineResult<()> {
         let options = bollard::query_parameters::RenameContainerOptions {
             name: new_name.to_string(),

@@ -300,6 +300,19 @@ pub trait Engine: Send + Sync + 'static {
         })
     }
 
+    /// Where the volume mounted at `path` of the container lives on the daemon's host (Docker's
+    /// `Mounts[].Source`), or `None` when there is no such volume mount or the engine cannot
+    /// tell. Only a hint: a remote daemon's path means nothing here, so callers check that the
+    /// directory they open is the container's before trusting it.
+    async fn volume_source(
+        &self,
+        container: &str,
+        path: &str,
+    ) -> EngineResult<Option<std::path::PathBuf>> {
+        let _ = (container, path);
+        Ok(None)
+    }
+
     /// Renames a container (how a warm-pool container is handed to its sandbox: Docker names are
     /// unique, so the rename is also the atomic claim). Fails if the new name is taken.
     async fn rename_container(&self, id: &str, new_name: &str) -> EngineResult<()> {
