@@ -569,3 +569,60 @@ fn a_tampered_snapshot_is_refused_on_rollback_and_restores_nothing() {
         "no half-built workspace left"
     );
 }
+
+/// A snapshot read from the volume's directory on this host stores exactly the tar that Docker's
+/// archive API, put through the same export policy, gives: same bytes, same adjustments. Both
+/// sources are also compared directly, so the test holds whichever one the server used.
+#[test]
+fn reading_the_workspace_on_the_host_gives_the_same_tar_as_docker() {
+    use agent_sandbox::archive::{self, HostTar, Limits, Policy};
+
+    let server = Server::start();
+    let name = unique("hostread");
+    sandbox(&server, &name, json!({}));
+    exec(&name, TREE);
+    // Entries the export policy drops or changes, and a hard link to a file seen later.
+    exec(
+        &name,
+        "cd /workspace && mkfifo pipe && printf s > setuid && chmod 4755 setuid \
+         && mkdir -p z && ln src/pkg/blob.bin z/again",
+    );
+    let taken = snapshot(&server, &unique("hr"), &name);
+    assert_eq!(taken["status"]["phase"], "Ready", "{taken:#}");
+    let stored = server.data_dir.join("snapshots").join(format!(
+        "{}.tar",
+        taken["metadata"]["name"].as_str().unwrap()
+    ));
+    assert_eq!(taken["status"]["digest"], sha256_file(&stored));
+
+    let policy = Policy::export("workspace", (1000, 1000), Limits::with_max_bytes(1 << 30));
+    let output = std::process::Command::new("docker")
+        .args(["cp", &format!("agent-sandbox-{name}:/workspace"), "-"])
+        .output()
+        .expect("docker CLI");
+    assert!(output.status.success());
+    let (from_docker_summary, from_docker) =
+        archive::transform(&output.stdout[..], Vec::new(), &policy).unwrap();
+
+    let volume = format!("agent-sandbox-{name}-workspace");
+    let mount = std::process::Command::new("docker")
+        .args(["volume", "inspect", "-f", "{{.Mountpoint}}", &volume])
+        .output()
+        .expect("docker CLI");
+    let mount = String::from_utf8_lossy(&mount.stdout).trim().to_string();
+    let root = archive::open_root(std::path::Path::new(&mount)).unwrap();
+    let (from_host_summary, from_host) =
+        archive::transform(HostTar::new(root, "workspace"), Vec::new(), &policy).unwrap();
+
+    assert_eq!(from_host_summary, from_docker_summary);
+    assert!(
+        from_host_summary.adjusted_count >= 2,
+        "the FIFO and the setuid bit are reported: {from_host_summary:?}"
+    );
+    assert!(
+        from_host == from_docker,
+        "the two sources give different tars"
+    );
+    assert_eq!(std::fs::read(&stored).unwrap(), from_host);
+    delete(&server, "sandboxes", &name);
+}

@@ -8,6 +8,22 @@
 //! a snapshot is holding (the sandbox reconcile leaves those paused and unpauses any other paused
 //! container, e.g. one left by a crash) and which temp files are being written. This module never
 //! restores anything; see `restore.rs`.
+//!
+//! Where the tar comes from: Docker's archive API is the reference, and always works (remote
+//! daemons, gVisor, a server that is not root), but it streams the whole workspace through the
+//! daemon and its HTTP connection, which bounds large snapshots and adds a round trip to small
+//! ones. So when the volume's directory (`Mounts[].Source`) can be opened on this host *and* is
+//! the same inode as `/workspace` seen through the container's process (`/proc/<pid>/root`, which
+//! rules out a remote daemon's path and gVisor), the snapshot reads that directory itself with
+//! [`archive::HostTar`]: never following a symlink (every name is looked up relative to its
+//! opened parent, opened with `O_NOFOLLOW` and checked to be the listed inode), while the
+//! container is paused so the sandbox cannot change the tree underneath. `HostTar` produces the
+//! archive in the form Docker does (same names, order, types, hard links, modes, mtimes) and it
+//! goes through the same export policy, so the stored tar is the same either way. Any failure to
+//! read it falls back to the archive API before anything is stored. Hashing and the writes to the
+//! temp file run on their own threads ([`archive::HashedWriter`]), and the fsync runs after the
+//! container is unpaused (the data is complete by then; only durability is still pending, and the
+//! snapshot is not published before it).
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -20,7 +36,7 @@ use chrono::Utc;
 use futures::StreamExt;
 
 use super::{Controller, Outcome, ReconcileError};
-use crate::archive::{self, ArchiveError, Capped, ChannelReader, Limits, Policy};
+use crate::archive::{self, ArchiveError, ChannelReader, HashedWriter, HostTar, Limits, Policy};
 use crate::docker::{Engine, EngineError};
 use crate::resource::{
     set_condition, Condition, ConditionStatus, Kind, SandboxPhase, SandboxSpec, Snapshot,
@@ -30,6 +46,9 @@ use crate::resource::{
 /// How long a snapshot waits for a sandbox that is still being created.
 const SANDBOX_START_GRACE: Duration = Duration::from_secs(60);
 const TEMP_MARKER: &str = ".tar.tmp-";
+/// The exported directory inside the container, and the first name of its archive entries.
+const WORKSPACE: &str = "/workspace";
+const ROOT_NAME: &str = "workspace";
 
 /// In-memory coordination between snapshots and the sandbox reconcile.
 #[derive(Default)]
@@ -261,16 +280,46 @@ async fn take(
 
     let exported = {
         let _paused_mark = Mark::new(&ctl.snapshots.paused, sandbox_name);
-        if !details.paused {
-            ctl.engine.pause(&details.id).await?;
-        }
+        // Pausing and finding the workspace's volume are independent round trips to Docker.
+        let pause = async {
+            if details.paused {
+                Ok(())
+            } else {
+                ctl.engine.pause(&details.id).await
+            }
+        };
+        let source = ctl.engine.volume_source(&details.id, WORKSPACE);
+        // Armed before pausing: a dropped future must not leave the container frozen.
         let mut unpause = PauseGuard {
             engine: Arc::clone(&ctl.engine),
             container: Some(details.id.clone()),
         };
-        let exported = export(ctl, &details.id, &temp, owner).await;
+        let (paused, source) = tokio::join!(pause, source);
+        paused?;
+        let host = match source {
+            Ok(source) => source.map(|path| (path, details.pid)),
+            Err(error) => {
+                tracing::debug!(sandbox = sandbox_name, %error, "no host path for the workspace");
+                None
+            }
+        };
+        let exported = export(ctl, &details.id, host, &temp, owner).await;
         unpause.container = None;
-        if let Err(error) = ctl.engine.unpause(&details.id).await {
+        // Everything is read: the sandbox may run again while the data reaches the disk.
+        let synced = async {
+            match exported {
+                Ok((exported, file)) => {
+                    let synced = tokio::task::spawn_blocking(move || file.sync_all())
+                        .await
+                        .map_err(|e| std::io::Error::other(e.to_string()))
+                        .and_then(|r| r);
+                    synced.map(|()| exported).map_err(ExportError::Io)
+                }
+                Err(error) => Err(error),
+            }
+        };
+        let (unpaused, exported) = tokio::join!(ctl.engine.unpause(&details.id), synced);
+        if let Err(error) = unpaused {
             // The sandbox reconcile unpauses any container no snapshot holds.
             tracing::warn!(sandbox = sandbox_name, %error, "unpause after snapshot failed");
             ctl.queue.add((Kind::Sandbox, sandbox_name.to_string()));
@@ -361,46 +410,91 @@ enum ExportError {
     Archive(ArchiveError),
     #[error("{0}")]
     Io(std::io::Error),
+    /// The host's copy of the workspace cannot be used (the archive API is used instead).
+    #[error("the workspace cannot be read on this host: {0}")]
+    HostUnavailable(String),
 }
 
-/// Streams Docker's tar of `/workspace` through the export policy into `temp`, fsynced.
+/// Writes the workspace's tar through the export policy into `temp` (flushed, not yet synced):
+/// from the host's copy of the volume when `host` names one this process can read and that is
+/// verifiably the container's `/workspace`, else (or if reading it fails) through Docker's
+/// archive API. See the module documentation for why both give the same tar.
 async fn export(
     ctl: &Controller,
     container: &str,
+    host: Option<(PathBuf, i64)>,
     temp: &Path,
     owner: (u32, u32),
-) -> Result<Exported, ExportError> {
+) -> Result<(Exported, std::fs::File), ExportError> {
+    let limit = ctl.settings.max_snapshot_bytes;
+    let policy = Policy::export(ROOT_NAME, owner, Limits::with_max_bytes(limit));
+    if let Some((source, pid)) = host {
+        let host_temp = temp.to_path_buf();
+        let policy = policy.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            let root = host_root(&source, pid)?;
+            write_tar(HostTar::new(root, ROOT_NAME), &host_temp, limit, &policy)
+        })
+        .await
+        .map_err(|e| ExportError::Io(std::io::Error::other(e.to_string())))?;
+        match result {
+            Err(ExportError::HostUnavailable(reason))
+            | Err(ExportError::Archive(
+                ArchiveError::Read(reason)
+                | ArchiveError::Truncated(reason)
+                | ArchiveError::Malformed(reason),
+            )) => {
+                tracing::debug!(container, %reason, "reading the workspace through Docker instead");
+                let _ = std::fs::remove_file(temp);
+            }
+            other => return other,
+        }
+    }
+    export_docker(ctl, container, temp, limit, policy).await
+}
+
+/// Opens the volume's directory on this host, if it is the container's `/workspace`: the same
+/// inode as `/workspace` seen through the container's root (so a remote daemon's path, or one
+/// this process cannot read, is never trusted).
+fn host_root(source: &Path, pid: i64) -> Result<std::fs::File, ExportError> {
+    use std::os::unix::fs::MetadataExt;
+    let unavailable = |what: String| ExportError::HostUnavailable(what);
+    if pid <= 0 {
+        return Err(unavailable("the container has no process".into()));
+    }
+    let root = archive::open_root(source)
+        .map_err(|e| unavailable(format!("{}: {e}", source.display())))?;
+    let ours = root
+        .metadata()
+        .map_err(|e| unavailable(format!("{}: {e}", source.display())))?;
+    let seen = PathBuf::from(format!("/proc/{pid}/root{WORKSPACE}"));
+    let theirs =
+        std::fs::metadata(&seen).map_err(|e| unavailable(format!("{}: {e}", seen.display())))?;
+    if (ours.dev(), ours.ino()) != (theirs.dev(), theirs.ino()) {
+        return Err(unavailable(format!(
+            "{} is not the container's {WORKSPACE}",
+            source.display()
+        )));
+    }
+    Ok(root)
+}
+
+/// Streams Docker's tar of `/workspace` into `temp`, through a blocking writer thread.
+async fn export_docker(
+    ctl: &Controller,
+    container: &str,
+    temp: &Path,
+    limit: u64,
+    policy: Policy,
+) -> Result<(Exported, std::fs::File), ExportError> {
     let mut stream = ctl
         .engine
-        .archive_get(container, "/workspace")
+        .archive_get(container, WORKSPACE)
         .await
         .map_err(ExportError::Engine)?;
-    let limit = ctl.settings.max_snapshot_bytes;
-    let policy = Policy::export("workspace", owner, Limits::with_max_bytes(limit));
-    let (tx, reader) = ChannelReader::new(16);
+    let (tx, reader) = ChannelReader::new(64);
     let temp = temp.to_path_buf();
-    let writer = tokio::task::spawn_blocking(move || -> Result<Exported, ExportError> {
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp)
-            .map_err(ExportError::Io)?;
-        let capped = Capped::new(std::io::BufWriter::new(file), limit);
-        let (summary, mut capped) =
-            archive::transform(reader, capped, &policy).map_err(ExportError::Archive)?;
-        capped.flush().map_err(ExportError::Io)?;
-        let size = capped.written();
-        let (digest, buffered) = capped.finish();
-        let file = buffered
-            .into_inner()
-            .map_err(|e| ExportError::Io(e.into_error()))?;
-        file.sync_all().map_err(ExportError::Io)?;
-        Ok(Exported {
-            size,
-            digest,
-            summary,
-        })
-    });
+    let writer = tokio::task::spawn_blocking(move || write_tar(reader, &temp, limit, &policy));
     let mut engine_error = None;
     while let Some(chunk) = stream.next().await {
         let item = chunk.map_err(|e| {
@@ -421,6 +515,84 @@ async fn export(
     match (result, engine_error) {
         (Err(_), Some(engine)) => Err(ExportError::Engine(engine)),
         (result, _) => result,
+    }
+}
+
+/// Runs the export policy over `input` into a new file at `temp`, hashing what is written.
+/// Blocking.
+fn write_tar<R: std::io::Read>(
+    input: R,
+    temp: &Path,
+    limit: u64,
+    policy: &Policy,
+) -> Result<(Exported, std::fs::File), ExportError> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(temp)
+        .map_err(ExportError::Io)?;
+    let out = HashedWriter::new(Writeback::new(file), limit).map_err(ExportError::Io)?;
+    let (summary, out) = archive::transform(input, out, policy).map_err(ExportError::Archive)?;
+    let size = out.written();
+    let (digest, file) = out.finish().map_err(ExportError::Io)?;
+    let file = file.file;
+    Ok((
+        Exported {
+            size,
+            digest,
+            summary,
+        },
+        file,
+    ))
+}
+
+/// A file writer that starts the disk writes of what it was given every [`WRITEBACK_STEP`]
+/// bytes, so the final fsync of a large snapshot waits for the last step, not for all of it.
+struct Writeback {
+    file: std::fs::File,
+    written: u64,
+    started: u64,
+}
+
+const WRITEBACK_STEP: u64 = 32 * 1024 * 1024;
+
+impl Writeback {
+    fn new(file: std::fs::File) -> Writeback {
+        Writeback {
+            file,
+            written: 0,
+            started: 0,
+        }
+    }
+}
+
+impl Write for Writeback {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.written += n as u64;
+        if self.written - self.started >= WRITEBACK_STEP {
+            start_writeback(&self.file, self.started, self.written - self.started);
+            self.started = self.written;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+/// Asks the kernel to start writing a range of the file to disk, without waiting. Only a hint:
+/// durability comes from the fsync after it, so a failure is ignored.
+fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
+    use std::os::unix::io::AsRawFd;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return;
+    };
+    // SAFETY: the descriptor is owned by `file` and open for the whole call; the call reads no
+    // memory of ours.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE);
     }
 }
 
