@@ -232,7 +232,6 @@ async fn ensure_running(
             && status.container_id.as_deref().is_none_or(|id| id == c.id);
         built_for_us || claimed_id.as_deref() == Some(c.id.as_str())
     });
-    let recorded = status.container_id.clone();
     let details = match reusable {
         Some(details) => details,
         None => {
@@ -241,6 +240,11 @@ async fn ensure_running(
             let plan = plan_for(ctl, sandbox, effective, &volume).await?;
             ctl.engine.remove_container(&container_name(name)).await?;
             let id = ctl.engine.create_container(&plan).await?;
+            let (uid_num, gid_num) = ctl
+                .settings
+                .sandbox_uid_gid()
+                .map_err(|e| ReconcileError::Other(e.to_string()))?;
+            ctl.engine.prepare_workspace(&id, uid_num, gid_num).await?;
             status.applied_limits = Some(limits);
             status.container_id = Some(id.clone());
             status.claimed_from = None;
@@ -261,20 +265,6 @@ async fn ensure_running(
     }
     if !details.running {
         ctl.engine.start_container(&details.id).await?;
-    }
-    if recorded.as_deref() != Some(details.id.as_str()) {
-        // A container the status does not record yet: a new one, or one adopted after a crash
-        // that may have come before this step. Its workspace becomes the sandbox user's now,
-        // after the start, because Docker extracts into a running container's mounts without
-        // mounting its root filesystem again (much faster than before the start). Nobody can use
-        // the sandbox until the status below names the container. Repeating it is harmless.
-        let (uid_num, gid_num) = ctl
-            .settings
-            .sandbox_uid_gid()
-            .map_err(|e| ReconcileError::Other(e.to_string()))?;
-        ctl.engine
-            .prepare_workspace(&details.id, uid_num, gid_num)
-            .await?;
     }
     if status.applied_limits != Some(limits) {
         let updated = ctl
