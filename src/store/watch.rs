@@ -15,8 +15,10 @@ use tokio::time::{interval, sleep_until, Instant, MissedTickBehavior};
 
 use super::Store;
 
-/// Quiet time after the last notification before a folder is rescanned.
-const DEBOUNCE: Duration = Duration::from_millis(100);
+/// Quiet time after the last notification before a folder is rescanned. Short: it is on the path
+/// of every manifest edit, and an edit caught half-written is harmless (the document keeps its
+/// last good version, and the write's own later notification brings a rescan).
+const DEBOUNCE: Duration = Duration::from_millis(25);
 /// A folder that never stops changing is still rescanned this often.
 const MAX_DELAY: Duration = Duration::from_secs(1);
 /// Rescan everything this often, whatever notify says.
