@@ -615,8 +615,10 @@ fn reading_the_workspace_on_the_host_gives_the_same_tar_as_docker() {
         archive::transform(HostTar::new(root, "workspace"), Vec::new(), &policy).unwrap();
 
     assert_eq!(from_host_summary, from_docker_summary);
+    // gVisor keeps a FIFO made inside the sandbox to itself: the volume never holds it.
+    let dropped_or_changed = if test_runtime() == "runsc" { 1 } else { 2 };
     assert!(
-        from_host_summary.adjusted_count >= 2,
+        from_host_summary.adjusted_count >= dropped_or_changed,
         "the FIFO and the setuid bit are reported: {from_host_summary:?}"
     );
     assert!(
