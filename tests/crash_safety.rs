@@ -653,6 +653,10 @@ fn docker_daemon_restart_under_a_running_server() {
         &sandbox_manifest(&name, ""),
     );
     server.wait_running(&name);
+    assert_eq!(
+        docker_exec(&name, "echo kept > /workspace/through-restart").0,
+        0
+    );
     survives_docker_going_away(
         &server,
         || {
@@ -716,4 +720,7 @@ fn docker_daemon_restart_under_a_running_server() {
         },
         std::slice::from_ref(&name),
     );
+    // The container did not survive the daemon (no live-restore here); the workspace did.
+    let (code, out) = docker_exec(&name, "cat /workspace/through-restart");
+    assert_eq!((code, out.as_str()), (0, "kept\n"));
 }
