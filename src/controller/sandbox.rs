@@ -96,11 +96,14 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
 
     // A new rollback request. Its status write is the commit point, so it happens at once; a
     // failure leaves the old workspace, which ensure_running brings back up below.
+    // What it replaced is removed only after the sandbox is reported running again, so that
+    // nobody waits for the removal.
+    let mut replaced = None;
     let rollback_error =
         match restore::ensure_rollback(ctl, &sandbox, &effective, &mut status).await {
-            Ok(Some(replaced)) => {
+            Ok(Some(leftovers)) => {
                 write_status(ctl, &sandbox, status.clone()).await?;
-                replaced.remove(ctl).await;
+                replaced = Some(leftovers);
                 None
             }
             Ok(None) => None,
@@ -141,13 +144,8 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     status.phase = SandboxPhase::Running;
     status.message.clear();
     status.observed_generation = Some(generation);
-    if sandbox.spec.rollback.is_some() || status.last_rollback.is_some() {
-        if let Some(current) = status.workspace_volume.clone() {
-            if let Err(error) = restore::remove_stray_volumes(ctl, name, &current).await {
-                tracing::warn!(sandbox = name, %error, "removing replaced workspaces failed");
-            }
-        }
-    }
+    let rolled_back = sandbox.spec.rollback.is_some() || status.last_rollback.is_some();
+    let current_volume = status.workspace_volume.clone();
     if let Some(error) = rollback_error {
         // The sandbox runs as it was; the request stays pending and is retried with backoff.
         let request = sandbox
@@ -180,6 +178,14 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         generation,
     );
     write_status(ctl, &sandbox, status).await?;
+    if let Some(leftovers) = replaced {
+        leftovers.remove(ctl).await;
+    }
+    if let (true, Some(current)) = (rolled_back, current_volume) {
+        if let Err(error) = restore::remove_stray_volumes(ctl, name, &current).await {
+            tracing::warn!(sandbox = name, %error, "removing replaced workspaces failed");
+        }
+    }
     Ok(Outcome::at(expires_at))
 }
 
@@ -209,10 +215,6 @@ async fn ensure_running(
         .workspace_volume
         .clone()
         .unwrap_or_else(|| volume_name(name));
-
-    ctl.engine
-        .ensure_volume(&volume, &object_labels(ctl, name, &uid))
-        .await?;
     status.workspace_volume = Some(volume.clone());
 
     let limits = AppliedLimits {
@@ -237,6 +239,11 @@ async fn ensure_running(
         None => {
             // Either nothing is there, or it was built from another spec or resource: replace it,
             // keeping the workspace volume.
+            // Only a new container needs the volume checked: Docker never removes a volume that
+            // a container (running or not) still mounts, so an idle resync skips the lookup.
+            ctl.engine
+                .ensure_volume(&volume, &object_labels(ctl, name, &uid))
+                .await?;
             let plan = plan_for(ctl, sandbox, effective, &volume).await?;
             ctl.engine.remove_container(&container_name(name)).await?;
             let id = ctl.engine.create_container(&plan).await?;
