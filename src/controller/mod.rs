@@ -15,6 +15,7 @@ pub mod restore;
 mod sandbox;
 mod snapshot;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ use futures::StreamExt;
 use tokio::task::JoinSet;
 
 use crate::config::Settings;
-use crate::docker::{Engine, EngineError};
+use crate::docker::{container_name, Engine, EngineError};
 use crate::resource::{Kind, SandboxDefaults};
 use crate::store::{Store, StoreError};
 use queue::{Backoff, WorkQueue};
@@ -147,6 +148,55 @@ impl Controller {
         }
     }
 
+    /// The periodic resync: every resource except the sandboxes that are visibly as their status
+    /// says (phase Running at the current generation, not expiring, on a running container of
+    /// their own name with the recorded ID), judged from one container listing. An idle server
+    /// with many sandboxes thus costs one Docker call per resync, not one per sandbox. A lost
+    /// Docker event is still caught here; a failed listing falls back to queueing everything.
+    async fn enqueue_drifted(&self) {
+        let containers = match self.engine.list_containers().await {
+            Ok(containers) => containers,
+            Err(error) => {
+                tracing::debug!(%error, "cannot list containers; resyncing everything");
+                self.enqueue_all();
+                return;
+            }
+        };
+        let running: HashMap<&str, &str> = containers
+            .iter()
+            .filter(|c| c.is_running())
+            .map(|c| (c.id.as_str(), c.name.as_str()))
+            .collect();
+        let now = Utc::now();
+        let mut skipped = 0usize;
+        for kind in Kind::ALL {
+            for entry in self.store.list(kind) {
+                let name = entry.resource.name().to_string();
+                let settled = entry.resource.as_sandbox().is_some_and(|sandbox| {
+                    let Some(status) = &sandbox.status else {
+                        return false;
+                    };
+                    sandbox.metadata.deletion_timestamp.is_none()
+                        && status.phase == crate::resource::SandboxPhase::Running
+                        && status.observed_generation == sandbox.metadata.generation
+                        && status.expires_at.is_none_or(|at| at > now)
+                        && status.container_id.as_deref().is_some_and(|id| {
+                            running.get(id).copied() == Some(container_name(&name).as_str())
+                        })
+                });
+                if settled {
+                    skipped += 1;
+                } else {
+                    self.queue.add((kind, name));
+                }
+            }
+        }
+        tracing::debug!(
+            skipped,
+            "resync: sandboxes running as recorded were not queued"
+        );
+    }
+
     /// Starts the workers and every trigger. The tasks stop when the returned set is dropped.
     pub fn spawn(self: &Arc<Self>) -> JoinSet<()> {
         let mut tasks = JoinSet::new();
@@ -259,7 +309,7 @@ impl Controller {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            self.enqueue_all();
+            self.enqueue_drifted().await;
             if let Err(error) = gc::collect_garbage(&self).await {
                 tracing::warn!(%error, "garbage collection failed");
             }
