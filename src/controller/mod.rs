@@ -14,6 +14,8 @@ pub mod queue;
 pub mod restore;
 mod sandbox;
 mod snapshot;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::Arc;
