@@ -310,19 +310,7 @@ fn padding(size: u64) -> usize {
 
 /// A GNU long-name or long-link record for `value` (NUL-terminated, as GNU tar writes it).
 fn long_record(out: &mut Vec<u8>, kind: EntryType, value: &[u8]) {
-    let mut header = Header::new_gnu();
-    let marker = b"././@LongLink";
-    if let Some(gnu) = header.as_gnu_mut() {
-        gnu.name[..marker.len()].copy_from_slice(marker);
-    }
-    header.set_entry_type(kind);
-    header.set_mode(0o644);
-    header.set_uid(0);
-    header.set_gid(0);
-    header.set_mtime(0);
-    header.set_size(value.len() as u64 + 1);
-    header.set_cksum();
-    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(super::long_header(kind, value).as_bytes());
     out.extend_from_slice(value);
     out.push(0);
     let used = value.len() + 1;

@@ -539,6 +539,12 @@ fn long_record<W: Write>(
     kind: EntryType,
     value: &[u8],
 ) -> io::Result<()> {
+    builder.append(&long_header(kind, value), value.chain(&[0u8][..]))
+}
+
+/// The header of a GNU long-name or long-link record for `value`, whose data is `value` and a
+/// NUL (as GNU tar writes it).
+fn long_header(kind: EntryType, value: &[u8]) -> Header {
     let mut header = Header::new_gnu();
     let marker = b"././@LongLink";
     if let Some(gnu) = header.as_gnu_mut() {
@@ -549,10 +555,9 @@ fn long_record<W: Write>(
     header.set_uid(0);
     header.set_gid(0);
     header.set_mtime(0);
-    // NUL-terminated, as GNU tar writes it.
     header.set_size(value.len() as u64 + 1);
     header.set_cksum();
-    builder.append(&header, value.chain(&[0u8][..]))
+    header
 }
 
 /// Counts the bytes the tar reader consumed, to tell a clean end from a cut-off one.

@@ -15,6 +15,7 @@
 //!
 //! Nothing here holds more than `max_file_bytes` of content (plus bounded framing).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,7 +23,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 
-use super::channel::{helper_path, ChannelError};
+use super::channel::{helper_path, Channel, ChannelError};
 use super::exec::{self, channel_error, engine_error, Source};
 use super::{paths, DataPlane, DataPlaneError, DataPlaneResult, FileInfo, FileType, SandboxTarget};
 use crate::docker::{ExecOutput, ExecPlan};
@@ -97,6 +98,23 @@ fn base_name(path: &str) -> String {
 }
 
 impl DataPlane {
+    /// The container's shared helper channel, opened if need be; `None` when it has no helper.
+    async fn shared_channel(
+        &self,
+        target: &SandboxTarget,
+    ) -> DataPlaneResult<Option<Arc<Channel>>> {
+        let user = &self.settings.sandbox_user;
+        match self
+            .pool
+            .get(self.engine.as_ref(), &target.container_id, user)
+            .await
+        {
+            Ok(channel) => Ok(Some(channel)),
+            Err(ChannelError::NoHelper(_)) => Ok(None),
+            Err(e) => Err(channel_error(&target.name, e)),
+        }
+    }
+
     /// Runs a helper file mode on the container's shared channel; `None` when there is no helper.
     async fn oneshot(
         &self,
@@ -107,7 +125,6 @@ impl DataPlane {
         if !self.helper {
             return Ok(None);
         }
-        let user = &self.settings.sandbox_user;
         let mut argv = vec![helper_path()];
         argv.extend(args.iter().map(|a| a.to_string()));
         let request = StartRequest {
@@ -122,14 +139,8 @@ impl DataPlane {
         let fail = |e| channel_error(&target.name, e);
         let mut retried = false;
         loop {
-            let channel = match self
-                .pool
-                .get(self.engine.as_ref(), &target.container_id, user)
-                .await
-            {
-                Ok(c) => c,
-                Err(ChannelError::NoHelper(_)) => return Ok(None),
-                Err(e) => return Err(fail(e)),
+            let Some(channel) = self.shared_channel(target).await? else {
+                return Ok(None);
             };
             let running = channel.start(request.clone()).await.map_err(fail)?;
             let mut source = Source::helper(running);
@@ -150,11 +161,7 @@ impl DataPlane {
                     }));
                 }
                 Err((_, true)) if !retried => retried = true,
-                Err((why, _)) => {
-                    return Err(DataPlaneError::Backend(format!(
-                        "lost contact with the helper: {why}"
-                    )))
-                }
+                Err((why, _)) => return Err(lost_contact(why)),
             }
         }
     }
@@ -339,18 +346,11 @@ impl DataPlane {
         contents: &[u8],
         mode: u32,
     ) -> DataPlaneResult<Option<(Vec<u8>, Vec<u8>)>> {
-        let user = &self.settings.sandbox_user;
         let fail = |e| channel_error(&target.name, e);
         let mut retried = false;
         loop {
-            let channel = match self
-                .pool
-                .get(self.engine.as_ref(), &target.container_id, user)
-                .await
-            {
-                Ok(c) => c,
-                Err(ChannelError::NoHelper(_)) => return Ok(None),
-                Err(e) => return Err(fail(e)),
+            let Some(channel) = self.shared_channel(target).await? else {
+                return Ok(None);
             };
             let running = match channel.write_file(path, mode, contents).await {
                 Ok(r) => r,
@@ -375,11 +375,7 @@ impl DataPlane {
                 // Nothing was heard: the write is sent again (writing the same bytes twice is
                 // harmless even if the first one had been committed).
                 Err((_, true)) if !retried => retried = true,
-                Err((why, _)) => {
-                    return Err(DataPlaneError::Backend(format!(
-                        "lost contact with the helper: {why}"
-                    )))
-                }
+                Err((why, _)) => return Err(lost_contact(why)),
             }
         }
     }
@@ -509,6 +505,10 @@ fn no_helper_for_writes(why: &str) -> DataPlaneError {
     DataPlaneError::Backend(format!(
         "file writes need the in-sandbox helper, which this sandbox lacks: {why}"
     ))
+}
+
+fn lost_contact(why: impl std::fmt::Display) -> DataPlaneError {
+    DataPlaneError::Backend(format!("lost contact with the helper: {why}"))
 }
 
 #[cfg(test)]
