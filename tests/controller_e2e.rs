@@ -49,13 +49,7 @@ fn manifests_in_a_watched_folder_become_hardened_running_containers() {
         .as_array()
         .unwrap()
         .contains(&json!("GREETING=hi")));
-    let (status, out) = server.request(
-        "POST",
-        &format!("/v1/sandboxes/{a}/exec"),
-        Some(&json!({"command": "echo $GREETING"})),
-    );
-    assert_eq!(status, 200, "{out}");
-    assert_eq!(out["stdout"], "hi\n");
+    assert_eq!(server.exec(&a, "echo $GREETING").1, "hi\n");
     assert_eq!(host["CapDrop"], json!(["ALL"]));
     assert!(host["SecurityOpt"]
         .as_array()
@@ -174,13 +168,10 @@ fn editing_a_manifest_applies_the_change_and_keeps_the_workspace() {
         before_env,
         "an env change keeps the container"
     );
-    let (status, out) = server.request(
-        "POST",
-        &format!("/v1/sandboxes/{name}/exec"),
-        Some(&json!({"command": "cat /workspace/file; echo $MODE"})),
+    assert_eq!(
+        server.exec(&name, "cat /workspace/file; echo $MODE").1,
+        "kept\ntwo\n"
     );
-    assert_eq!(status, 200, "{out}");
-    assert_eq!(out["stdout"], "kept\ntwo\n");
 
     // The root filesystem mode shapes the container: a new one, same workspace.
     write_manifest(

@@ -41,20 +41,9 @@ fn members(pool: &str) -> Vec<String> {
     .collect()
 }
 
-#[test]
-fn sandboxes_claim_warm_containers_with_their_own_limits_and_the_pool_refills() {
-    let server = Server::start();
-    let pool = unique("warm");
-    let (status, body) = server.request(
-        "POST",
-        &format!("{API}/sandboxpools"),
-        Some(&pool_doc(&pool, 2)),
-    );
-    assert_eq!(status, 201, "{body}");
-    wait_pool_ready(&server, &pool, 2);
-    let before: HashSet<String> = members(&pool).into_iter().collect();
-    assert_eq!(before.len(), 2);
-    let member_ids: HashSet<String> = before
+/// Docker IDs of the pool's unclaimed members.
+fn member_ids(pool: &str) -> HashSet<String> {
+    members(pool)
         .iter()
         .map(|n| {
             inspect(&["--type", "container", n]).unwrap()["Id"]
@@ -62,7 +51,28 @@ fn sandboxes_claim_warm_containers_with_their_own_limits_and_the_pool_refills() 
                 .unwrap()
                 .to_string()
         })
-        .collect();
+        .collect()
+}
+
+/// Creates a pool of `size` members of the test image and waits until it is full.
+fn start_pool(server: &Server, prefix: &str, size: u32) -> String {
+    let pool = unique(prefix);
+    let (status, body) = server.request(
+        "POST",
+        &format!("{API}/sandboxpools"),
+        Some(&pool_doc(&pool, size)),
+    );
+    assert_eq!(status, 201, "{body}");
+    wait_pool_ready(server, &pool, size.into());
+    pool
+}
+
+#[test]
+fn sandboxes_claim_warm_containers_with_their_own_limits_and_the_pool_refills() {
+    let server = Server::start();
+    let pool = start_pool(&server, "warm", 2);
+    let member_ids = member_ids(&pool);
+    assert_eq!(member_ids.len(), 2);
 
     // runsc cannot change a live container's limits, so there only default-sized sandboxes
     // claim; under runc the claim applies the sandbox's own limits.
@@ -101,13 +111,8 @@ fn sandboxes_claim_warm_containers_with_their_own_limits_and_the_pool_refills() 
     assert_eq!(c["HostConfig"]["ReadonlyRootfs"], true);
     assert_eq!(c["HostConfig"]["CapDrop"], json!(["ALL"]));
     // The sandbox's env reaches its commands even though the container was made before it.
-    let (code, out) = server.request(
-        "POST",
-        &format!("/v1/sandboxes/{id}/exec"),
-        Some(&json!({"command": "echo $FROM; id -u; touch /workspace/x && echo ok"})),
-    );
-    assert_eq!(code, 200, "{out}");
-    assert_eq!(out["stdout"], "pool\n1000\nok\n");
+    let (_, out) = server.exec(&id, "echo $FROM; id -u; touch /workspace/x && echo ok");
+    assert_eq!(out, "pool\n1000\nok\n");
 
     // The pool refills to its size with a fresh member.
     wait_until("pool refilled", Duration::from_secs(60), || {
@@ -144,14 +149,7 @@ fn sandboxes_claim_warm_containers_with_their_own_limits_and_the_pool_refills() 
 #[test]
 fn concurrent_claims_never_share_a_container() {
     let server = Server::start();
-    let pool = unique("race");
-    let (status, _) = server.request(
-        "POST",
-        &format!("{API}/sandboxpools"),
-        Some(&pool_doc(&pool, 3)),
-    );
-    assert_eq!(status, 201);
-    wait_pool_ready(&server, &pool, 3);
+    let pool = start_pool(&server, "race", 3);
     let url = server.url.clone();
     let key = server.key.clone();
     let handles: Vec<_> = (0..6)
@@ -208,19 +206,6 @@ const LISTING: &str = r#"cd /workspace && find . -mindepth 1 | sort | while read
   else echo "$p ${s% *}"; fi
 done"#;
 
-fn api_exec(server: &Server, id: &str, command: &str) -> (i64, String) {
-    let (status, out) = server.request(
-        "POST",
-        &format!("/v1/sandboxes/{id}/exec"),
-        Some(&json!({ "command": command })),
-    );
-    assert_eq!(status, 200, "{command}: {out}");
-    (
-        out["exit_code"].as_i64().unwrap(),
-        out["stdout"].as_str().unwrap().to_string(),
-    )
-}
-
 fn container_id_of(server: &Server, id: &str) -> String {
     server.get("sandboxes", id).unwrap()["status"]["containerID"]
         .as_str()
@@ -231,14 +216,7 @@ fn container_id_of(server: &Server, id: &str) -> String {
 #[test]
 fn rollback_and_fork_take_warm_containers_and_restore_the_snapshot_faithfully() {
     let server = Server::start();
-    let pool = unique("restore");
-    let (status, body) = server.request(
-        "POST",
-        &format!("{API}/sandboxpools"),
-        Some(&pool_doc(&pool, 2)),
-    );
-    assert_eq!(status, 201, "{body}");
-    wait_pool_ready(&server, &pool, 2);
+    let pool = start_pool(&server, "restore", 2);
 
     let (status, created) = server.request(
         "POST",
@@ -252,8 +230,8 @@ fn rollback_and_fork_take_warm_containers_and_restore_the_snapshot_faithfully() 
         chmod 600 private/key; head -c 200000 /dev/urandom > src/blob; ln -s main.py src/link; \
         ln -s /etc/hostname abs-link; touch -d '2021-02-03 04:05:06' src/main.py private; \
         touch -h -d '2020-01-01 00:00:00' src/link";
-    assert_eq!(api_exec(&server, &id, tree).0, 0);
-    let before = api_exec(&server, &id, LISTING).1;
+    assert_eq!(server.exec(&id, tree).0, 0);
+    let before = server.exec(&id, LISTING).1;
     assert!(before.contains("./empty directory"), "{before}");
     let (status, snap) = server.request(
         "POST",
@@ -264,8 +242,7 @@ fn rollback_and_fork_take_warm_containers_and_restore_the_snapshot_faithfully() 
     let snap = snap["id"].as_str().unwrap().to_string();
 
     // Change the workspace, leave a process and /tmp state, then roll back.
-    api_exec(
-        &server,
+    server.exec(
         &id,
         "rm -rf /workspace/src && echo new > /workspace/new && echo t > /tmp/marker",
     );
@@ -276,15 +253,7 @@ fn rollback_and_fork_take_warm_containers_and_restore_the_snapshot_faithfully() 
     );
     assert_eq!(status, 200, "{out}");
     wait_pool_ready(&server, &pool, 2);
-    let warm: HashSet<String> = members(&pool)
-        .iter()
-        .map(|n| {
-            inspect(&["--type", "container", n]).unwrap()["Id"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
+    let warm = member_ids(&pool);
     let old_container = container_id_of(&server, &id);
     let old_volume = server.get("sandboxes", &id).unwrap()["status"]["workspaceVolume"]
         .as_str()
@@ -307,12 +276,12 @@ fn rollback_and_fork_take_warm_containers_and_restore_the_snapshot_faithfully() 
         container(&id).expect("the sandbox's name")["Id"],
         new_container.as_str()
     );
-    assert_eq!(api_exec(&server, &id, LISTING).1, before);
-    let (code, _) = api_exec(&server, &id, "test -e /tmp/marker");
+    assert_eq!(server.exec(&id, LISTING).1, before);
+    let (code, _) = server.exec(&id, "test -e /tmp/marker");
     assert_ne!(code, 0, "/tmp starts empty after a rollback");
-    let (_, processes) = api_exec(&server, &id, "ps -o args | grep -c '[s]leep 1000' || true");
+    let (_, processes) = server.exec(&id, "ps -o args | grep -c '[s]leep 1000' || true");
     assert_eq!(processes.trim(), "0", "processes do not survive a rollback");
-    assert_eq!(api_exec(&server, &id, "echo $MODE; id -u").1, "one\n1000\n");
+    assert_eq!(server.exec(&id, "echo $MODE; id -u").1, "one\n1000\n");
     let c = container(&id).unwrap();
     assert_eq!(c["HostConfig"]["ReadonlyRootfs"], true);
     assert_eq!(c["HostConfig"]["CapDrop"], json!(["ALL"]));
@@ -340,15 +309,7 @@ fn rollback_and_fork_take_warm_containers_and_restore_the_snapshot_faithfully() 
 
     // A fork of the snapshot also starts from a warm container.
     wait_pool_ready(&server, &pool, 2);
-    let warm: HashSet<String> = members(&pool)
-        .iter()
-        .map(|n| {
-            inspect(&["--type", "container", n]).unwrap()["Id"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
+    let warm = member_ids(&pool);
     let (status, forked) = server.request(
         "POST",
         &format!("/v1/snapshots/{snap}/fork"),
@@ -361,10 +322,10 @@ fn rollback_and_fork_take_warm_containers_and_restore_the_snapshot_faithfully() 
         server.get("sandboxes", &child).unwrap()["status"]["claimedFrom"],
         pool.as_str()
     );
-    assert_eq!(api_exec(&server, &child, LISTING).1, before);
-    assert_eq!(api_exec(&server, &child, "echo $MODE").1, "one\n");
-    api_exec(&server, &child, "echo mine > /workspace/own");
-    assert_ne!(api_exec(&server, &id, "test -e /workspace/own").0, 0);
+    assert_eq!(server.exec(&child, LISTING).1, before);
+    assert_eq!(server.exec(&child, "echo $MODE").1, "one\n");
+    server.exec(&child, "echo mine > /workspace/own");
+    assert_ne!(server.exec(&id, "test -e /workspace/own").0, 0);
 
     for sandbox in [&id, &child] {
         let (status, _) = server.request("DELETE", &format!("/v1/sandboxes/{sandbox}"), None);

@@ -66,18 +66,6 @@ fn snapshot(server: &Server, name: &str, of: &str) -> Value {
         .unwrap()
 }
 
-/// Runs `script` through the API, which gives it the sandbox's env (`docker exec` would not).
-fn api_exec(server: &Server, name: &str, script: &str) -> String {
-    let (status, out) = server.request(
-        "POST",
-        &format!("/v1/sandboxes/{name}/exec"),
-        Some(&json!({ "command": script })),
-    );
-    assert_eq!(status, 200, "{script}: {out}");
-    assert_eq!(out["exit_code"], 0, "{script}: {out}");
-    out["stdout"].as_str().unwrap_or_default().to_string()
-}
-
 fn exec(name: &str, script: &str) -> String {
     let (code, out) = docker_exec(name, script);
     assert_eq!(code, 0, "{script}: {out}");
@@ -234,7 +222,7 @@ fn snapshot_rollback_and_fork_restore_the_workspace_faithfully() {
     assert_ne!(rolled["status"]["workspaceVolume"], volume_before);
     let (code, _) = docker_exec(&name, "test -e /tmp/marker");
     assert_ne!(code, 0, "/tmp starts empty after a rollback");
-    assert_eq!(api_exec(&server, &name, "echo $MODE"), "one\n");
+    assert_eq!(server.exec(&name, "echo $MODE"), (0, "one\n".into()));
     wait_until("old workspace removed", LONG, || {
         volumes_of(&name).len() == 1
     });
@@ -286,7 +274,7 @@ fn snapshot_rollback_and_fork_restore_the_workspace_faithfully() {
             before,
             "fork {child} has the snapshot's workspace"
         );
-        assert_eq!(api_exec(&server, child, "echo $MODE"), "one\n");
+        assert_eq!(server.exec(child, "echo $MODE"), (0, "one\n".into()));
     }
     // Children are independent.
     exec(&children[0], "echo mine > /workspace/own");

@@ -162,6 +162,19 @@ impl Server {
         (status, value)
     }
 
+    /// Runs `command` in sandbox `name` through `/v1` exec (which gives it the sandbox's env, as
+    /// a plain `docker exec` would not); returns the exit code and stdout.
+    pub fn exec(&self, name: &str, command: &str) -> (i64, String) {
+        let body = serde_json::json!({ "command": command });
+        let (status, out) =
+            self.request("POST", &format!("/v1/sandboxes/{name}/exec"), Some(&body));
+        assert_eq!(status, 200, "/v1 exec of {command:?} in {name}: {out}");
+        (
+            out["exit_code"].as_i64().unwrap_or(-1),
+            out["stdout"].as_str().unwrap_or_default().to_string(),
+        )
+    }
+
     pub fn request_raw(
         &self,
         method: &str,
