@@ -41,13 +41,8 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
         .iter()
         .filter_map(|e| {
             let sandbox = e.resource.as_sandbox()?;
-            let wanted = &sandbox.spec.rollback.as_ref()?.request_id;
-            let done = sandbox
-                .status
-                .as_ref()
-                .and_then(|s| s.last_rollback.as_ref())
-                .is_some_and(|r| &r.request_id == wanted);
-            (!done).then(|| sandbox.metadata.name.clone())
+            sandbox.spec.pending_rollback(sandbox.status.as_ref())?;
+            Some(sandbox.metadata.name.clone())
         })
         .collect();
     let statuses: Vec<_> = sandboxes

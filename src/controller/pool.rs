@@ -19,6 +19,7 @@ use crate::docker::{
 };
 use crate::resource::{
     AppliedLimits, ConditionStatus, EffectiveSandbox, Kind, SandboxPool, SandboxPoolStatus,
+    SandboxStatus,
 };
 
 /// Prefix of a pool member's `io.agent-sandbox.id`.
@@ -30,6 +31,18 @@ pub(super) struct Claimed {
     pub container_id: String,
     pub volume: String,
     pub limits: AppliedLimits,
+}
+
+impl Claimed {
+    /// Makes `status` describe this claimed, running member as the sandbox's container.
+    pub(super) fn record(self, status: &mut SandboxStatus, effective: &EffectiveSandbox) {
+        status.container_id = Some(self.container_id);
+        status.workspace_volume = Some(self.volume);
+        status.applied_limits = Some(self.limits);
+        status.claimed_from = Some(self.pool);
+        status.container_hash = Some(effective.container_hash());
+        status.started_at = Some(Utc::now());
+    }
 }
 
 /// The pool a member id (`pool.<pool>.<random>`) belongs to.

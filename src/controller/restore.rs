@@ -240,7 +240,7 @@ pub(super) async fn ensure_source(
     if let Some(claimed) =
         claim_filled(ctl, sandbox, effective, &container_name(name), &snapshot).await?
     {
-        record_claim(status, claimed, effective);
+        claimed.record(status, effective);
         status.source_snapshot = Some(source.snapshot.clone());
         return Ok(());
     }
@@ -329,23 +329,16 @@ pub(super) async fn ensure_rollback(
     status: &mut SandboxStatus,
 ) -> Result<Option<Replaced>, RestoreError> {
     let name = sandbox.metadata.name.as_str();
-    let Some(request) = &sandbox.spec.rollback else {
+    let Some(request) = sandbox.spec.pending_rollback(Some(status)) else {
         return Ok(None);
     };
-    let done = status
-        .last_rollback
-        .as_ref()
-        .is_some_and(|r| r.request_id == request.request_id);
-    if done {
-        return Ok(None);
-    }
     // A snapshot of this sandbox in progress finishes first.
     let _lock = ctl.snapshots.lock(name).await;
     let snapshot = validated(ctl, &request.snapshot).await?;
-    let record = RollbackRecord {
+    let completed = |completed_at| RollbackRecord {
         request_id: request.request_id.clone(),
         snapshot: request.snapshot.clone(),
-        completed_at: Utc::now(),
+        completed_at,
     };
     let staging = staging_container_name(name);
     if let Some(claimed) = claim_filled(ctl, sandbox, effective, &staging, &snapshot).await? {
@@ -362,12 +355,9 @@ pub(super) async fn ensure_rollback(
             .rename_container(&claimed.container_id, &current)
             .await?;
         let old_volume = status.workspace_volume.clone();
-        record_claim(status, claimed, effective);
+        claimed.record(status, effective);
         status.source_snapshot = Some(request.snapshot.clone());
-        status.last_rollback = Some(RollbackRecord {
-            completed_at: Utc::now(),
-            ..record
-        });
+        status.last_rollback = Some(completed(Utc::now()));
         return Ok(Some(Replaced {
             container: replaced,
             volume: old_volume,
@@ -392,10 +382,7 @@ pub(super) async fn ensure_rollback(
     status.source_snapshot = Some(request.snapshot.clone());
     status.claimed_from = None;
     status.container_hash = None;
-    status.last_rollback = Some(RollbackRecord {
-        completed_at: now,
-        ..record
-    });
+    status.last_rollback = Some(completed(now));
     // The old container is already gone; the old volume is left to the stray-volume cleanup.
     Ok(Some(Replaced::default()))
 }
@@ -428,16 +415,6 @@ async fn claim_filled(
         return Err(error);
     }
     Ok(Some(claimed))
-}
-
-/// Makes `status` describe a claimed, running pool member.
-fn record_claim(status: &mut SandboxStatus, claimed: Claimed, effective: &EffectiveSandbox) {
-    status.container_id = Some(claimed.container_id);
-    status.workspace_volume = Some(claimed.volume);
-    status.applied_limits = Some(claimed.limits);
-    status.claimed_from = Some(claimed.pool);
-    status.container_hash = Some(effective.container_hash());
-    status.started_at = Some(Utc::now());
 }
 
 /// Removes this sandbox's workspace volumes other than `current` (left by a rollback that

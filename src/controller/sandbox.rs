@@ -202,12 +202,7 @@ async fn ensure_running(
     if status.container_id.is_none() && status.workspace_volume.is_none() {
         // A brand-new sandbox: a warm container, when a pool has one, beats creating one.
         if let Some(claimed) = ctl.claim_from_pool(name, effective).await? {
-            status.container_id = Some(claimed.container_id);
-            status.workspace_volume = Some(claimed.volume);
-            status.applied_limits = Some(claimed.limits);
-            status.claimed_from = Some(claimed.pool);
-            status.container_hash = Some(hash);
-            status.started_at = Some(Utc::now());
+            claimed.record(status, effective);
             return Ok(());
         }
     }

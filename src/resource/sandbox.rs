@@ -170,6 +170,15 @@ pub struct EffectiveSandbox {
 }
 
 impl SandboxSpec {
+    /// The rollback this spec asks for that `status` does not record as done yet.
+    pub fn pending_rollback(&self, status: Option<&SandboxStatus>) -> Option<&RollbackRequest> {
+        let request = self.rollback.as_ref()?;
+        let done = status
+            .and_then(|s| s.last_rollback.as_ref())
+            .is_some_and(|r| r.request_id == request.request_id);
+        (!done).then_some(request)
+    }
+
     pub fn effective(&self, defaults: &SandboxDefaults) -> EffectiveSandbox {
         EffectiveSandbox {
             image: self.image.clone().unwrap_or_else(|| defaults.image.clone()),
