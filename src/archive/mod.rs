@@ -3,8 +3,10 @@
 //!
 //! Docker's archive API extracts as root, honours the owner and mode in each header and follows
 //! symlinks inside the container, so a tar handed to it must be harmless by construction. One
-//! streaming pass, [`transform`], reads a tar entry by entry, applies the rules below and writes a
-//! freshly built tar (new headers, forced owner, no extension records) to any [`Write`]:
+//! streaming pass reads a tar entry by entry and applies the rules below; what it lets through
+//! goes either into a freshly built tar (new headers, forced owner, no extension records) written
+//! to any [`Write`] ([`transform`]), or straight into a directory of this host ([`unpack`], which
+//! never follows a symlink nor replaces an existing name):
 //!
 //! - only regular files, directories, symlinks and hard links to an earlier regular file of the
 //!   same archive; no devices, FIFOs, sparse or unknown entries;
@@ -19,16 +21,19 @@
 //! FIFO or a setuid bit the sandbox user set) the offending entries are dropped or stripped and
 //! listed in the [`Summary`]. This module never talks to Docker; apart from [`HostTar`] (which
 //! reads a directory of this host, without following symlinks, into the same tar form Docker's
-//! archive API gives) it never touches the filesystem beyond the reader and writer it is given.
+//! archive API gives) and [`unpack`] it never touches the filesystem beyond the reader and writer
+//! it is given.
 
 mod digest;
 mod host;
 mod pipe;
 #[cfg(test)]
 mod tests;
+mod unpack;
 
 use std::cell::Cell;
 use std::collections::HashSet;
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::rc::Rc;
 
@@ -204,46 +209,79 @@ pub fn transform<R: Read, W: Write>(
     output: W,
     policy: &Policy,
 ) -> Result<(Summary, W), ArchiveError> {
+    // The builder writes an end-of-archive marker when dropped; after a failure that marker
+    // would make a prefix look like a whole archive, so the gate closes first.
+    let open = Rc::new(Cell::new(true));
+    let mut sink = TarSink(tar::Builder::new(Gate {
+        inner: output,
+        open: Rc::clone(&open),
+    }));
+    let result = run(input, &mut sink, policy).and_then(|summary| {
+        sink.0.finish().map_err(|e| lift(e, ArchiveError::Write))?;
+        Ok(summary)
+    });
+    let summary = match result {
+        Ok(summary) => summary,
+        Err(error) => {
+            open.set(false);
+            return Err(error);
+        }
+    };
+    let gate = sink
+        .0
+        .into_inner()
+        .map_err(|e| lift(e, ArchiveError::Write))?;
+    Ok((summary, gate.inner))
+}
+
+/// Reads the tar `input`, applies `policy`, and extracts what it lets through below the directory
+/// `root` of this host (see [`unpack`](self::unpack) for how nothing is followed or overwritten).
+/// On error the tree holds part of the archive and must be discarded.
+pub fn unpack<R: Read>(input: R, root: File, policy: &Policy) -> Result<Summary, ArchiveError> {
+    let mut sink = unpack::HostSink::new(root);
+    let summary = run(input, &mut sink, policy)?;
+    sink.finish()?;
+    Ok(summary)
+}
+
+/// Where [`run`] delivers each entry it lets through, rebuilt: `header` is fresh (forced owner,
+/// kept mode bits, mtime, size), `name` the normalized in-tree name, `target` a symlink's target
+/// or a hard link's (normalized) earlier file, and `data` exactly a regular file's contents.
+trait Sink {
+    fn append<D: Read>(
+        &mut self,
+        header: Header,
+        name: &[u8],
+        target: Option<&[u8]>,
+        data: D,
+    ) -> Result<(), ArchiveError>;
+}
+
+/// The one pass over `input` both outputs share: every rule of the module applies here.
+fn run<R: Read, S: Sink>(input: R, sink: &mut S, policy: &Policy) -> Result<Summary, ArchiveError> {
     let consumed = Rc::new(Cell::new(0));
     let mut archive = tar::Archive::new(Counting {
         inner: input,
         count: Rc::clone(&consumed),
     });
-    // The builder writes an end-of-archive marker when dropped; after a failure that marker
-    // would make a prefix look like a whole archive, so the gate closes first.
-    let open = Rc::new(Cell::new(true));
-    let mut builder = tar::Builder::new(Gate {
-        inner: output,
-        open: Rc::clone(&open),
-    });
     let mut state = State::default();
-    let result = (|| {
-        let mut last_end = 0u64;
-        let entries = archive
-            .entries()
-            .map_err(|e| lift(e, ArchiveError::Malformed))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| lift(e, ArchiveError::Malformed))?;
-            last_end = entry.raw_file_position() + padded(entry.size());
-            state.entry(entry, &mut builder, policy)?;
-        }
-        // A clean end has a zero block after the last entry; EOF at an entry boundary means the
-        // archive was cut off there.
-        if consumed.get() < last_end + BLOCK {
-            return Err(ArchiveError::Truncated(
-                "the end-of-archive marker is missing".into(),
-            ));
-        }
-        builder.finish().map_err(|e| lift(e, ArchiveError::Write))
-    })();
-    if let Err(error) = result {
-        open.set(false);
-        return Err(error);
+    let mut last_end = 0u64;
+    let entries = archive
+        .entries()
+        .map_err(|e| lift(e, ArchiveError::Malformed))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| lift(e, ArchiveError::Malformed))?;
+        last_end = entry.raw_file_position() + padded(entry.size());
+        state.entry(entry, sink, policy)?;
     }
-    let gate = builder
-        .into_inner()
-        .map_err(|e| lift(e, ArchiveError::Write))?;
-    Ok((state.summary, gate.inner))
+    // A clean end has a zero block after the last entry; EOF at an entry boundary means the
+    // archive was cut off there.
+    if consumed.get() < last_end + BLOCK {
+        return Err(ArchiveError::Truncated(
+            "the end-of-archive marker is missing".into(),
+        ));
+    }
+    Ok(state.summary)
 }
 
 /// Passes writes through until closed, then refuses them.
@@ -278,10 +316,10 @@ struct State {
 }
 
 impl State {
-    fn entry<R: Read, W: Write>(
+    fn entry<R: Read, S: Sink>(
         &mut self,
         mut entry: tar::Entry<'_, R>,
-        builder: &mut tar::Builder<W>,
+        sink: &mut S,
         policy: &Policy,
     ) -> Result<(), ArchiveError> {
         let raw_name = entry.path_bytes().into_owned();
@@ -349,7 +387,7 @@ impl State {
         match kind {
             EntryType::Directory => {
                 self.dirs.insert(name.clone());
-                append(builder, header, &name, None, io::empty())
+                sink.append(header, &name, None, io::empty())
             }
             EntryType::Symlink => {
                 let target = entry.link_name_bytes().map(|t| t.into_owned());
@@ -359,7 +397,7 @@ impl State {
                 if target.contains(&0) {
                     return Err(ArchiveError::Nul(shown));
                 }
-                append(builder, header, &name, Some(&target), io::empty())
+                sink.append(header, &name, Some(&target), io::empty())
             }
             EntryType::Link => {
                 let raw_target = entry
@@ -384,7 +422,7 @@ impl State {
                     }
                     return Err(outside());
                 }
-                append(builder, header, &name, Some(&target), io::empty())
+                sink.append(header, &name, Some(&target), io::empty())
             }
             _ => {
                 let size = entry.size();
@@ -402,7 +440,7 @@ impl State {
                     remaining: size,
                     name: shown,
                 };
-                append(builder, header, &name, None, data)
+                sink.append(header, &name, None, data)
             }
         }
     }
@@ -470,44 +508,50 @@ fn type_name(kind: EntryType) -> String {
     }
 }
 
-/// Writes one entry with `name` (and link `target`) stored verbatim, using GNU long-name records
-/// when they do not fit the header. Done by hand because the tar crate's own path handling
-/// re-normalizes link targets, and a restored symlink must point exactly where it did.
-fn append<W: Write, D: Read>(
-    builder: &mut tar::Builder<W>,
-    mut header: Header,
-    name: &[u8],
-    target: Option<&[u8]>,
-    data: D,
-) -> Result<(), ArchiveError> {
-    let write = |e| lift(e, ArchiveError::Write);
-    let is_dir = header.entry_type() == EntryType::Directory;
-    let mut stored_name = name.to_vec();
-    if is_dir {
-        stored_name.push(b'/');
-    }
-    let fields = header
-        .as_gnu_mut()
-        .ok_or_else(|| ArchiveError::Write("GNU header expected".into()))?;
-    if stored_name.len() > fields.name.len() {
-        long_record(builder, EntryType::GNULongName, &stored_name).map_err(write)?;
-    }
-    let n = stored_name.len().min(fields.name.len());
-    fields.name[..n].copy_from_slice(&stored_name[..n]);
-    if let Some(target) = target {
-        if target.len() > fields.linkname.len() {
-            long_record(builder, EntryType::GNULongLink, target).map_err(write)?;
+/// The rebuilt tar: each entry with `name` (and link `target`) stored verbatim, using GNU
+/// long-name records when they do not fit the header. Done by hand because the tar crate's own
+/// path handling re-normalizes link targets, and a restored symlink must point exactly where it
+/// did.
+struct TarSink<W: Write>(tar::Builder<W>);
+
+impl<W: Write> Sink for TarSink<W> {
+    fn append<D: Read>(
+        &mut self,
+        mut header: Header,
+        name: &[u8],
+        target: Option<&[u8]>,
+        data: D,
+    ) -> Result<(), ArchiveError> {
+        let builder = &mut self.0;
+        let write = |e| lift(e, ArchiveError::Write);
+        let is_dir = header.entry_type() == EntryType::Directory;
+        let mut stored_name = name.to_vec();
+        if is_dir {
+            stored_name.push(b'/');
         }
-        let n = target.len().min(fields.linkname.len());
-        fields.linkname[..n].copy_from_slice(&target[..n]);
+        let fields = header
+            .as_gnu_mut()
+            .ok_or_else(|| ArchiveError::Write("GNU header expected".into()))?;
+        if stored_name.len() > fields.name.len() {
+            long_record(builder, EntryType::GNULongName, &stored_name).map_err(write)?;
+        }
+        let n = stored_name.len().min(fields.name.len());
+        fields.name[..n].copy_from_slice(&stored_name[..n]);
+        if let Some(target) = target {
+            if target.len() > fields.linkname.len() {
+                long_record(builder, EntryType::GNULongLink, target).map_err(write)?;
+            }
+            let n = target.len().min(fields.linkname.len());
+            fields.linkname[..n].copy_from_slice(&target[..n]);
+        }
+        header.set_cksum();
+        if header.entry_type() != EntryType::Regular {
+            return builder.append(&header, data).map_err(write);
+        }
+        // File data is copied in large pieces: `Builder::append` goes through an 8 KiB buffer,
+        // and every piece is hashed and written separately further down.
+        copy_entry(builder.get_mut(), &header, data).map_err(write)
     }
-    header.set_cksum();
-    if header.entry_type() != EntryType::Regular {
-        return builder.append(&header, data).map_err(write);
-    }
-    // File data is copied in large pieces: `Builder::append` goes through an 8 KiB buffer, and
-    // every piece is hashed and written separately further down.
-    copy_entry(builder.get_mut(), &header, data).map_err(write)
 }
 
 /// Writes `header`, all of `data` and the padding to a whole block, as `Builder::append` does.
