@@ -134,6 +134,11 @@ pub struct Settings {
     /// How often every resource is reconciled even without a trigger, in seconds.
     #[arg(long, env = "AGENT_SANDBOX_RESYNC_SECONDS", default_value_t = 300.0)]
     pub resync_seconds: f64,
+    /// Read and write workspace volumes directly on this host when their directory is verifiably
+    /// the sandbox's (faster snapshots, restores and creates); `false` always goes through
+    /// Docker's archive API.
+    #[arg(long, env = "AGENT_SANDBOX_HOST_WORKSPACE_ACCESS", default_value = "true", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub host_workspace_access: bool,
     /// How many reconciles may run at once.
     #[arg(long, env = "AGENT_SANDBOX_RECONCILE_WORKERS", default_value_t = 8)]
     pub reconcile_workers: usize,

@@ -201,7 +201,15 @@ fn editing_a_manifest_applies_the_change_and_keeps_the_workspace() {
     );
     let (_, out) = docker_exec(&name, "cat /workspace/file");
     assert_eq!(out, "kept\n");
-    assert_eq!(containers_of(&name).len(), 1);
+    // The replaced container served until its successor took the name; it goes right after.
+    wait_until(
+        "the replaced container is removed",
+        Duration::from_secs(10),
+        || {
+            let left = containers_of(&name);
+            left.len() == 1 && second.starts_with(&left[0])
+        },
+    );
 
     // Labels are not spec: no generation bump, no new container.
     let labeled = sandbox_manifest(

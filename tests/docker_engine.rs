@@ -88,6 +88,7 @@ fn runtime() -> Option<String> {
 fn plan(sandbox: &str) -> ContainerPlan {
     ContainerPlan {
         sandbox: sandbox.to_string(),
+        name: None,
         uid: format!("uid-{sandbox}"),
         server: "docker-engine-test".into(),
         image: IMAGE.into(),

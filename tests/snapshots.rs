@@ -616,3 +616,117 @@ fn reading_the_workspace_on_the_host_gives_the_same_tar_as_docker() {
     assert_eq!(std::fs::read(&stored).unwrap(), from_host);
     delete(&server, "sandboxes", &name);
 }
+
+/// Docker's actions on the container `id` since `since` (Unix seconds), as `docker events`
+/// recorded them.
+fn container_actions(id: &str, since: f64) -> Vec<String> {
+    std::thread::sleep(Duration::from_millis(200));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    docker(&[
+        "events",
+        "--since",
+        &format!("{since:.3}"),
+        "--until",
+        &format!("{now:.3}"),
+        "--filter",
+        &format!("container={id}"),
+        "--format",
+        "{{.Action}}",
+    ])
+    .lines()
+    .map(str::to_string)
+    .collect()
+}
+
+/// With a server that may use this host's copy of the volumes and one that may not: new,
+/// restored and rolled-back workspaces are alike (owner, contents, modes, mtimes, links), and
+/// Docker's archive API is used exactly when the host path is not.
+#[test]
+fn workspaces_are_made_on_the_host_when_verifiable_and_match_the_archive_api() {
+    // The host path needs a process of the container to prove the directory is its /workspace;
+    // gVisor's sandbox process shows no container files, so under runsc both go through Docker.
+    let host_possible = test_runtime() != "runsc";
+    let on_host = Server::start();
+    let through_docker = Server::start_with(&[("AGENT_SANDBOX_HOST_WORKSPACE_ACCESS", "false")]);
+    for (server, host_expected) in [(&on_host, host_possible), (&through_docker, false)] {
+        let origin = unique("origin");
+        // The first container of a server shows it whether the host path works.
+        sandbox(server, &origin, json!({}));
+        exec(&origin, TREE);
+        let before = listing(&origin);
+        let snap = unique("s");
+        let taken = snapshot(server, &snap, &origin);
+        assert_eq!(taken["status"]["phase"], "Ready", "{taken:#}");
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+
+        // A new workspace, one restored from the snapshot, and a rollback.
+        let fresh = unique("fresh");
+        sandbox(server, &fresh, json!({}));
+        let copy = unique("copy");
+        sandbox(server, &copy, json!({"source": {"snapshot": snap}}));
+        exec(
+            &origin,
+            "rm -rf /workspace/src && echo changed > /workspace/new",
+        );
+        replace(
+            server,
+            "sandboxes",
+            "Sandbox",
+            &origin,
+            json!({"image": TEST_IMAGE, "rollback": {"snapshot": snap, "requestId": "r-1"}}),
+        );
+        let rolled = server
+            .wait_for("sandboxes", &origin, "rolled back", LONG, |r| {
+                r.is_some_and(|r| {
+                    r["status"]["lastRollback"]["requestId"] == "r-1"
+                        && r["status"]["phase"] == "Running"
+                })
+            })
+            .unwrap();
+
+        for name in [&fresh, &copy, &origin] {
+            let id = server.get("sandboxes", name).unwrap()["status"]["containerID"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            let actions = container_actions(&id, since);
+            assert!(
+                actions.contains(&"start".to_string()),
+                "{name}: {actions:?}"
+            );
+            assert_eq!(
+                actions.contains(&"extract-to-dir".to_string()),
+                !host_expected,
+                "{name}: the archive API is used exactly when the host path is not: {actions:?}"
+            );
+        }
+        assert_eq!(
+            exec(
+                &fresh,
+                "stat -c '%u:%g %a' /workspace && touch /workspace/mine && echo ok"
+            ),
+            "1000:1000 755\nok\n",
+            "a new workspace belongs to the sandbox user"
+        );
+        assert_eq!(
+            listing(&copy),
+            before,
+            "a restored workspace is the snapshot"
+        );
+        assert_eq!(
+            listing(&origin),
+            before,
+            "a rolled-back workspace is the snapshot"
+        );
+        assert_eq!(rolled["status"]["sourceSnapshot"], snap.as_str());
+        for name in [&fresh, &copy, &origin] {
+            delete(server, "sandboxes", name);
+        }
+    }
+}

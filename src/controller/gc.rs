@@ -5,7 +5,7 @@
 //!
 //! An object belongs when a sandbox's status names it (a claimed pool container keeps its pool
 //! labels), when it is under a live sandbox's container name (or its staging name while a rollback
-//! is pending), when its labels name a live sandbox of the same uid and it is under that
+//! is pending or its container is being replaced), when its labels name a live sandbox of the same uid and it is under that
 //! sandbox's name (a container a rollback replaced is not), or when it is an unclaimed member of a
 //! live pool.
 
@@ -15,7 +15,7 @@ use super::pool::{pool_of_member, MEMBER_PREFIX};
 use super::restore::STAGING_SUFFIX;
 use super::{Controller, ReconcileError};
 use crate::docker::{container_name, LABEL_ROLE, LABEL_SERVER, LABEL_UID};
-use crate::resource::Kind;
+use crate::resource::{Kind, SandboxPhase};
 
 pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, ReconcileError> {
     if !ctl.store.is_fully_loaded() {
@@ -36,13 +36,19 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
             )
         })
         .collect();
-    // Sandboxes with a rollback requested and not yet done: only they may have a staging container.
-    let rolling_back: HashSet<String> = sandboxes
+    // Sandboxes with a rollback requested and not yet done, or not yet running at their
+    // generation (a container being replaced): only they may have a staging container.
+    let rebuilding: HashSet<String> = sandboxes
         .iter()
         .filter_map(|e| {
             let sandbox = e.resource.as_sandbox()?;
-            sandbox.spec.pending_rollback(sandbox.status.as_ref())?;
-            Some(sandbox.metadata.name.clone())
+            let status = sandbox.status.as_ref();
+            let settled = status.is_some_and(|s| {
+                s.phase == SandboxPhase::Running
+                    && s.observed_generation == sandbox.metadata.generation
+            });
+            let pending = sandbox.spec.pending_rollback(status).is_some();
+            (pending || !settled).then(|| sandbox.metadata.name.clone())
         })
         .collect();
     let statuses: Vec<_> = sandboxes
@@ -89,12 +95,12 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
         }
         let id = container.sandbox();
         // A pool container just claimed carries its sandbox's name (or, while a rollback fills
-        // it, the sandbox's staging name) before the status names it.
+        // it or a replacement builds it, the sandbox's staging name) before the status names it.
         let named_for_live = container
             .name
             .strip_prefix("agent-sandbox-")
             .is_some_and(|n| match n.strip_suffix(STAGING_SUFFIX) {
-                Some(sandbox) => rolling_back.contains(sandbox),
+                Some(sandbox) => rebuilding.contains(sandbox),
                 None => live.contains_key(n),
             });
         // A container replaced by a rollback keeps its labels but loses its name: only a

@@ -16,6 +16,7 @@ mod sandbox;
 mod snapshot;
 #[cfg(test)]
 mod tests;
+mod workspace;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -42,6 +43,15 @@ pub enum ReconcileError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Other(String),
+}
+
+impl From<restore::RestoreError> for ReconcileError {
+    fn from(error: restore::RestoreError) -> ReconcileError {
+        match error {
+            restore::RestoreError::Engine(e) => ReconcileError::Engine(e),
+            other => ReconcileError::Other(other.to_string()),
+        }
+    }
 }
 
 /// What a successful reconcile asks for next.
@@ -105,6 +115,8 @@ pub struct Controller {
     snapshots: Arc<snapshot::Tracker>,
     /// Serializes claims from warm pools, so that no member is handed out twice.
     pool_claims: tokio::sync::Mutex<()>,
+    /// Whether workspaces can be used on this host, as learned so far.
+    host_access: workspace::HostAccess,
 }
 
 impl Controller {
@@ -125,6 +137,7 @@ impl Controller {
             helper_volume: tokio::sync::Mutex::new(None),
             snapshots: Arc::default(),
             pool_claims: tokio::sync::Mutex::new(()),
+            host_access: workspace::HostAccess::default(),
         })
     }
 

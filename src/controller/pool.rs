@@ -291,6 +291,7 @@ async fn create_member(
     let runtime = ctl.pool_runtime(pool);
     let plan = ContainerPlan {
         sandbox: member.clone(),
+        name: None,
         uid,
         server: ctl.server_id.clone(),
         image: pool.spec.image.clone(),
@@ -309,12 +310,8 @@ async fn create_member(
     };
     let created = async {
         let id = ctl.engine.create_container(&plan).await?;
-        let (uid_num, gid_num) = ctl
-            .settings
-            .sandbox_uid_gid()
-            .map_err(|e| ReconcileError::Other(e.to_string()))?;
-        ctl.engine.prepare_workspace(&id, uid_num, gid_num).await?;
-        ctl.engine.start_container(&id).await?;
+        let runtime = plan.runtime.clone().unwrap_or_default();
+        ctl.start_with_workspace(&id, &runtime, None).await?;
         Ok::<_, ReconcileError>(())
     }
     .await;

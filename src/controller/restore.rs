@@ -1,26 +1,27 @@
 //! Restoring a snapshot into a sandbox: the first workspace of a sandbox started from
-//! `spec.source`, and rollbacks (`spec.rollback`). Both build a NEW workspace volume and fill it
-//! through Docker's archive API on a created, not yet started container.
+//! `spec.source`, and rollbacks (`spec.rollback`). Both fill a NEW workspace: a warm pool
+//! member's, or a new volume mounted by a new container (see `workspace.rs` for how the content
+//! gets in: on this host, or through Docker's archive API).
 //!
 //! Order is what makes this safe. The stored tar is validated whole by [`crate::archive`] before
-//! Docker is touched, so a refused snapshot changes nothing; it is rewritten (owner forced, fresh
-//! headers) a second time while streaming, and any difference aborts the restore. A volume counts
-//! as restored only once `status.workspaceVolume` names it: an interrupted restore leaves an
-//! unrecorded volume that the retry replaces (its name is fixed per request) or the stray-volume
-//! cleanup removes. This module decides nothing about when to restore; `sandbox.rs` does.
+//! Docker is touched, so a refused snapshot changes nothing; it is checked (and rewritten: owner
+//! forced, fresh headers) a second time while it is written, and any difference aborts the
+//! restore. A rollback builds its new container under a staging name while the old one keeps
+//! serving, and swaps the names only once the new workspace is complete. A workspace counts as
+//! restored only once `status.workspaceVolume` names it: an interrupted restore leaves an
+//! unrecorded container and volume that the retry replaces or the cleanup of stray objects
+//! removes. This module decides nothing about when to restore; `sandbox.rs` does.
 
-use std::io::{BufReader, Write};
+use std::io::BufReader;
 use std::path::PathBuf;
 
 use chrono::Utc;
-use futures::StreamExt;
-use sha2::{Digest, Sha256};
-use tokio_stream::wrappers::ReceiverStream;
 
 use super::pool::Claimed;
 use super::sandbox::{object_labels, plan_for};
+use super::workspace::Prepare;
 use super::Controller;
-use crate::archive::{self, ArchiveError, ChannelWriter, Limits, Policy};
+use crate::archive::{self, ArchiveError, Limits, Policy};
 use crate::docker::{container_name, volume_name, ContainerPlan, EngineError, LABEL_SERVER};
 use crate::resource::{
     set_condition, AppliedLimits, Condition, ConditionStatus, EffectiveSandbox, Kind,
@@ -41,6 +42,9 @@ pub enum RestoreError {
     Refused { name: String, error: ArchiveError },
     #[error("docker: {0}")]
     Engine(#[from] EngineError),
+    /// Writing the workspace on this host failed (the next attempt goes through Docker).
+    #[error("writing the workspace on this host failed: {0}")]
+    HostWrite(String),
     #[error("{0}")]
     Other(String),
 }
@@ -55,7 +59,9 @@ impl RestoreError {
             RestoreError::DataMissing { .. } => "SnapshotDataMissing",
             RestoreError::Refused { .. } => "SnapshotRefused",
             RestoreError::Engine(EngineError::ImageMissing(_)) => "ImageMissing",
-            RestoreError::Engine(_) | RestoreError::Other(_) => "RestoreFailed",
+            RestoreError::Engine(_) | RestoreError::HostWrite(_) | RestoreError::Other(_) => {
+                "RestoreFailed"
+            }
         }
     }
 }
@@ -71,8 +77,8 @@ impl From<super::ReconcileError> for RestoreError {
 
 /// A snapshot whose data passed validation.
 pub struct Validated {
-    name: String,
-    path: PathBuf,
+    pub(super) name: String,
+    pub(super) path: PathBuf,
 }
 
 /// Finds a Ready snapshot's data and validates all of it.
@@ -125,7 +131,9 @@ pub async fn validated(ctl: &Controller, name: &str) -> Result<Validated, Restor
     })
 }
 
-fn restore_policy(ctl: &Controller) -> Result<Policy, RestoreError> {
+/// The rules a stored tar is restored under: every breach refuses it, the owner is the sandbox
+/// user's.
+pub(super) fn restore_policy(ctl: &Controller) -> Result<Policy, RestoreError> {
     let owner = ctl
         .settings
         .sandbox_uid_gid()
@@ -137,7 +145,7 @@ fn restore_policy(ctl: &Controller) -> Result<Policy, RestoreError> {
 }
 
 /// Makes `plan.workspace_volume` a new volume holding the snapshot, mounted by a newly created
-/// (not started) container of `plan`, whose ID is returned. The container name must be free.
+/// and started container of `plan`, whose ID is returned. The container's name must be free.
 /// On error both are removed again.
 pub async fn populate_volume(
     ctl: &Controller,
@@ -160,7 +168,11 @@ pub async fn populate_volume(
             return Err(error.into());
         }
     };
-    match fill(ctl, &id, snapshot, Prepare::Workspace).await {
+    let runtime = plan.runtime.clone().unwrap_or_default();
+    match ctl
+        .start_with_workspace(&id, &runtime, Some(snapshot))
+        .await
+    {
         Ok(()) => Ok(id),
         Err(error) => {
             let _ = ctl.engine.remove_container(&id).await;
@@ -168,55 +180,6 @@ pub async fn populate_volume(
             Err(error)
         }
     }
-}
-
-/// Whether the container's `/workspace` still has to be made the sandbox user's.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Prepare {
-    Workspace,
-    /// A pool member: prepared when it was made.
-    AlreadyDone,
-}
-
-async fn fill(
-    ctl: &Controller,
-    container: &str,
-    snapshot: &Validated,
-    prepare: Prepare,
-) -> Result<(), RestoreError> {
-    if prepare == Prepare::Workspace {
-        let (uid, gid) = ctl
-            .settings
-            .sandbox_uid_gid()
-            .map_err(|e| RestoreError::Other(e.to_string()))?;
-        ctl.engine.prepare_workspace(container, uid, gid).await?;
-    }
-    let policy = restore_policy(ctl)?;
-    let path = snapshot.path.clone();
-    let (writer, chunks) = ChannelWriter::new(8);
-    let rewrite = tokio::task::spawn_blocking(move || {
-        let file = std::fs::File::open(&path)
-            .map_err(|e| ArchiveError::Read(format!("{}: {e}", path.display())))?;
-        let (_, mut writer) = archive::transform(BufReader::new(file), writer, &policy)?;
-        writer
-            .flush()
-            .map_err(|e| ArchiveError::Write(e.to_string()))
-    });
-    let put = ctl
-        .engine
-        .archive_put(container, "/workspace", ReceiverStream::new(chunks).boxed())
-        .await;
-    let rewritten = rewrite
-        .await
-        .map_err(|e| RestoreError::Other(e.to_string()))?;
-    // The data may have changed since validation: then the put got a cut-off archive, and what
-    // Docker made of it is discarded with the volume.
-    rewritten.map_err(|error| RestoreError::Refused {
-        name: snapshot.name.clone(),
-        error,
-    })?;
-    put?;
-    Ok(())
 }
 
 /// Before a sandbox's first container: builds its first workspace from `spec.source`. Later
@@ -250,6 +213,7 @@ pub(super) async fn ensure_source(
     let id = populate_volume(ctl, sandbox, &plan, &snapshot).await?;
     status.workspace_volume = Some(volume);
     status.container_id = Some(id);
+    status.started_at = Some(Utc::now());
     status.applied_limits = Some(limits_of(&plan));
     status.source_snapshot = Some(source.snapshot.clone());
     Ok(())
@@ -287,7 +251,8 @@ fn note_source_change(status: &mut SandboxStatus, sandbox: &Sandbox, wanted: &st
     );
 }
 
-/// What a completed rollback left behind, to remove once its status is written.
+/// What a completed rollback or container replacement left behind, to remove once its status is
+/// written.
 #[derive(Debug, Default)]
 pub(super) struct Replaced {
     /// The previous container, renamed out of the way but still running.
@@ -319,9 +284,9 @@ impl Replaced {
 /// The caller must persist `status` at once: that write is what makes the rollback complete;
 /// after it, the returned leftovers are removed.
 ///
-/// With a warm pool the new container is a pool member filled while still running under a
-/// staging name; the old container keeps serving until the two names are swapped, so the
-/// sandbox is never down. Without one, the old container goes first and a new one is built.
+/// The new container is a warm pool member when a pool has one, else a new container on a new
+/// volume; either way it is filled while running under a staging name, and the old container
+/// keeps serving until the two names are swapped, so the sandbox is never down.
 pub(super) async fn ensure_rollback(
     ctl: &Controller,
     sandbox: &Sandbox,
@@ -335,56 +300,60 @@ pub(super) async fn ensure_rollback(
     // A snapshot of this sandbox in progress finishes first.
     let _lock = ctl.snapshots.lock(name).await;
     let snapshot = validated(ctl, &request.snapshot).await?;
-    let completed = |completed_at| RollbackRecord {
+    let staging = staging_container_name(name);
+    let old_volume = status.workspace_volume.clone();
+    let replaced =
+        if let Some(claimed) = claim_filled(ctl, sandbox, effective, &staging, &snapshot).await? {
+            let replaced = swap_in(ctl, name, &claimed.container_id).await?;
+            claimed.record(status, effective);
+            replaced
+        } else {
+            // A new volume per attempt: one left by an interrupted attempt may still be mounted by
+            // its container, and the stray-volume cleanup removes it after the rollback.
+            let volume = format!("{}-{:08x}", volume_name(name), rand::random::<u32>());
+            let mut plan = plan_for(ctl, sandbox, effective, &volume).await?;
+            plan.name = Some(staging.clone());
+            ctl.engine.remove_container(&staging).await?;
+            let id = populate_volume(ctl, sandbox, &plan, &snapshot).await?;
+            let replaced = swap_in(ctl, name, &id).await?;
+            status.workspace_volume = Some(volume);
+            status.container_id = Some(id);
+            status.started_at = Some(Utc::now());
+            status.applied_limits = Some(limits_of(&plan));
+            status.claimed_from = None;
+            status.container_hash = None;
+            replaced
+        };
+    status.source_snapshot = Some(request.snapshot.clone());
+    status.last_rollback = Some(RollbackRecord {
         request_id: request.request_id.clone(),
         snapshot: request.snapshot.clone(),
-        completed_at,
+        completed_at: Utc::now(),
+    });
+    Ok(Some(Replaced {
+        container: replaced,
+        volume: old_volume,
+    }))
+}
+
+/// Gives the sandbox's container name to the container `new` (filled under the staging name),
+/// after renaming the current container, if any, out of the way; returns the current one's ID.
+pub(super) async fn swap_in(
+    ctl: &Controller,
+    name: &str,
+    new: &str,
+) -> Result<Option<String>, EngineError> {
+    let current = container_name(name);
+    let retired = format!("{current}.retired-{:08x}", rand::random::<u32>());
+    let replaced = match ctl.engine.inspect_container(&current).await? {
+        Some(old) => {
+            ctl.engine.rename_container(&old.id, &retired).await?;
+            Some(old.id)
+        }
+        None => None,
     };
-    let staging = staging_container_name(name);
-    if let Some(claimed) = claim_filled(ctl, sandbox, effective, &staging, &snapshot).await? {
-        let current = container_name(name);
-        let retired = format!("{current}.retired-{:08x}", rand::random::<u32>());
-        let replaced = match ctl.engine.inspect_container(&current).await? {
-            Some(old) => {
-                ctl.engine.rename_container(&old.id, &retired).await?;
-                Some(old.id)
-            }
-            None => None,
-        };
-        ctl.engine
-            .rename_container(&claimed.container_id, &current)
-            .await?;
-        let old_volume = status.workspace_volume.clone();
-        claimed.record(status, effective);
-        status.source_snapshot = Some(request.snapshot.clone());
-        status.last_rollback = Some(completed(Utc::now()));
-        return Ok(Some(Replaced {
-            container: replaced,
-            volume: old_volume,
-        }));
-    }
-    let volume = rollback_volume(name, &request.request_id);
-    let plan = plan_for(ctl, sandbox, effective, &volume).await?;
-    // From here on the sandbox is down until the new container runs; on failure the normal
-    // reconcile brings the old workspace back up in a new container.
-    ctl.engine.remove_container(&container_name(name)).await?;
-    let id = populate_volume(ctl, sandbox, &plan, &snapshot).await?;
-    if let Err(error) = ctl.engine.start_container(&id).await {
-        let _ = ctl.engine.remove_container(&id).await;
-        let _ = ctl.engine.remove_volume(&volume).await;
-        return Err(error.into());
-    }
-    let now = Utc::now();
-    status.workspace_volume = Some(volume);
-    status.container_id = Some(id);
-    status.started_at = Some(now);
-    status.applied_limits = Some(limits_of(&plan));
-    status.source_snapshot = Some(request.snapshot.clone());
-    status.claimed_from = None;
-    status.container_hash = None;
-    status.last_rollback = Some(completed(now));
-    // The old container is already gone; the old volume is left to the stray-volume cleanup.
-    Ok(Some(Replaced::default()))
+    ctl.engine.rename_container(new, &current).await?;
+    Ok(replaced)
 }
 
 /// Name of the container a rollback fills before it takes over the sandbox's name. It is the
@@ -409,7 +378,16 @@ async fn claim_filled(
     let Some(claimed) = ctl.claim_as(name, effective, as_name).await? else {
         return Ok(None);
     };
-    if let Err(error) = fill(ctl, &claimed.container_id, snapshot, Prepare::AlreadyDone).await {
+    let runtime = ctl.settings.docker_runtime.clone();
+    let filled = ctl
+        .make_ready(
+            &claimed.container_id,
+            &runtime,
+            Prepare::AlreadyDone,
+            Some(snapshot),
+        )
+        .await;
+    if let Err(error) = filled {
         let _ = ctl.engine.remove_container(&claimed.container_id).await;
         let _ = ctl.engine.remove_volume(&claimed.volume).await;
         return Err(error);
@@ -436,12 +414,6 @@ pub(super) async fn remove_stray_volumes(
         }
     }
     Ok(())
-}
-
-/// The volume a rollback request builds: fixed per request, so a retry finds its own leftovers.
-pub fn rollback_volume(sandbox: &str, request_id: &str) -> String {
-    let digest = Sha256::digest(request_id.as_bytes());
-    format!("{}-{}", volume_name(sandbox), hex::encode(&digest[..4]))
 }
 
 fn limits_of(plan: &ContainerPlan) -> AppliedLimits {

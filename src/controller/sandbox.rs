@@ -110,8 +110,8 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
             Err(error) => Some(error),
         };
 
-    match ensure_running(ctl, &sandbox, &effective, &mut status).await {
-        Ok(()) => {}
+    let retired = match ensure_running(ctl, &sandbox, &effective, &mut status).await {
+        Ok(retired) => retired,
         Err(ReconcileError::Engine(EngineError::ImageMissing(image))) => {
             status.phase = SandboxPhase::Failed;
             let message = format!("image {image} is not present on the docker host");
@@ -140,7 +140,12 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
             write_status(ctl, &sandbox, status).await?;
             return Err(error);
         }
-    }
+    };
+    // A container retired by a replacement goes once the status names its successor.
+    let retired = restore::Replaced {
+        container: retired,
+        volume: None,
+    };
     status.phase = SandboxPhase::Running;
     status.message.clear();
     status.observed_generation = Some(generation);
@@ -168,6 +173,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         );
         status.message = message.clone();
         write_status(ctl, &sandbox, status).await?;
+        retired.remove(ctl).await;
         return Err(ReconcileError::Other(message));
     }
     ready(
@@ -178,6 +184,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         generation,
     );
     write_status(ctl, &sandbox, status).await?;
+    retired.remove(ctl).await;
     if let Some(leftovers) = replaced {
         leftovers.remove(ctl).await;
     }
@@ -189,13 +196,15 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     Ok(Outcome::at(expires_at))
 }
 
-/// Makes the volume and a running container that matches `effective` exist.
+/// Makes the volume and a running container that matches `effective` exist. Returns the
+/// container a replacement retired, to remove once the status names its successor.
 async fn ensure_running(
     ctl: &Controller,
     sandbox: &Sandbox,
     effective: &EffectiveSandbox,
     status: &mut SandboxStatus,
-) -> Result<(), ReconcileError> {
+) -> Result<Option<String>, ReconcileError> {
+    let mut retired = None;
     let name = sandbox.metadata.name.as_str();
     let uid = sandbox.metadata.uid.clone().unwrap_or_default();
     let hash = effective.container_hash();
@@ -203,7 +212,7 @@ async fn ensure_running(
         // A brand-new sandbox: a warm container, when a pool has one, beats creating one.
         if let Some(claimed) = ctl.claim_from_pool(name, effective).await? {
             claimed.record(status, effective);
-            return Ok(());
+            return Ok(None);
         }
     }
     let volume = status
@@ -217,7 +226,9 @@ async fn ensure_running(
         memory_mb: effective.memory_mb,
         pids_limit: effective.pids_limit,
     };
-    let existing = ctl.engine.inspect_container(&container_name(name)).await?;
+    let current = container_name(name);
+    let existing = ctl.engine.inspect_container(&current).await?;
+    let occupant = existing.as_ref().map(|c| c.id.clone());
     let claimed_id = status
         .container_hash
         .as_deref()
@@ -236,19 +247,29 @@ async fn ensure_running(
             // keeping the workspace volume.
             // Only a new container needs the volume checked: Docker never removes a volume that
             // a container (running or not) still mounts, so an idle resync skips the lookup.
-            ctl.engine
-                .ensure_volume(&volume, &object_labels(ctl, name, &uid))
-                .await?;
-            let plan = plan_for(ctl, sandbox, effective, &volume).await?;
-            ctl.engine.remove_container(&container_name(name)).await?;
-            let id = ctl.engine.create_container(&plan).await?;
-            let (uid_num, gid_num) = ctl
-                .settings
-                .sandbox_uid_gid()
-                .map_err(|e| ReconcileError::Other(e.to_string()))?;
-            ctl.engine.prepare_workspace(&id, uid_num, gid_num).await?;
+            let labels = object_labels(ctl, name, &uid);
+            let (volume_ready, plan) = tokio::join!(
+                ctl.engine.ensure_volume(&volume, &labels),
+                plan_for(ctl, sandbox, effective, &volume)
+            );
+            volume_ready?;
+            let mut plan = plan?;
+            let id = match occupant {
+                Some(old) => {
+                    let (id, old) = replace_container(ctl, name, &mut plan, &old).await?;
+                    retired = old;
+                    id
+                }
+                None => {
+                    let id = ctl.engine.create_container(&plan).await?;
+                    let runtime = plan.runtime.clone().unwrap_or_default();
+                    ctl.start_with_workspace(&id, &runtime, None).await?;
+                    id
+                }
+            };
             status.applied_limits = Some(limits);
             status.container_id = Some(id.clone());
+            status.started_at = Some(Utc::now());
             status.claimed_from = None;
             status.container_hash = None;
             ctl.engine.inspect_container(&id).await?.ok_or_else(|| {
@@ -260,7 +281,7 @@ async fn ensure_running(
         if ctl.snapshots.holds_paused(name) {
             // A snapshot froze it and will thaw it.
             status.container_id = Some(details.id.clone());
-            return Ok(());
+            return Ok(retired);
         }
         // Nobody holds it paused (a snapshot interrupted by a crash, or a hand): thaw it.
         ctl.engine.unpause(&details.id).await?;
@@ -295,7 +316,38 @@ async fn ensure_running(
         status.started_at = Some(Utc::now());
     }
     status.container_id = Some(details.id);
-    Ok(())
+    Ok(retired)
+}
+
+/// Builds and starts the container of `plan` in place of the container `old` that holds the
+/// sandbox's name, without taking the sandbox down: the new one is made ready under the staging
+/// name while the old one keeps serving (on the same workspace), then the names are swapped.
+/// Returns the new container and the old one, to remove once the status names the new one.
+async fn replace_container(
+    ctl: &Controller,
+    name: &str,
+    plan: &mut ContainerPlan,
+    old: &str,
+) -> Result<(String, Option<String>), ReconcileError> {
+    // A snapshot of the old container in progress finishes first.
+    let _lock = ctl.snapshots.lock(name).await;
+    let staging = restore::staging_container_name(name);
+    plan.name = Some(staging.clone());
+    // Left by an interrupted replacement or rollback: never trusted.
+    ctl.engine.remove_container(&staging).await?;
+    let id = ctl.engine.create_container(plan).await?;
+    let runtime = plan.runtime.clone().unwrap_or_default();
+    let swapped = async {
+        ctl.start_with_workspace(&id, &runtime, None).await?;
+        Ok::<_, ReconcileError>(restore::swap_in(ctl, name, &id).await?)
+    };
+    match swapped.await {
+        Ok(replaced) => Ok((id, replaced.or_else(|| Some(old.to_string())))),
+        Err(error) => {
+            let _ = ctl.engine.remove_container(&id).await;
+            Err(error)
+        }
+    }
 }
 
 /// The container `sandbox` should have, with its workspace on `volume`. Checks that the image is
@@ -319,6 +371,7 @@ pub(super) async fn plan_for(
     };
     Ok(ContainerPlan {
         sandbox: sandbox.metadata.name.clone(),
+        name: None,
         uid: sandbox.metadata.uid.clone().unwrap_or_default(),
         server: ctl.server_id.clone(),
         image: effective.image.clone(),

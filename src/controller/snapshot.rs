@@ -12,18 +12,17 @@
 //! Where the tar comes from: Docker's archive API is the reference, and always works (remote
 //! daemons, gVisor, a server that is not root), but it streams the whole workspace through the
 //! daemon and its HTTP connection, which bounds large snapshots and adds a round trip to small
-//! ones. So when the volume's directory (`Mounts[].Source`) can be opened on this host *and* is
-//! the same inode as `/workspace` seen through the container's process (`/proc/<pid>/root`, which
-//! rules out a remote daemon's path and gVisor), the snapshot reads that directory itself with
-//! [`archive::HostTar`]: never following a symlink (every name is looked up relative to its
-//! opened parent, opened with `O_NOFOLLOW` and checked to be the listed inode), while the
-//! container is paused so the sandbox cannot change the tree underneath. `HostTar` produces the
-//! archive in the form Docker does (same names, order, types, hard links, modes, mtimes) and it
-//! goes through the same export policy, so the stored tar is the same either way. Any failure to
-//! read it falls back to the archive API before anything is stored. Hashing and the writes to the
-//! temp file run on their own threads ([`archive::HashedWriter`]), and the fsync runs after the
-//! container is unpaused (the data is complete by then; only durability is still pending, and the
-//! snapshot is not published before it).
+//! ones. So when this host's copy of the volume is verifiably the container's `/workspace` (see
+//! `workspace.rs`), the snapshot reads that directory itself with [`archive::HostTar`]: never
+//! following a symlink (every name is looked up relative to its opened parent, opened with
+//! `O_NOFOLLOW` and checked to be the listed inode), while the container is paused so the
+//! sandbox cannot change the tree underneath. `HostTar` produces the archive in the form Docker
+//! does (same names, order, types, hard links, modes, mtimes) and it goes through the same export
+//! policy, so the stored tar is the same either way. Any failure to read it falls back to the
+//! archive API before anything is stored. Hashing and the writes to the temp file run on their
+//! own threads ([`archive::HashedWriter`]), and the fsync runs after the container is unpaused
+//! (the data is complete by then; only durability is still pending, and the snapshot is not
+//! published before it).
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -35,6 +34,7 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::StreamExt;
 
+use super::workspace::{open_host_root, WORKSPACE};
 use super::{Controller, Outcome, ReconcileError};
 use crate::archive::{self, ArchiveError, ChannelReader, HashedWriter, HostTar, Limits, Policy};
 use crate::docker::{Engine, EngineError};
@@ -46,8 +46,7 @@ use crate::resource::{
 /// How long a snapshot waits for a sandbox that is still being created.
 const SANDBOX_START_GRACE: Duration = Duration::from_secs(60);
 const TEMP_MARKER: &str = ".tar.tmp-";
-/// The exported directory inside the container, and the first name of its archive entries.
-const WORKSPACE: &str = "/workspace";
+/// The first name of the entries of the exported directory's archive.
 const ROOT_NAME: &str = "workspace";
 
 /// In-memory coordination between snapshots and the sandbox reconcile.
@@ -280,29 +279,15 @@ async fn take(
 
     let exported = {
         let _paused_mark = Mark::new(&ctl.snapshots.paused, sandbox_name);
-        // Pausing and finding the workspace's volume are independent round trips to Docker.
-        let pause = async {
-            if details.paused {
-                Ok(())
-            } else {
-                ctl.engine.pause(&details.id).await
-            }
-        };
-        let source = ctl.engine.volume_source(&details.id, WORKSPACE);
         // Armed before pausing: a dropped future must not leave the container frozen.
         let mut unpause = PauseGuard {
             engine: Arc::clone(&ctl.engine),
             container: Some(details.id.clone()),
         };
-        let (paused, source) = tokio::join!(pause, source);
-        paused?;
-        let host = match source {
-            Ok(source) => source.map(|path| (path, details.pid)),
-            Err(error) => {
-                tracing::debug!(sandbox = sandbox_name, %error, "no host path for the workspace");
-                None
-            }
-        };
+        if !details.paused {
+            ctl.engine.pause(&details.id).await?;
+        }
+        let host = ctl.settings.host_workspace_access.then_some(&details);
         let exported = export(ctl, &details.id, host, &temp, owner).await;
         unpause.container = None;
         // Everything is read: the sandbox may run again while the data reaches the disk.
@@ -416,23 +401,24 @@ enum ExportError {
 }
 
 /// Writes the workspace's tar through the export policy into `temp` (flushed, not yet synced):
-/// from the host's copy of the volume when `host` names one this process can read and that is
-/// verifiably the container's `/workspace`, else (or if reading it fails) through Docker's
-/// archive API. See the module documentation for why both give the same tar.
+/// from the host's copy of the volume when `host` (the paused container) has one this process
+/// can read and that is verifiably the container's `/workspace`, else (or if reading it fails)
+/// through Docker's archive API. See the module documentation for why both give the same tar.
 async fn export(
     ctl: &Controller,
     container: &str,
-    host: Option<(PathBuf, i64)>,
+    host: Option<&crate::docker::ContainerDetails>,
     temp: &Path,
     owner: (u32, u32),
 ) -> Result<(Exported, std::fs::File), ExportError> {
     let limit = ctl.settings.max_snapshot_bytes;
     let policy = Policy::export(ROOT_NAME, owner, Limits::with_max_bytes(limit));
-    if let Some((source, pid)) = host {
+    if let Some(details) = host {
         let host_temp = temp.to_path_buf();
         let policy = policy.clone();
+        let details = details.clone();
         let result = tokio::task::spawn_blocking(move || {
-            let root = host_root(&source, pid)?;
+            let root = open_host_root(&details).map_err(|e| ExportError::HostUnavailable(e.0))?;
             write_tar(HostTar::new(root, ROOT_NAME), &host_temp, limit, &policy)
         })
         .await
@@ -451,32 +437,6 @@ async fn export(
         }
     }
     export_docker(ctl, container, temp, limit, policy).await
-}
-
-/// Opens the volume's directory on this host, if it is the container's `/workspace`: the same
-/// inode as `/workspace` seen through the container's root (so a remote daemon's path, or one
-/// this process cannot read, is never trusted).
-fn host_root(source: &Path, pid: i64) -> Result<std::fs::File, ExportError> {
-    use std::os::unix::fs::MetadataExt;
-    let unavailable = |what: String| ExportError::HostUnavailable(what);
-    if pid <= 0 {
-        return Err(unavailable("the container has no process".into()));
-    }
-    let root = archive::open_root(source)
-        .map_err(|e| unavailable(format!("{}: {e}", source.display())))?;
-    let ours = root
-        .metadata()
-        .map_err(|e| unavailable(format!("{}: {e}", source.display())))?;
-    let seen = PathBuf::from(format!("/proc/{pid}/root{WORKSPACE}"));
-    let theirs =
-        std::fs::metadata(&seen).map_err(|e| unavailable(format!("{}: {e}", seen.display())))?;
-    if (ours.dev(), ours.ino()) != (theirs.dev(), theirs.ino()) {
-        return Err(unavailable(format!(
-            "{} is not the container's {WORKSPACE}",
-            source.display()
-        )));
-    }
-    Ok(root)
 }
 
 /// Streams Docker's tar of `/workspace` into `temp`, through a blocking writer thread.

@@ -14,7 +14,9 @@
 //! volumes for that, the path is a volume so a read-only root filesystem does not refuse it, and
 //! the entry named `/` makes Docker apply its owner and mode to `/workspace` itself (see
 //! [`tarball::root_dir`]). Volumes are mounted with `NoCopy`, so Docker never copies image content
-//! into them nor resets that owner when a later container mounts the volume.
+//! into them nor resets that owner when a later container mounts the volume. (When this host's
+//! copy of the volume is verifiably the container's, the controller sets the owner there itself
+//! and needs no archive call at all.)
 
 mod dataplane;
 mod events;
@@ -228,7 +230,7 @@ impl Engine for BollardEngine {
     }
 
     async fn create_container(&self, plan: &ContainerPlan) -> EngineResult<String> {
-        let name = container_name(&plan.sandbox);
+        let name = plan.docker_name();
         let body = plan::create_body(plan)?;
         let options = CreateContainerOptions {
             name: Some(name.clone()),
@@ -287,6 +289,17 @@ impl Engine for BollardEngine {
             Err(e) => return Err(map_err("inspect", &format!("container {id}"))(e)),
         };
         let state = inspected.state.unwrap_or_default();
+        let workspace_source = inspected
+            .mounts
+            .unwrap_or_default()
+            .into_iter()
+            .find(|m| {
+                m.destination.as_deref() == Some(plan::WORKSPACE)
+                    && m.typ.as_deref() == Some("volume")
+            })
+            .and_then(|m| m.source)
+            .filter(|s| !s.is_empty())
+            .map(std::path::PathBuf::from);
         Ok(Some(ContainerDetails {
             id: inspected.id.unwrap_or_default(),
             state: state.status.map(|s| s.to_string()).unwrap_or_default(),
@@ -298,6 +311,7 @@ impl Engine for BollardEngine {
             started_at: started_at(state.started_at.as_deref()),
             pid: state.pid.unwrap_or(0),
             labels: to_btree(inspected.config.and_then(|c| c.labels)),
+            workspace_source,
         }))
     }
 
@@ -345,26 +359,6 @@ impl Engine for BollardEngine {
             Err(e) if server_message(&e).is_some_and(|m| m.contains("is not paused")) => Ok(()),
             Err(e) => Err(map_err("unpause", &format!("container {id}"))(e)),
         }
-    }
-
-    async fn volume_source(
-        &self,
-        container: &str,
-        path: &str,
-    ) -> EngineResult<Option<std::path::PathBuf>> {
-        let inspected = match self.docker.inspect_container(container, None).await {
-            Ok(i) => i,
-            Err(e) if is_status(&e, 404) => return Ok(None),
-            Err(e) => return Err(map_err("inspect", &format!("container {container}"))(e)),
-        };
-        let source = inspected
-            .mounts
-            .unwrap_or_default()
-            .into_iter()
-            .find(|m| m.destination.as_deref() == Some(path) && m.typ.as_deref() == Some("volume"))
-            .and_then(|m| m.source)
-            .filter(|s| !s.is_empty());
-        Ok(source.map(std::path::PathBuf::from))
     }
 
     async fn rename_container(&self, id: &str, new_name: &str) -> EngineResult<()> {

@@ -21,6 +21,8 @@ use super::*;
 #[derive(Clone, Debug, PartialEq)]
 pub struct FakeContainer {
     pub id: String,
+    /// Docker's name: the plan's until a rename.
+    pub docker_name: String,
     pub plan: ContainerPlan,
     pub state: String,
     pub exit_code: Option<i64>,
@@ -33,7 +35,7 @@ pub struct FakeContainer {
 
 impl FakeContainer {
     pub fn name(&self) -> String {
-        container_name(&self.plan.sandbox)
+        self.docker_name.clone()
     }
 
     fn labels(&self) -> BTreeMap<String, String> {
@@ -343,7 +345,7 @@ impl Engine for FakeEngine {
                 return Err(EngineError::ImageMissing(plan.image.clone()));
             }
         }
-        let name = container_name(&plan.sandbox);
+        let name = plan.docker_name();
         if find(&state, &name).is_some() {
             return Err(EngineError::Conflict {
                 what: format!("container {name}"),
@@ -359,6 +361,7 @@ impl Engine for FakeEngine {
             id.clone(),
             FakeContainer {
                 id: id.clone(),
+                docker_name: name,
                 plan: plan.clone(),
                 state: "created".into(),
                 exit_code: None,
@@ -410,6 +413,8 @@ impl Engine for FakeEngine {
             started_at: None,
             pid: if c.state == "running" { 4242 } else { 0 },
             labels: c.labels(),
+            // Nothing of the fake lives on this host.
+            workspace_source: None,
         }))
     }
 
@@ -511,6 +516,19 @@ impl Engine for FakeEngine {
         Ok(())
     }
 
+    async fn rename_container(&self, id: &str, new_name: &str) -> EngineResult<()> {
+        let mut state = self.enter("rename_container", id)?;
+        if find(&state, new_name).is_some() {
+            return Err(EngineError::Conflict {
+                what: format!("container {new_name}"),
+            });
+        }
+        with_container(&mut state, id, |c| {
+            c.docker_name = new_name.to_string();
+            Ok(())
+        })
+    }
+
     async fn prepare_workspace(&self, container: &str, uid: u32, gid: u32) -> EngineResult<()> {
         let mut state = self.enter("prepare_workspace", container)?;
         with_container(&mut state, container, |c| {
@@ -527,6 +545,7 @@ mod tests {
     fn plan(name: &str) -> ContainerPlan {
         ContainerPlan {
             sandbox: name.into(),
+            name: None,
             uid: "u1".into(),
             server: "s1".into(),
             image: "img".into(),

@@ -72,8 +72,11 @@ pub type EngineResult<T> = Result<T, EngineError>;
 /// ([`Engine::update_limits`]); the rest needs a new container.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ContainerPlan {
-    /// Sandbox name; the container is [`container_name`] of it.
+    /// Sandbox name; the container is [`container_name`] of it unless `name` says otherwise.
     pub sandbox: String,
+    /// Docker name of the container when it is not [`container_name`] of the sandbox: one built
+    /// under a staging name while the sandbox's current container still serves.
+    pub name: Option<String>,
     /// `metadata.uid` of the sandbox resource.
     pub uid: String,
     /// Value of [`LABEL_SERVER`]: the identity of the server that owns the container.
@@ -97,6 +100,15 @@ pub struct ContainerPlan {
     pub helper_volume: Option<String>,
     /// The volume mounted at `/workspace`; normally [`volume_name`] of the sandbox.
     pub workspace_volume: String,
+}
+
+impl ContainerPlan {
+    /// The Docker name the container is created under.
+    pub fn docker_name(&self) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(|| container_name(&self.sandbox))
+    }
 }
 
 /// Where the helper volume is mounted inside sandboxes.
@@ -159,6 +171,10 @@ pub struct ContainerDetails {
     /// Host PID of the container's PID 1 (0 when not running).
     pub pid: i64,
     pub labels: BTreeMap<String, String>,
+    /// Where the volume mounted at `/workspace` lives on the daemon's host (Docker's
+    /// `Mounts[].Source`), when there is one. Only a hint: a remote daemon's path means nothing
+    /// here, so callers check that the directory they open is the container's before trusting it.
+    pub workspace_source: Option<std::path::PathBuf>,
 }
 
 /// Something happened to a managed object; the controller turns it into a reconcile.
@@ -298,19 +314,6 @@ pub trait Engine: Send + Sync + 'static {
             operation: "prepare workspace".into(),
             message: "not supported by this engine".into(),
         })
-    }
-
-    /// Where the volume mounted at `path` of the container lives on the daemon's host (Docker's
-    /// `Mounts[].Source`), or `None` when there is no such volume mount or the engine cannot
-    /// tell. Only a hint: a remote daemon's path means nothing here, so callers check that the
-    /// directory they open is the container's before trusting it.
-    async fn volume_source(
-        &self,
-        container: &str,
-        path: &str,
-    ) -> EngineResult<Option<std::path::PathBuf>> {
-        let _ = (container, path);
-        Ok(None)
     }
 
     /// Renames a container (how a warm-pool container is handed to its sandbox: Docker names are

@@ -166,6 +166,7 @@ mod tests {
     fn plan() -> ContainerPlan {
         ContainerPlan {
             sandbox: "demo".into(),
+            name: None,
             uid: "u-1".into(),
             server: "s-1".into(),
             image: "img:1".into(),

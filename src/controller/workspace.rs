@@ -1,0 +1,277 @@
+//! Making a sandbox's `/workspace` ready: owned by the sandbox user (mode 0755) and, for a
+//! restore, holding a snapshot's content — on this host when its copy of the volume is verifiably
+//! the container's, else through Docker's archive API. Snapshots read the workspace the same way
+//! ([`open_host_root`]).
+//!
+//! Docker's archive API always works (remote daemons, gVisor, a server that is not root), but
+//! every call has the daemon mount the container's file systems and stream through its HTTP
+//! connection: 60–100 ms for the one-entry tar that gives `/workspace` to the sandbox user, far
+//! more for a snapshot's content. So when the volume's directory (`Mounts[].Source`) can be
+//! opened here *and* is the very inode the container's process sees as `/workspace`
+//! (`/proc/<pid>/root/workspace`, which rules out a remote daemon's path and gVisor, whose
+//! sandbox process does not show the container's files), the controller uses that directory
+//! itself: it sets the owner through the directory's descriptor and unpacks with
+//! [`archive::unpack`], which never follows a symlink nor replaces a name. The proof needs a
+//! running process, so such containers are started first and made ready after (nothing runs in
+//! them before the sandbox is reported running). [`HostAccess`] remembers per runtime whether the
+//! proof has held; until it has, a workspace is prepared through the archive API before the
+//! start, and the proof is tried after it. `AGENT_SANDBOX_HOST_WORKSPACE_ACCESS=false` turns the
+//! host path off. This module decides nothing about when a workspace is made; its callers do.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, Write};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::io::AsRawFd;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use futures::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::restore::{restore_policy, RestoreError, Validated};
+use super::Controller;
+use crate::archive::{self, ArchiveError, ChannelWriter};
+use crate::docker::ContainerDetails;
+
+/// The workspace inside every sandbox.
+pub(super) const WORKSPACE: &str = "/workspace";
+/// Mode of the workspace root, as `prepare_workspace` sets it.
+const WORKSPACE_MODE: libc::mode_t = 0o755;
+
+/// Whether the host path has been proven to work, per Docker runtime (`""` is the default).
+#[derive(Default)]
+pub(super) struct HostAccess {
+    learned: Mutex<HashMap<String, bool>>,
+}
+
+impl HostAccess {
+    fn get(&self, runtime: &str) -> Option<bool> {
+        self.learned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(runtime)
+            .copied()
+    }
+
+    fn learn(&self, runtime: &str, works: bool) {
+        let mut learned = self.learned.lock().unwrap_or_else(|e| e.into_inner());
+        if learned.insert(runtime.to_string(), works) != Some(works) {
+            tracing::info!(
+                runtime = if runtime.is_empty() {
+                    "default"
+                } else {
+                    runtime
+                },
+                works,
+                "workspaces on this host: learned whether they can be used directly"
+            );
+        }
+    }
+}
+
+/// Why this host's copy of a workspace cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("the workspace cannot be used on this host: {0}")]
+pub(super) struct HostUnavailable(pub String);
+
+/// Opens the volume's directory on this host, if it is the container's `/workspace`: the same
+/// inode as `/workspace` seen through the container's root (so a remote daemon's path, or one
+/// this process cannot open, is never trusted).
+pub(super) fn open_host_root(details: &ContainerDetails) -> Result<File, HostUnavailable> {
+    let unavailable = |what: String| HostUnavailable(what);
+    let source = details
+        .workspace_source
+        .as_ref()
+        .ok_or_else(|| unavailable("Docker names no directory for it".into()))?;
+    if details.pid <= 0 {
+        return Err(unavailable("the container has no process".into()));
+    }
+    let root = archive::open_root(source)
+        .map_err(|e| unavailable(format!("{}: {e}", source.display())))?;
+    let ours = root
+        .metadata()
+        .map_err(|e| unavailable(format!("{}: {e}", source.display())))?;
+    let seen = PathBuf::from(format!("/proc/{}/root{WORKSPACE}", details.pid));
+    let theirs =
+        std::fs::metadata(&seen).map_err(|e| unavailable(format!("{}: {e}", seen.display())))?;
+    if (ours.dev(), ours.ino()) != (theirs.dev(), theirs.ino()) {
+        return Err(unavailable(format!(
+            "{} is not the container's {WORKSPACE}",
+            source.display()
+        )));
+    }
+    Ok(root)
+}
+
+/// Whether the workspace root still has to be given to the sandbox user.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Prepare {
+    Workspace,
+    /// A pool member: prepared when it was made.
+    AlreadyDone,
+}
+
+impl Controller {
+    /// Starts the created container `id` (of Docker runtime `runtime`, `""` for the default) with
+    /// its `/workspace` ready: the sandbox user's and, given a snapshot, holding its content.
+    pub(super) async fn start_with_workspace(
+        &self,
+        id: &str,
+        runtime: &str,
+        content: Option<&Validated>,
+    ) -> Result<(), RestoreError> {
+        let allowed = self.settings.host_workspace_access;
+        if allowed && self.host_access.get(runtime) == Some(true) {
+            self.engine.start_container(id).await?;
+            return self
+                .make_ready(id, runtime, Prepare::Workspace, content)
+                .await;
+        }
+        self.ready_through_docker(id, Prepare::Workspace, content)
+            .await?;
+        self.engine.start_container(id).await?;
+        if allowed && self.host_access.get(runtime).is_none() {
+            // Learn, on a container already made ready, whether the next ones can skip the
+            // archive API.
+            if let Some(details) = self.engine.inspect_container(id).await? {
+                let proof = open_host_root(&details);
+                if let Err(error) = &proof {
+                    tracing::debug!(%error, "workspaces are made ready through Docker");
+                }
+                self.host_access.learn(runtime, proof.is_ok());
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the workspace of the running container `id` ready: on this host when its copy is
+    /// verifiably the container's, else through the archive API. On error the workspace may hold
+    /// part of the content and must be discarded.
+    pub(super) async fn make_ready(
+        &self,
+        id: &str,
+        runtime: &str,
+        prepare: Prepare,
+        content: Option<&Validated>,
+    ) -> Result<(), RestoreError> {
+        if self.settings.host_workspace_access && self.host_access.get(runtime) != Some(false) {
+            let details = self.engine.inspect_container(id).await?.ok_or_else(|| {
+                RestoreError::Other(format!(
+                    "container {id} vanished before its workspace was ready"
+                ))
+            })?;
+            match open_host_root(&details) {
+                Ok(root) => {
+                    let written = self.ready_on_host(root, prepare, content).await;
+                    if let Err(RestoreError::HostWrite(_)) = &written {
+                        // Whatever broke here breaks the next time too: use Docker from now on.
+                        self.host_access.learn(runtime, false);
+                    } else {
+                        self.host_access.learn(runtime, true);
+                    }
+                    return written;
+                }
+                Err(error) => {
+                    tracing::debug!(container = id, %error, "making the workspace ready through Docker");
+                    // A container that is not running proves nothing either way.
+                    if details.pid > 0 {
+                        self.host_access.learn(runtime, false);
+                    }
+                }
+            }
+        }
+        self.ready_through_docker(id, prepare, content).await
+    }
+
+    async fn ready_on_host(
+        &self,
+        root: File,
+        prepare: Prepare,
+        content: Option<&Validated>,
+    ) -> Result<(), RestoreError> {
+        let owner = self
+            .settings
+            .sandbox_uid_gid()
+            .map_err(|e| RestoreError::Other(e.to_string()))?;
+        let policy = restore_policy(self)?;
+        let snapshot = content.map(|c| (c.name.clone(), c.path.clone()));
+        tokio::task::spawn_blocking(move || {
+            if prepare == Prepare::Workspace {
+                own(&root, owner).map_err(|e| RestoreError::HostWrite(e.to_string()))?;
+            }
+            let Some((name, path)) = snapshot else {
+                return Ok(());
+            };
+            let file = File::open(&path)
+                .map_err(|e| RestoreError::Other(format!("{}: {e}", path.display())))?;
+            let input = BufReader::with_capacity(64 * 1024, file);
+            match archive::unpack(input, root, &policy) {
+                Ok(_) => Ok(()),
+                Err(ArchiveError::Write(message)) => Err(RestoreError::HostWrite(message)),
+                // The data changed since it was validated.
+                Err(error) => Err(RestoreError::Refused { name, error }),
+            }
+        })
+        .await
+        .map_err(|e| RestoreError::Other(e.to_string()))?
+    }
+
+    /// The archive API's way: the root's owner through a one-entry tar, the content as the
+    /// rewritten snapshot streamed into `/workspace`. Works on a created or a running container.
+    async fn ready_through_docker(
+        &self,
+        container: &str,
+        prepare: Prepare,
+        content: Option<&Validated>,
+    ) -> Result<(), RestoreError> {
+        if prepare == Prepare::Workspace {
+            let (uid, gid) = self
+                .settings
+                .sandbox_uid_gid()
+                .map_err(|e| RestoreError::Other(e.to_string()))?;
+            self.engine.prepare_workspace(container, uid, gid).await?;
+        }
+        let Some(snapshot) = content else {
+            return Ok(());
+        };
+        let policy = restore_policy(self)?;
+        let path = snapshot.path.clone();
+        let (writer, chunks) = ChannelWriter::new(8);
+        let rewrite = tokio::task::spawn_blocking(move || {
+            let file = File::open(&path)
+                .map_err(|e| ArchiveError::Read(format!("{}: {e}", path.display())))?;
+            let (_, mut writer) = archive::transform(BufReader::new(file), writer, &policy)?;
+            writer
+                .flush()
+                .map_err(|e| ArchiveError::Write(e.to_string()))
+        });
+        let put = self
+            .engine
+            .archive_put(container, WORKSPACE, ReceiverStream::new(chunks).boxed())
+            .await;
+        let rewritten = rewrite
+            .await
+            .map_err(|e| RestoreError::Other(e.to_string()))?;
+        // The data may have changed since validation: then the put got a cut-off archive, and
+        // what Docker made of it is discarded with the volume.
+        rewritten.map_err(|error| RestoreError::Refused {
+            name: snapshot.name.clone(),
+            error,
+        })?;
+        put?;
+        Ok(())
+    }
+}
+
+/// Gives the workspace root (an open directory) to the sandbox user, mode 0755.
+fn own(root: &File, (uid, gid): (u32, u32)) -> std::io::Result<()> {
+    let fd = root.as_raw_fd();
+    // SAFETY: plain system calls on a descriptor this function borrows.
+    if unsafe { libc::fchown(fd, uid, gid) } != 0
+        || unsafe { libc::fchmod(fd, WORKSPACE_MODE) } != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
