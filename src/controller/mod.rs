@@ -113,8 +113,8 @@ pub struct Controller {
     helper_volume: tokio::sync::Mutex<Option<String>>,
     /// Snapshots in progress: which containers they hold paused, which files they write.
     snapshots: Arc<snapshot::Tracker>,
-    /// Serializes claims from warm pools, so that no member is handed out twice.
-    pool_claims: tokio::sync::Mutex<()>,
+    /// Pool members handed out lately, so that no member is handed out twice (see `pool.rs`).
+    pool_claims: pool::HandedOut,
     /// Whether workspaces can be used on this host, as learned so far.
     host_access: workspace::HostAccess,
 }
@@ -136,7 +136,7 @@ impl Controller {
             helper_binary,
             helper_volume: tokio::sync::Mutex::new(None),
             snapshots: Arc::default(),
-            pool_claims: tokio::sync::Mutex::new(()),
+            pool_claims: pool::HandedOut::default(),
             host_access: workspace::HostAccess::default(),
         })
     }

@@ -4,10 +4,13 @@
 //! is `pool.<pool>.<random>` (a dot never occurs in a sandbox name, so members and sandboxes cannot
 //! collide). It is created with the server's default limits and started, its workspace already
 //! owned by the sandbox user. A sandbox whose immutable properties match claims a member by
-//! renaming it to its own container name — Docker names are unique, so the rename is the atomic
-//! hand-over — then gets its limits applied live. The pool refills in the background.
+//! renaming it to its own container name, then gets its limits applied live. Claims run in
+//! parallel; [`HandedOut`] makes sure no two take the same member. The pool refills in the
+//! background.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use futures::future::join_all;
@@ -42,6 +45,32 @@ impl Claimed {
         status.claimed_from = Some(self.pool);
         status.container_hash = Some(effective.container_hash());
         status.started_at = Some(Utc::now());
+    }
+}
+
+/// How long a handed-out member is remembered: far longer than any listing taken before its
+/// claim can still be in use.
+const HANDED_OUT_MEMORY: Duration = Duration::from_secs(600);
+
+/// The members claims have taken lately, by container ID. Claims run in parallel; each picks a
+/// member from a listing and marks it here in one step under the lock, so two claims never get
+/// the same member, even from listings taken before either renamed it. The Docker calls of a
+/// claim happen outside the lock.
+#[derive(Default)]
+pub(super) struct HandedOut {
+    taken: Mutex<HashMap<String, Instant>>,
+}
+
+impl HandedOut {
+    /// The first running member of `candidates` no claim has taken, now marked as taken.
+    fn take(&self, candidates: Vec<ManagedContainer>) -> Option<ManagedContainer> {
+        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        taken.retain(|_, at| at.elapsed() < HANDED_OUT_MEMORY);
+        let member = candidates
+            .into_iter()
+            .find(|c| c.is_running() && !taken.contains_key(&c.id))?;
+        taken.insert(member.id.clone(), Instant::now());
+        Some(member)
     }
 }
 
@@ -147,9 +176,8 @@ impl Controller {
             return Ok(None);
         }
         let pool_name = pool.metadata.name.clone();
-        let _one_claim_at_a_time = self.pool_claims.lock().await;
         let candidates = self.members(&pool_name).await?;
-        let Some(member) = candidates.into_iter().find(|c| c.is_running()) else {
+        let Some(member) = self.pool_claims.take(candidates) else {
             self.queue.add((Kind::SandboxPool, pool_name));
             return Ok(None);
         };
@@ -335,4 +363,29 @@ async fn remove_members(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: &str, state: &str) -> ManagedContainer {
+        ManagedContainer {
+            id: id.into(),
+            name: format!("agent-sandbox-pool.p.{id}"),
+            labels: BTreeMap::new(),
+            state: state.into(),
+        }
+    }
+
+    #[test]
+    fn a_member_is_handed_out_once_even_from_a_stale_listing() {
+        let handed = HandedOut::default();
+        let listing = || vec![member("a", "exited"), member("b", "running"), member("c", "running")];
+        let first = handed.take(listing()).map(|m| m.id);
+        let second = handed.take(listing()).map(|m| m.id);
+        assert_eq!(first.as_deref(), Some("b"), "the first running member");
+        assert_eq!(second.as_deref(), Some("c"), "never the one already taken");
+        assert!(handed.take(listing()).is_none(), "stopped members are not handed out");
+    }
 }
