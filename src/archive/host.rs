@@ -264,13 +264,13 @@ impl Read for HostTar {
 
 /// The path through which the kernel resolves names relative to an open directory: lookups of one
 /// component below it never pass through a symlink of the tree.
-fn fd_path(dir: &File) -> PathBuf {
+pub(super) fn fd_path(dir: &File) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()))
 }
 
 /// Opens `path` (one component below an open directory) without following a symlink and checks
 /// that it is still the inode `listed` described.
-fn open_checked(path: &Path, listed: &Metadata, dir: bool) -> io::Result<File> {
+pub(super) fn open_checked(path: &Path, listed: &Metadata, dir: bool) -> io::Result<File> {
     let mut flags = libc::O_NOFOLLOW | libc::O_CLOEXEC;
     // Never block on something that turned into a FIFO.
     flags |= if dir {

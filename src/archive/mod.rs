@@ -21,11 +21,12 @@
 //! FIFO or a setuid bit the sandbox user set) the offending entries are dropped or stripped and
 //! listed in the [`Summary`]. This module never talks to Docker; apart from [`HostTar`] (which
 //! reads a directory of this host, without following symlinks, into the same tar form Docker's
-//! archive API gives) and [`unpack`] it never touches the filesystem beyond the reader and writer
-//! it is given.
+//! archive API gives), [`unpack`] and [`link_tree`] (which carries a tree into another directory
+//! by hard links) it never touches the filesystem beyond the reader and writer it is given.
 
 mod digest;
 mod host;
+mod link;
 mod pipe;
 #[cfg(test)]
 mod tests;
@@ -42,6 +43,7 @@ use tar::{EntryType, Header};
 
 pub use digest::HashedWriter;
 pub use host::{open_root, HostTar};
+pub use link::link_tree;
 pub use pipe::{ChannelReader, ChannelWriter};
 
 const BLOCK: u64 = 512;
