@@ -7,7 +7,8 @@
 //! labels), when it is under a live sandbox's container name (or its staging name while a rollback
 //! is pending or its container is being replaced), when its labels name a live sandbox of the same uid and it is under that
 //! sandbox's name (a container a rollback replaced is not), or when it is an unclaimed member of a
-//! live pool.
+//! live pool. A volume labeled for a live sandbox belongs to it unless the sandbox, with nothing in
+//! progress, names another workspace (the volume was replaced and its removal was interrupted).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -62,6 +63,17 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
     let referenced_volumes: HashSet<String> = statuses
         .iter()
         .filter_map(|s| s.workspace_volume.clone())
+        .collect();
+    // The workspace of each sandbox with nothing in progress: any other volume labeled for it
+    // was replaced (by a rollback, or carried into a warm container) and is left over.
+    let settled_workspace: HashMap<String, String> = sandboxes
+        .iter()
+        .filter_map(|e| {
+            let sandbox = e.resource.as_sandbox()?;
+            let volume = sandbox.status.as_ref()?.workspace_volume.clone()?;
+            (!rebuilding.contains(&sandbox.metadata.name))
+                .then(|| (sandbox.metadata.name.clone(), volume))
+        })
         .collect();
     let pools: HashSet<String> = ctl
         .store
@@ -125,8 +137,11 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
             continue;
         }
         let id = volume.sandbox();
+        let superseded = id
+            .and_then(|id| settled_workspace.get(id))
+            .is_some_and(|current| *current != volume.name);
         let belongs = referenced_volumes.contains(&volume.name)
-            || labeled_for_live(id, volume.labels.get(LABEL_UID))
+            || (labeled_for_live(id, volume.labels.get(LABEL_UID)) && !superseded)
             || (live_pool_member(id) && id.is_some_and(|id| unclaimed_members.contains(id)));
         if !belongs {
             tracing::info!(volume = %volume.name, "removing orphaned volume");

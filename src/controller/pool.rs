@@ -222,9 +222,12 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         return Ok(Outcome::done());
     };
     let key = ctl.pool_key_of(&pool);
-    let (usable, stale): (Vec<_>, Vec<_>) = members.into_iter().partition(|c| {
-        c.labels.get(LABEL_SPEC_HASH) == Some(&key) && c.state != "exited" && c.state != "dead"
-    });
+    // Members are made (created, started, prepared) within this reconcile, and one reconcile of
+    // a pool runs at a time: a member not running now was left half made by a crash, or stopped
+    // by a hand. It would hold a place in the pool and never be claimed.
+    let (usable, stale): (Vec<_>, Vec<_>) = members
+        .into_iter()
+        .partition(|c| c.labels.get(LABEL_SPEC_HASH) == Some(&key) && c.is_running());
     remove_members(ctl, &stale).await?;
     let size = pool.spec.size as usize;
     let mut message = String::new();
@@ -381,11 +384,20 @@ mod tests {
     #[test]
     fn a_member_is_handed_out_once_even_from_a_stale_listing() {
         let handed = HandedOut::default();
-        let listing = || vec![member("a", "exited"), member("b", "running"), member("c", "running")];
+        let listing = || {
+            vec![
+                member("a", "exited"),
+                member("b", "running"),
+                member("c", "running"),
+            ]
+        };
         let first = handed.take(listing()).map(|m| m.id);
         let second = handed.take(listing()).map(|m| m.id);
         assert_eq!(first.as_deref(), Some("b"), "the first running member");
         assert_eq!(second.as_deref(), Some("c"), "never the one already taken");
-        assert!(handed.take(listing()).is_none(), "stopped members are not handed out");
+        assert!(
+            handed.take(listing()).is_none(),
+            "stopped members are not handed out"
+        );
     }
 }

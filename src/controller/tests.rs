@@ -1,11 +1,13 @@
-//! The controller against the fake engine: what the periodic resync queues.
+//! The controller against the fake engine: what the periodic resync queues, what garbage
+//! collection takes, how a pool mends itself.
 
 use std::sync::Arc;
 
 use super::Controller;
 use crate::config::Settings;
 use crate::docker::fake::FakeEngine;
-use crate::resource::{AnyResource, Kind, Sandbox, SandboxSpec};
+use crate::docker::Engine;
+use crate::resource::{AnyResource, Kind, Sandbox, SandboxPool, SandboxPoolSpec, SandboxSpec};
 use crate::store::Store;
 
 const IMAGE: &str = "img:1";
@@ -93,4 +95,82 @@ async fn resync_queues_only_sandboxes_that_are_not_running_as_recorded() {
     engine.fail_next("list_containers");
     ctl.enqueue_drifted().await;
     assert_eq!(drain(&ctl).await.len(), 2);
+}
+
+#[tokio::test]
+async fn garbage_collection_takes_a_replaced_workspace_only_once_nothing_is_in_progress() {
+    let (_dir, engine, ctl) = setup();
+    declare(&ctl, "a");
+    super::sandbox::reconcile(&ctl, "a").await.unwrap();
+    let uid = ctl
+        .store
+        .get(Kind::Sandbox, "a")
+        .unwrap()
+        .resource
+        .metadata()
+        .uid
+        .clone();
+    let labels = super::sandbox::object_labels(&ctl, "a", &uid.unwrap_or_default());
+    // Left by a rollback or a carried workspace whose removal a crash interrupted.
+    let leftover = "agent-sandbox-a-workspace-0badcafe";
+    engine.ensure_volume(leftover, &labels).await.unwrap();
+
+    // While the sandbox has a change in progress, a volume labeled for it may be its next one.
+    ctl.store
+        .update(Kind::Sandbox, "a", |resource| {
+            if let AnyResource::Sandbox(sandbox) = resource {
+                sandbox.spec.cpus = Some(0.5);
+            }
+            Ok(())
+        })
+        .unwrap();
+    super::gc::collect_garbage(&ctl).await.unwrap();
+    assert!(
+        engine.volumes().contains_key(leftover),
+        "kept while in progress"
+    );
+
+    super::sandbox::reconcile(&ctl, "a").await.unwrap();
+    super::gc::collect_garbage(&ctl).await.unwrap();
+    let volumes = engine.volumes();
+    assert!(
+        !volumes.contains_key(leftover),
+        "collected once settled: {volumes:?}"
+    );
+    assert!(
+        volumes.contains_key("agent-sandbox-a-workspace"),
+        "the current one stays"
+    );
+}
+
+#[tokio::test]
+async fn a_pool_replaces_a_member_left_half_made() {
+    let (_dir, engine, ctl) = setup();
+    let spec = SandboxPoolSpec {
+        image: IMAGE.into(),
+        size: 2,
+        ..SandboxPoolSpec::default()
+    };
+    let pool: AnyResource = SandboxPool::new("p", spec).into();
+    ctl.store.create(pool, Default::default()).unwrap();
+    super::pool::reconcile(&ctl, "p").await.unwrap();
+    let members = || -> Vec<_> {
+        engine
+            .containers()
+            .into_iter()
+            .filter(|c| c.name().starts_with("agent-sandbox-pool.p."))
+            .collect()
+    };
+    assert_eq!(members().len(), 2);
+    // A crash between a member's create and its start leaves it created, never running.
+    let stuck = members()[0].id.clone();
+    assert!(engine.set_state(&stuck, "created"));
+
+    super::pool::reconcile(&ctl, "p").await.unwrap();
+    let now = members();
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert!(now.iter().all(|c| c.state == "running" && c.id != stuck));
+    let status = ctl.store.get(Kind::SandboxPool, "p").unwrap();
+    let status = status.resource.as_pool().unwrap().status.clone().unwrap();
+    assert_eq!(status.ready_replicas, 2);
 }
