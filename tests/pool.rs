@@ -337,3 +337,129 @@ fn rollback_and_fork_take_warm_containers_and_restore_the_snapshot_faithfully() 
         members(&pool).is_empty() && container(&id).is_none() && container(&child).is_none()
     });
 }
+
+/// Everything an edit must keep of a workspace, one line per path (with the inode of every
+/// non-directory when `inodes`, which only carrying the very files over keeps).
+fn workspace_listing(name: &str, inodes: bool) -> String {
+    let inode = if inodes {
+        "[ -d \"$p\" ] || stat -c 'inode %i' \"$p\";"
+    } else {
+        ""
+    };
+    let script = format!(
+        "cd /workspace && stat -c '%n %F %a %u:%g %s %Y %h' . && find . -mindepth 1 | sort | \
+         while read -r p; do stat -c '%n %F %a %u:%g %s %Y %h' \"$p\"; {inode} \
+         [ -f \"$p\" ] && [ ! -L \"$p\" ] && md5sum < \"$p\"; [ -L \"$p\" ] && readlink \"$p\"; \
+         done; true"
+    );
+    let (code, out) = docker_exec(name, &script);
+    assert_eq!(code, 0, "{out}");
+    out
+}
+
+#[test]
+fn an_edit_that_needs_a_new_container_carries_the_workspace_into_a_warm_one() {
+    let server = Server::start();
+    // Members with a writable root filesystem: what the sandbox asks for after its edit.
+    let pool = unique("rw");
+    let mut doc = pool_doc(&pool, 1);
+    doc["spec"]["readOnlyRootfs"] = json!(false);
+    let (status, body) = server.request("POST", &format!("{API}/sandboxpools"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    wait_pool_ready(&server, &pool, 1);
+    let member = member_ids(&pool).into_iter().next().unwrap();
+
+    // The sandbox starts with a read-only root: no member fits, it gets a container of its own.
+    let name = unique("edit");
+    let sandbox = |read_only: bool| {
+        json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox", "metadata": {"name": name},
+            "spec": {"image": TEST_IMAGE, "readOnlyRootfs": read_only, "env": {"MODE": "kept"}}})
+    };
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&sandbox(true)));
+    assert_eq!(status, 201, "{body}");
+    let first = server.wait_running(&name);
+    assert!(first["status"]["claimedFrom"].is_null(), "{first:#}");
+    let script = "set -e; cd /workspace; mkdir -p src/deep empty locked; \
+        printf 'print(1)\\n' > src/main.py; chmod 750 src/main.py; ln src/main.py hard; \
+        head -c 200000 /dev/urandom > src/deep/blob; ln -s src/main.py rel; ln -s /etc/hostname abs; \
+        mkfifo pipe; printf in > locked/f; chmod 555 locked; chmod 1777 empty; \
+        touch -d '2021-02-03 04:05:06' src/main.py; touch -h -d '2020-01-01' rel; \
+        echo t > /tmp/marker; (sleep 1000 &) ; echo ok";
+    assert_eq!(docker_exec(&name, script), (0, "ok\n".into()));
+    let carried = test_runtime() != "runsc";
+    let before = workspace_listing(&name, carried);
+    let old_container = first["status"]["containerID"].as_str().unwrap().to_string();
+    let old_volume = first["status"]["workspaceVolume"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let (status, body) = server.request(
+        "PUT",
+        &format!("{API}/sandboxes/{name}"),
+        Some(&sandbox(false)),
+    );
+    assert_eq!(status, 200, "{body}");
+    let edited = server
+        .wait_for(
+            "sandboxes",
+            &name,
+            "replaced",
+            Duration::from_secs(60),
+            |r| {
+                r.is_some_and(|r| {
+                    r["status"]["observedGeneration"] == 2 && r["status"]["phase"] == "Running"
+                })
+            },
+        )
+        .unwrap();
+    let new_container = edited["status"]["containerID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(new_container, old_container);
+    if carried {
+        // The files themselves came along (same inodes): nothing was copied.
+        assert_eq!(edited["status"]["claimedFrom"], pool.as_str(), "{edited:#}");
+        assert_eq!(new_container, member, "the warm container took over");
+    } else {
+        // gVisor shows no container files to the host: a new container on the same workspace.
+        assert!(edited["status"]["claimedFrom"].is_null(), "{edited:#}");
+        assert_eq!(edited["status"]["workspaceVolume"], old_volume.as_str());
+    }
+    assert_eq!(workspace_listing(&name, carried), before);
+    let c = container(&name).unwrap();
+    assert_eq!(c["Id"], new_container.as_str());
+    assert_eq!(c["HostConfig"]["ReadonlyRootfs"], false);
+    assert_eq!(c["HostConfig"]["CapDrop"], json!(["ALL"]));
+    let (code, out) = docker_exec(
+        &name,
+        "awk '$2 == \"/\" {split($4, o, \",\"); print o[1]}' /proc/mounts; \
+         test -e /tmp/marker || echo fresh-tmp; ps -o args | grep -c '^sleep 1000' || true",
+    );
+    assert_eq!((code, out.as_str()), (0, "rw\nfresh-tmp\n0\n"));
+    assert_eq!(server.exec(&name, "echo $MODE").1, "kept\n");
+
+    // The old container goes, and with it its workspace when the files moved out of it.
+    wait_until(
+        "the old container is removed",
+        Duration::from_secs(30),
+        || inspect(&["--type", "container", &old_container]).is_none(),
+    );
+    if carried {
+        wait_until(
+            "the old workspace is removed",
+            Duration::from_secs(30),
+            || inspect(&["--type", "volume", &old_volume]).is_none(),
+        );
+    }
+    assert!(
+        container(&format!("{name}.restore")).is_none(),
+        "no staging container is left"
+    );
+    let (status, _) = server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
+    assert!(status < 300);
+    server.wait_gone("sandboxes", &name);
+    let (status, _) = server.request("DELETE", &format!("{API}/sandboxpools/{pool}"), None);
+    assert!(status < 300);
+}

@@ -141,11 +141,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
             return Err(error);
         }
     };
-    // A container retired by a replacement goes once the status names its successor.
-    let retired = restore::Replaced {
-        container: retired,
-        volume: None,
-    };
+    // What a replacement retired goes once the status names its successor.
     status.phase = SandboxPhase::Running;
     status.message.clear();
     status.observed_generation = Some(generation);
@@ -196,15 +192,15 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     Ok(Outcome::at(expires_at))
 }
 
-/// Makes the volume and a running container that matches `effective` exist. Returns the
-/// container a replacement retired, to remove once the status names its successor.
+/// Makes the volume and a running container that matches `effective` exist. Returns what a
+/// replacement retired, to remove once the status names its successor.
 async fn ensure_running(
     ctl: &Controller,
     sandbox: &Sandbox,
     effective: &EffectiveSandbox,
     status: &mut SandboxStatus,
-) -> Result<Option<String>, ReconcileError> {
-    let mut retired = None;
+) -> Result<restore::Replaced, ReconcileError> {
+    let mut retired = restore::Replaced::default();
     let name = sandbox.metadata.name.as_str();
     let uid = sandbox.metadata.uid.clone().unwrap_or_default();
     let hash = effective.container_hash();
@@ -212,7 +208,7 @@ async fn ensure_running(
         // A brand-new sandbox: a warm container, when a pool has one, beats creating one.
         if let Some(claimed) = ctl.claim_from_pool(name, effective).await? {
             claimed.record(status, effective);
-            return Ok(None);
+            return Ok(retired);
         }
     }
     let volume = status
@@ -228,7 +224,7 @@ async fn ensure_running(
     };
     let current = container_name(name);
     let existing = ctl.engine.inspect_container(&current).await?;
-    let occupant = existing.as_ref().map(|c| c.id.clone());
+    let occupant = existing.clone();
     let claimed_id = status
         .container_hash
         .as_deref()
@@ -244,7 +240,16 @@ async fn ensure_running(
         Some(details) => details,
         None => {
             // Either nothing is there, or it was built from another spec or resource: replace it,
-            // keeping the workspace volume.
+            // keeping the workspace. A snapshot of the old container in progress finishes first.
+            let _snapshots_wait = match &occupant {
+                Some(_) => Some(ctl.snapshots.lock(name).await),
+                None => None,
+            };
+            if let Some(old) = &occupant {
+                if let Some(replaced) = ctl.replace_from_pool(name, effective, old, status).await? {
+                    return Ok(replaced);
+                }
+            }
             // Only a new container needs the volume checked: Docker never removes a volume that
             // a container (running or not) still mounts, so an idle resync skips the lookup.
             let labels = object_labels(ctl, name, &uid);
@@ -254,10 +259,10 @@ async fn ensure_running(
             );
             volume_ready?;
             let mut plan = plan?;
-            let id = match occupant {
+            let id = match &occupant {
                 Some(old) => {
-                    let (id, old) = replace_container(ctl, name, &mut plan, &old).await?;
-                    retired = old;
+                    let (id, old) = replace_container(ctl, name, &mut plan, &old.id).await?;
+                    retired.container = old;
                     id
                 }
                 None => {
@@ -329,8 +334,6 @@ async fn replace_container(
     plan: &mut ContainerPlan,
     old: &str,
 ) -> Result<(String, Option<String>), ReconcileError> {
-    // A snapshot of the old container in progress finishes first.
-    let _lock = ctl.snapshots.lock(name).await;
     let staging = restore::staging_container_name(name);
     plan.name = Some(staging.clone());
     // Left by an interrupted replacement or rollback: never trusted.

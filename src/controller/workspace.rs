@@ -29,10 +29,13 @@ use std::sync::Mutex;
 use futures::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::restore::{restore_policy, RestoreError, Validated};
+use super::restore::{
+    restore_policy, staging_container_name, swap_in, Replaced, RestoreError, Validated,
+};
 use super::Controller;
 use crate::archive::{self, ArchiveError, ChannelWriter};
 use crate::docker::ContainerDetails;
+use crate::resource::{EffectiveSandbox, SandboxStatus};
 
 /// The workspace inside every sandbox.
 pub(super) const WORKSPACE: &str = "/workspace";
@@ -274,4 +277,73 @@ fn own(root: &File, (uid, gid): (u32, u32)) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+impl Controller {
+    /// Replaces the sandbox's container `old` (running, on this host) with a warm pool member
+    /// that matches `effective`, carrying the workspace over on this host by hard links: no byte
+    /// is copied, and the old workspace stays whole until the status names the new one, so a
+    /// crash at any point leaves the sandbox as it was. The old container is paused while the
+    /// tree is carried (nothing may change it meanwhile) and serves again if anything fails.
+    /// `None` when this cannot be done here (no host access, no free member): the caller builds
+    /// a new container instead. On success `status` describes the member and the returned
+    /// leftovers (the old container and workspace) go once it is written.
+    pub(super) async fn replace_from_pool(
+        &self,
+        name: &str,
+        effective: &EffectiveSandbox,
+        old: &ContainerDetails,
+        status: &mut SandboxStatus,
+    ) -> Result<Option<Replaced>, RestoreError> {
+        let runtime = self.settings.docker_runtime.clone();
+        if !self.settings.host_workspace_access || self.host_access.get(&runtime) != Some(true) {
+            return Ok(None);
+        }
+        // Proven before anything changes: the old workspace is the old container's.
+        let Ok(from) = open_host_root(old) else {
+            return Ok(None);
+        };
+        let staging = staging_container_name(name);
+        let Some(claimed) = self.claim_as(name, effective, &staging).await? else {
+            return Ok(None);
+        };
+        let carried = async {
+            self.engine.pause(&old.id).await?;
+            let member = self
+                .engine
+                .inspect_container(&claimed.container_id)
+                .await?
+                .ok_or_else(|| RestoreError::Other("the claimed container vanished".into()))?;
+            let to = open_host_root(&member).map_err(|e| RestoreError::Other(e.to_string()))?;
+            let count = tokio::task::spawn_blocking(move || archive::link_tree(from, to))
+                .await
+                .map_err(|e| RestoreError::Other(e.to_string()))?
+                .map_err(|e| RestoreError::HostWrite(e.to_string()))?;
+            swap_in(self, name, &claimed.container_id).await?;
+            Ok::<_, RestoreError>(count)
+        }
+        .await;
+        match carried {
+            Ok(count) => {
+                tracing::info!(
+                    sandbox = name,
+                    entries = count,
+                    "workspace carried into a warm container"
+                );
+                let old_volume = status.workspace_volume.clone();
+                claimed.record(status, effective);
+                Ok(Some(Replaced {
+                    container: Some(old.id.clone()),
+                    volume: old_volume,
+                }))
+            }
+            Err(error) => {
+                tracing::info!(sandbox = name, %error, "cannot carry the workspace into a warm container; building a new one");
+                let _ = self.engine.remove_container(&claimed.container_id).await;
+                let _ = self.engine.remove_volume(&claimed.volume).await;
+                self.engine.unpause(&old.id).await?;
+                Ok(None)
+            }
+        }
+    }
 }
