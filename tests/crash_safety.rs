@@ -1,5 +1,6 @@
 //! Crash safety: the server is killed with SIGKILL at random moments while a driver creates,
-//! snapshots, rolls back, forks and deletes through the API and a watched folder; after each
+//! snapshots, rolls back, forks, replaces containers (through warm pools) and deletes through the
+//! API and a watched folder; after each
 //! restart and at the end, the data directory and Docker must satisfy the store's and the
 //! controller's invariants. Also: losing the Docker connection (a socket proxy cut under a running
 //! server), and — only with `AGENT_SANDBOX_TEST_DOCKER_RESTART=1` — a real daemon restart.
@@ -72,7 +73,7 @@ fn drive_once(c: &Client, prefix: &str, n: usize, rng: &mut impl Rng) -> Option<
     let pick = |v: &[String], rng: &mut dyn rand::RngCore| -> Option<String> {
         (!v.is_empty()).then(|| v[rng.next_u32() as usize % v.len()].clone())
     };
-    match rng.random_range(0..10) {
+    match rng.random_range(0..11) {
         0 | 1 if sandboxes.len() < 6 => {
             let name = format!("{prefix}-s{n}");
             let body = doc("Sandbox", &name, json!({"image": TEST_IMAGE}));
@@ -157,6 +158,29 @@ fn drive_once(c: &Client, prefix: &str, n: usize, rng: &mut impl Rng) -> Option<
             }
             done(
                 "rollback",
+                c.req("PUT", &format!("{API}/sandboxes/{sb}"), Some(current)),
+            )
+        }
+        9 => {
+            // Flip the root filesystem mode: a new container on the same workspace (carried into
+            // a warm container of the other pool where this host allows it).
+            let api_owned: Vec<String> = sandboxes
+                .iter()
+                .filter(|s| s.contains("-s"))
+                .cloned()
+                .collect();
+            let sb = pick(&api_owned, rng)?;
+            let (status, mut current) = c.req("GET", &format!("{API}/sandboxes/{sb}"), None);
+            if status != 200 {
+                return None;
+            }
+            let read_only = current["spec"]["readOnlyRootfs"].as_bool().unwrap_or(true);
+            current["spec"]["readOnlyRootfs"] = json!(!read_only);
+            if let Some(obj) = current.as_object_mut() {
+                obj.remove("status");
+            }
+            done(
+                "replace container",
                 c.req("PUT", &format!("{API}/sandboxes/{sb}"), Some(current)),
             )
         }
@@ -307,21 +331,62 @@ fn converged(server: &Server) -> Result<(), String> {
         }
         names.insert(name);
     }
-    // Exactly one container per sandbox; no container or volume of ours without a sandbox.
+    // Exactly one container per sandbox and one workspace, the ones its status names; no
+    // container or volume of ours without a sandbox, apart from unclaimed members of live pools.
+    let status_of = |name: &str, field: &str| -> Option<String> {
+        items
+            .iter()
+            .find(|s| s["metadata"]["name"] == name)
+            .and_then(|s| s["status"][field].as_str().map(str::to_string))
+    };
+    let by_container: std::collections::BTreeMap<String, String> = names
+        .iter()
+        .filter_map(|n| Some((status_of(n, "containerID")?, n.clone())))
+        .collect();
+    let workspaces: BTreeSet<String> = names
+        .iter()
+        .filter_map(|n| status_of(n, "workspaceVolume"))
+        .collect();
+    let (_, pools) = server.request("GET", &format!("{API}/sandboxpools"), None);
+    let pools = pools["items"].as_array().cloned().unwrap_or_default();
+    let pool_names: BTreeSet<String> = pools
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    let containers = labelled("container", &server_id);
+    let unclaimed_member = |owner: &str, container_name: &str| {
+        owner
+            .strip_prefix("pool.")
+            .and_then(|rest| rest.rsplit_once('.'))
+            .is_some_and(|(pool, _)| pool_names.contains(pool))
+            && container_name == format!("/agent-sandbox-{owner}")
+    };
+    let mut members = BTreeSet::new();
     let mut per_sandbox = std::collections::BTreeMap::<String, usize>::new();
-    for (id, c) in labelled("container", &server_id) {
+    for (_, c) in &containers {
         let labels = &c["Config"]["Labels"];
         if labels.get("io.agent-sandbox.role").is_some() {
             continue;
         }
-        let owner = labels["io.agent-sandbox.id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        if !names.contains(&owner) {
-            return Err(format!("orphan container {id} of {owner:?}"));
+        let id = c["Id"].as_str().unwrap_or_default();
+        let owner = labels["io.agent-sandbox.id"].as_str().unwrap_or_default();
+        let container_name = c["Name"].as_str().unwrap_or_default();
+        let sandbox = match by_container.get(id) {
+            Some(sandbox) => sandbox.clone(),
+            None if unclaimed_member(owner, container_name) => {
+                members.insert(owner.to_string());
+                continue;
+            }
+            None => {
+                return Err(format!(
+                    "container {container_name} ({owner:?}) belongs to nobody"
+                ))
+            }
+        };
+        if container_name != format!("/agent-sandbox-{sandbox}") {
+            return Err(format!("{sandbox} runs on {container_name}"));
         }
-        *per_sandbox.entry(owner).or_default() += 1;
+        *per_sandbox.entry(sandbox).or_default() += 1;
     }
     for name in &names {
         let n = per_sandbox.get(name).copied().unwrap_or(0);
@@ -335,8 +400,17 @@ fn converged(server: &Server) -> Result<(), String> {
             continue;
         }
         let owner = labels["io.agent-sandbox.id"].as_str().unwrap_or_default();
-        if !names.contains(owner) {
-            return Err(format!("orphan volume {id} of {owner:?}"));
+        let belongs = workspaces.contains(&id) || members.contains(owner);
+        if !belongs {
+            return Err(format!("volume {id} of {owner:?} is nobody's workspace"));
+        }
+    }
+    for p in &pools {
+        if p["status"]["readyReplicas"] != p["spec"]["size"] {
+            return Err(format!(
+                "pool {} not full: {}",
+                p["metadata"]["name"], p["status"]
+            ));
         }
     }
     // Snapshot data and Snapshot resources agree.
@@ -416,6 +490,15 @@ fn sigkill_at_random_moments_never_corrupts_or_leaks() {
         watch_dir: server.watch_dir.clone(),
     };
     let prefix = unique("crash");
+    // Warm pools for both root filesystem modes: creates, rollbacks and forks claim from the
+    // first, and flipping the mode carries workspaces between the two.
+    for (pool, read_only) in [("ro", true), ("rw", false)] {
+        let body = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "SandboxPool",
+            "metadata": {"name": format!("{prefix}-{pool}")},
+            "spec": {"image": TEST_IMAGE, "size": 2, "readOnlyRootfs": read_only}});
+        let (status, answer) = server.request("POST", &format!("{API}/sandboxpools"), Some(&body));
+        assert_eq!(status, 201, "{answer}");
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(Mutex::new(
         std::collections::BTreeMap::<&'static str, usize>::new(),
@@ -449,7 +532,14 @@ fn sigkill_at_random_moments_never_corrupts_or_leaks() {
     stop.store(true, Ordering::Relaxed);
     driver.join().unwrap();
     let done = done.lock().unwrap().clone();
-    eprintln!("crash loop: {total} SIGKILLs; accepted operations: {done:?}");
+    let carried = server
+        .log()
+        .matches("workspace carried into a warm container")
+        .count();
+    eprintln!(
+        "crash loop: {total} SIGKILLs; accepted operations: {done:?}; workspaces carried into \
+         warm containers: {carried}"
+    );
     for what in ["create", "snapshot"] {
         assert!(
             done.contains_key(what),
