@@ -344,7 +344,10 @@ pub(super) async fn swap_in(
     new: &str,
 ) -> Result<Option<String>, EngineError> {
     let current = container_name(name);
-    let retired = format!("{current}.retired-{:08x}", rand::random::<u32>());
+    let retired = retired_container_name(name);
+    // One retired before whose removal was interrupted: the status names neither it nor its
+    // workspace as current any more, or it is about to be replaced again.
+    ctl.engine.remove_container(&retired).await?;
     let replaced = match ctl.engine.inspect_container(&current).await? {
         Some(old) => {
             ctl.engine.rename_container(&old.id, &retired).await?;
@@ -364,6 +367,21 @@ pub(super) fn staging_container_name(sandbox: &str) -> String {
 
 /// Suffix of a staging container's name (a dot never occurs in a sandbox name).
 pub(super) const STAGING_SUFFIX: &str = ".restore";
+
+/// Name a replaced container has from the swap until it is removed.
+pub(super) fn retired_container_name(sandbox: &str) -> String {
+    format!("{}.retired", container_name(sandbox))
+}
+
+/// Every Docker name a container of the sandbox can have: its own, while being built, and
+/// while waiting to be removed after a replacement.
+pub(super) fn container_names(sandbox: &str) -> [String; 3] {
+    [
+        container_name(sandbox),
+        staging_container_name(sandbox),
+        retired_container_name(sandbox),
+    ]
+}
 
 /// Claims a warm pool member as `as_name` and fills its (running) workspace with the snapshot.
 /// `None` when no pool has a member ready. On a failed fill the member is removed again.

@@ -272,14 +272,13 @@ async fn ensure_running(
                     id
                 }
             };
+            // Created with these limits and started: nothing below applies to it.
             status.applied_limits = Some(limits);
-            status.container_id = Some(id.clone());
+            status.container_id = Some(id);
             status.started_at = Some(Utc::now());
             status.claimed_from = None;
             status.container_hash = None;
-            ctl.engine.inspect_container(&id).await?.ok_or_else(|| {
-                ReconcileError::Other(format!("container {id} vanished after create"))
-            })?
+            return Ok(retired);
         }
     };
     if details.paused {
@@ -447,10 +446,15 @@ async fn delete(ctl: &Controller, sandbox: &Sandbox) -> Result<Outcome, Reconcil
         );
         write_status(ctl, sandbox, status).await?;
     }
-    // The resource is ours, so its container name is too: remove by name, no lookups. Volumes
-    // are removed by the names the status knows (a claimed pool workspace carries the pool
-    // member's name); a sandbox that was rolled back may have stray ones, so only then list.
-    ctl.engine.remove_container(&container_name(name)).await?;
+    // The resource is ours, so its container names are too: remove by name, no lookups (a
+    // container being built or retired may still mount the workspace). Volumes are removed by
+    // the names the status knows (a claimed pool workspace carries the pool member's name); a
+    // sandbox that was rolled back may have stray ones, so only then list.
+    let removals = restore::container_names(name)
+        .map(|container| async move { ctl.engine.remove_container(&container).await });
+    for removed in futures::future::join_all(removals).await {
+        removed?;
+    }
     let recorded = sandbox
         .status
         .as_ref()
@@ -470,16 +474,19 @@ async fn delete(ctl: &Controller, sandbox: &Sandbox) -> Result<Outcome, Reconcil
     Ok(Outcome::done())
 }
 
-/// Removes the container and every workspace volume labeled with this sandbox's name — only those
-/// this server created: another server sharing the daemon may use the same name.
+/// Removes the sandbox's containers (under any of its names) and every workspace volume labeled
+/// with its name — only those this server created: another server sharing the daemon may use
+/// the same name.
 pub(super) async fn remove_docker_objects(
     ctl: &Controller,
     name: &str,
 ) -> Result<(), ReconcileError> {
     let ours = |labels: &BTreeMap<String, String>| labels.get(LABEL_SERVER) == Some(&ctl.server_id);
-    if let Some(container) = ctl.engine.inspect_container(&container_name(name)).await? {
-        if ours(&container.labels) {
-            ctl.engine.remove_container(&container.id).await?;
+    for container in restore::container_names(name) {
+        if let Some(container) = ctl.engine.inspect_container(&container).await? {
+            if ours(&container.labels) {
+                ctl.engine.remove_container(&container.id).await?;
+            }
         }
     }
     for volume in ctl.engine.list_volumes().await? {
