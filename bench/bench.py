@@ -19,6 +19,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+import docker_floor  # noqa: E402
 import idle  # noqa: E402
 import ours_only  # noqa: E402
 import paired  # noqa: E402
@@ -134,9 +135,9 @@ def report(results: Results, args, info: dict) -> str:
     lines += ["", "| operation | ours median ms | ours p95 ms | reference median ms | reference p95 ms | ours/ref (median) |",
               "|---|---|---|---|---|---|"]
     ratios = {}
-    for op in results.order:
-        if (op, REF) not in results.series and not op.endswith(WARM):
-            continue
+    paired_ops = [op for op in results.order
+                  if (op, REF) in results.series or (op, "reference (same time)") in results.series]
+    for op in paired_ops:
         o = results.get(op, OURS)
         r = results.get(op, "reference" if not op.endswith(WARM) else "reference (same time)")
         om, op95 = o.cell()
@@ -146,8 +147,8 @@ def report(results: Results, args, info: dict) -> str:
             ratios[op] = o.median() / r.median()
             ratio = f"{ratios[op]:.3f}"
         lines.append(f"| {op} | {om} | {op95} | {rm} | {rp95} | {ratio} |")
-    lines += ["", "Ours only:", "", "| measurement | median | p95 | n |", "|---|---|---|---|"]
-    ours_only_ops = [op for op in results.order if (op, REF) not in results.series and not op.endswith(WARM)]
+    lines += ["", "Ours only, and Docker alone (same run):", "", "| measurement | median | p95 | n |", "|---|---|---|---|"]
+    ours_only_ops = [op for op in results.order if op not in paired_ops]
     for op in ours_only_ops:
         s = results.get(op, OURS)
         med, p95 = s.cell()
@@ -190,13 +191,19 @@ def targets(results: Results, ratios: dict, args) -> str:
         rows.append(f"| {args.big_mib} MiB snapshot ≥ 70 % of plain tar | {shown} | {verdict(pct >= 70)} |")
     else:
         rows.append(f"| {args.big_mib} MiB snapshot ≥ 70 % of plain tar | {_why(results, big)} | – |")
-    one = results.series.get(("Fork resource, 1 replica(s) → all Running", OURS))
-    five = results.series.get(("Fork resource, 5 replica(s) → all Running", OURS))
+    for suffix in ("", WARM):
+        one = results.series.get((f"Fork resource, 1 replica(s) → all Running{suffix}", OURS))
+        five = results.series.get((f"Fork resource, 5 replica(s) → all Running{suffix}", OURS))
+        if one and five and one.median() and five.median():
+            x = five.median() / one.median()
+            rows.append(f"| Fork of 5 < 2× one{suffix} | {fmt(five.median())} ms vs {fmt(one.median())} ms: {x:.2f}× | {verdict(x < 2)} |")
+        else:
+            rows.append(f"| Fork of 5 < 2× one{suffix} | {_why(results, f'Fork resource, 5 replica(s) → all Running{suffix}')} | – |")
+    one = results.series.get(("Docker alone: 1 container(s) created and started at once", OURS))
+    five = results.series.get(("Docker alone: 5 container(s) created and started at once", OURS))
     if one and five and one.median() and five.median():
         x = five.median() / one.median()
-        rows.append(f"| Fork of 5 < 2× one | {fmt(five.median())} ms vs {fmt(one.median())} ms: {x:.2f}× | {verdict(x < 2)} |")
-    else:
-        rows.append(f"| Fork of 5 < 2× one | {_why(results, 'Fork resource, 5 replica(s) → all Running')} | – |")
+        rows.append(f"| (floor) Docker alone, 5 containers at once vs 1 | {fmt(five.median())} ms vs {fmt(one.median())} ms: {x:.2f}× | – |")
     return "\n".join(rows)
 
 
@@ -236,6 +243,7 @@ def main() -> int:
 
     both = [ours, ref]
     section("create", paired.create_destroy, results, both, args.n)
+    section("docker", docker_floor.floor, results, OURS, args.image, args.n)
     section("dataplane", paired.data_plane, results, both, args.n)
     section("snapshots", paired.snapshots, results, both, args.n)
     section("manifests", ours_only.manifest_to_running, results, ours, args.ours_data, args.n, "")
@@ -250,10 +258,27 @@ def main() -> int:
                     sb = results.measure(op, name, server.create)
                     if sb is not None:
                         server.quietly(server.destroy, sb["id"])
-            ours_only.manifest_to_running(results, ours, args.ours_data, args.n, " (warm pool)")
+            # The edit that needs a new container makes the root filesystem writable: a second
+            # pool holds members of that shape, as a user with such edits would keep.
+            writable = f"{pool_name}-rw"
+            doc = {"apiVersion": API_VERSION, "kind": "SandboxPool", "metadata": {"name": writable},
+                   "spec": {"image": ours.image, "size": args.n, "readOnlyRootfs": False}}
+            try:
+                ours.call("POST", f"{API}/sandboxpools", json=doc, expect=(200, 201))
+
+                def refill():
+                    paired.wait_for_pool(ours, pool_name, pool_size)
+                    paired.wait_for_pool(ours, writable, args.n)
+
+                ours_only.manifest_to_running(results, ours, args.ours_data, args.n, WARM, refill)
+            finally:
+                ours.quietly(ours.call, "DELETE", f"{API}/sandboxpools/{writable}")
+                ours.quietly(ours_only.wait_gone, ours, "sandboxpools", [writable])
             # Rollback and fork claim warm containers too; start them with the pool full again.
             paired.wait_for_pool(ours, pool_name, pool_size)
             paired.snapshots(results, both, args.n, pooled=True)
+            ours_only.fork_replicas(results, ours, args.fork_rounds, WARM,
+                                    refill=lambda: paired.wait_for_pool(ours, pool_name, pool_size))
 
         section("pool", with_pool, results, ours, max(args.n, 2 * args.n), pooled)
     elif not only or "pool" in only:

@@ -60,11 +60,14 @@ def wait_gone(ours: Server, plural: str, names, timeout: float = 600.0) -> None:
         raise OpError(f"{len(pending)} {plural} still present after {timeout:.0f} s")
 
 
-def manifest_to_running(results: Results, ours: Server, data_dir: pathlib.Path, n: int, suffix: str) -> None:
+def manifest_to_running(
+    results: Results, ours: Server, data_dir: pathlib.Path, n: int, suffix: str, refill=None
+) -> None:
     """A new manifest, then two edits, each timed until GET shows the sandbox Running at the new
     generation: one that changes the env (applied in place), then one that makes the root
     filesystem writable (which needs a new container, so that one also waits for a new
-    container ID)."""
+    container ID). With warm pools, `refill()` waits until they are full again before each
+    iteration, so that no refill competes with what is timed."""
     folder = data_dir / "manifests" / "sandboxes"
     folder.mkdir(parents=True, exist_ok=True)
     op_new = f"manifest new → Running{suffix}"
@@ -73,6 +76,8 @@ def manifest_to_running(results: Results, ours: Server, data_dir: pathlib.Path, 
     names = []
     try:
         for i in range(n):
+            if refill is not None:
+                refill()
             name = f"bench-m{int(time.time() * 1000) % 10**9}-{i}"
             path = folder / f"{name}.yaml"
             names.append(name)
@@ -146,8 +151,11 @@ def convergence(results: Results, ours: Server, data_dir: pathlib.Path, count: i
             results.fail(f"{count} manifests removed → all gone", ours.name, error)
 
 
-def fork_replicas(results: Results, ours: Server, rounds: int) -> None:
-    """A Fork resource with 5 replicas against one with 1: time until every child is Running."""
+def fork_replicas(results: Results, ours: Server, rounds: int, suffix: str = "", refill=None) -> None:
+    """A Fork resource with 5 replicas against one with 1: time until every child is Running.
+
+    With a warm pool, `suffix` names the rows and `refill()` waits until the pool is full again
+    before each Fork."""
     sandbox_id, snap = None, None
     try:
         sandbox_id = ours.create()["id"]
@@ -155,15 +163,17 @@ def fork_replicas(results: Results, ours: Server, rounds: int) -> None:
         snap = ours.snapshot(sandbox_id)["id"]
     except Exception as error:  # noqa: BLE001
         for replicas in (1, 5):
-            results.fail(f"Fork resource, {replicas} replica(s) → all Running", ours.name, f"setup: {error}")
+            results.fail(f"Fork resource, {replicas} replica(s) → all Running{suffix}", ours.name, f"setup: {error}")
         if sandbox_id:
             ours.quietly(ours.destroy, sandbox_id)
         return
     try:
         for i in range(rounds):
             for replicas in (1, 5) if i % 2 == 0 else (5, 1):
-                op = f"Fork resource, {replicas} replica(s) → all Running"
+                op = f"Fork resource, {replicas} replica(s) → all Running{suffix}"
                 name = f"bench-fork-{int(time.time() * 1000) % 10**9}-{replicas}"
+                if refill is not None:
+                    refill()
                 body = {
                     "apiVersion": API_VERSION,
                     "kind": "Fork",

@@ -99,6 +99,9 @@ cleanup() {
     docker ps -aq --filter "label=io.agent-sandbox.server=$server_id" | xargs -r docker rm -f -v >/dev/null || true
     docker volume ls -q --filter "label=io.agent-sandbox.server=$server_id" | xargs -r docker volume rm -f >/dev/null || true
   fi
+  # The Docker-alone measurements label what they make.
+  docker ps -aq --filter "label=io.agent-sandbox.bench=docker-floor" | xargs -r docker rm -f -v >/dev/null || true
+  docker volume ls -q --filter "label=io.agent-sandbox.bench=docker-floor" | xargs -r docker volume rm -f >/dev/null || true
   # The reference: the sandboxes its records or its log name, by its naming scheme, and only
   # objects that carry no server identity (which ours always do).
   ids=$(
