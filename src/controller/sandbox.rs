@@ -110,6 +110,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
             Err(error) => Some(error),
         };
 
+    // What a replacement retired goes once the status names its successor.
     let retired = match ensure_running(ctl, &sandbox, &effective, &mut status).await {
         Ok(retired) => retired,
         Err(ReconcileError::Engine(EngineError::ImageMissing(image))) => {
@@ -141,7 +142,6 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
             return Err(error);
         }
     };
-    // What a replacement retired goes once the status names its successor.
     status.phase = SandboxPhase::Running;
     status.message.clear();
     status.observed_generation = Some(generation);

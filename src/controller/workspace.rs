@@ -299,6 +299,13 @@ impl Controller {
         if !self.settings.host_workspace_access || self.host_access.get(&runtime) != Some(true) {
             return Ok(None);
         }
+        // Only the container the status records is known to mount the recorded workspace (one
+        // left by an interrupted replacement, or by an earlier resource of this name, may not).
+        if status.container_id.as_deref() != Some(old.id.as_str())
+            || status.workspace_volume.is_none()
+        {
+            return Ok(None);
+        }
         // Proven before anything changes: the old workspace is the old container's.
         let Ok(from) = open_host_root(old) else {
             return Ok(None);
