@@ -6,7 +6,8 @@
 //! owned by the sandbox user. A sandbox whose immutable properties match claims a member by
 //! renaming it to its own container name, then gets its limits applied live. Claims run in
 //! parallel; [`HandedOut`] makes sure no two take the same member. The pool refills in the
-//! background.
+//! background, once claims have paused for a moment (at most a second), so that starting new
+//! members does not slow down the operations that just claimed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -51,26 +52,69 @@ impl Claimed {
 /// How long a handed-out member is remembered: far longer than any listing taken before its
 /// claim can still be in use.
 const HANDED_OUT_MEMORY: Duration = Duration::from_secs(600);
+/// Refilling waits until no claim has happened for this long: starting containers takes the
+/// machine for a while, and the operations that just claimed (a fill, a swap) come first.
+const REFILL_QUIET: Duration = Duration::from_millis(300);
+/// ... but a steady stream of claims never holds a refill back longer than this.
+const REFILL_MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// The members claims have taken lately, by container ID. Claims run in parallel; each picks a
 /// member from a listing and marks it here in one step under the lock, so two claims never get
 /// the same member, even from listings taken before either renamed it. The Docker calls of a
-/// claim happen outside the lock.
+/// claim happen outside the lock. It also knows when the last claim was, for [`refill_wait`].
+///
+/// [`refill_wait`]: HandedOut::refill_wait
 #[derive(Default)]
 pub(super) struct HandedOut {
-    taken: Mutex<HashMap<String, Instant>>,
+    state: Mutex<Handed>,
+}
+
+#[derive(Default)]
+struct Handed {
+    taken: HashMap<String, Instant>,
+    last_claim: Option<Instant>,
+    /// Pools whose refill is being held back, since when.
+    waiting: HashMap<String, Instant>,
 }
 
 impl HandedOut {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Handed> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The first running member of `candidates` no claim has taken, now marked as taken.
     fn take(&self, candidates: Vec<ManagedContainer>) -> Option<ManagedContainer> {
-        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-        taken.retain(|_, at| at.elapsed() < HANDED_OUT_MEMORY);
+        let mut state = self.lock();
+        state.taken.retain(|_, at| at.elapsed() < HANDED_OUT_MEMORY);
         let member = candidates
             .into_iter()
-            .find(|c| c.is_running() && !taken.contains_key(&c.id))?;
-        taken.insert(member.id.clone(), Instant::now());
+            .find(|c| c.is_running() && !state.taken.contains_key(&c.id))?;
+        let now = Instant::now();
+        state.taken.insert(member.id.clone(), now);
+        state.last_claim = Some(now);
         Some(member)
+    }
+
+    /// How long `pool` should wait before starting new members, if at all.
+    fn refill_wait(&self, pool: &str) -> Option<Duration> {
+        let mut state = self.lock();
+        let quiet_left = state
+            .last_claim
+            .map(|at| REFILL_QUIET.saturating_sub(at.elapsed()))
+            .filter(|left| !left.is_zero());
+        let waited = *state
+            .waiting
+            .entry(pool.to_string())
+            .or_insert_with(Instant::now);
+        match quiet_left {
+            Some(left) if waited.elapsed() < REFILL_MAX_WAIT => {
+                Some(left.min(REFILL_MAX_WAIT.saturating_sub(waited.elapsed())))
+            }
+            _ => {
+                state.waiting.remove(pool);
+                None
+            }
+        }
     }
 }
 
@@ -231,13 +275,18 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     remove_members(ctl, &stale).await?;
     let size = pool.spec.size as usize;
     let mut message = String::new();
+    let mut deferred = None;
     if usable.len() > size {
         remove_members(ctl, &usable[size..]).await?;
     } else if usable.len() < size {
-        let missing = size - usable.len();
-        let results = join_all((0..missing).map(|_| create_member(ctl, &pool, &key))).await;
-        if let Some(Err(error)) = results.into_iter().find(|r| r.is_err()) {
-            message = format!("cannot create pool containers: {error}");
+        if let Some(wait) = ctl.pool_claims.refill_wait(name) {
+            deferred = Some(wait);
+        } else {
+            let missing = size - usable.len();
+            let results = join_all((0..missing).map(|_| create_member(ctl, &pool, &key))).await;
+            if let Some(Err(error)) = results.into_iter().find(|r| r.is_err()) {
+                message = format!("cannot create pool containers: {error}");
+            }
         }
     }
     let ready = ctl
@@ -288,7 +337,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     Ok(if full {
         Outcome::done()
     } else {
-        Outcome::after(std::time::Duration::from_millis(500))
+        Outcome::after(deferred.unwrap_or(Duration::from_millis(500)))
     })
 }
 
@@ -399,5 +448,16 @@ mod tests {
             handed.take(listing()).is_none(),
             "stopped members are not handed out"
         );
+    }
+
+    #[test]
+    fn a_refill_waits_for_claims_to_pause() {
+        let handed = HandedOut::default();
+        assert_eq!(handed.refill_wait("p"), None, "no claim yet: refill at once");
+        handed.take(vec![member("a", "running")]);
+        let wait = handed.refill_wait("p").expect("a claim just happened");
+        assert!(wait <= REFILL_QUIET, "{wait:?}");
+        std::thread::sleep(REFILL_QUIET + Duration::from_millis(20));
+        assert_eq!(handed.refill_wait("p"), None, "claims paused: refill");
     }
 }

@@ -255,7 +255,7 @@ fn note_source_change(status: &mut SandboxStatus, sandbox: &Sandbox, wanted: &st
 /// written.
 #[derive(Debug, Default)]
 pub(super) struct Replaced {
-    /// The previous container, renamed out of the way but still running.
+    /// The previous container (ID or retired name), renamed out of the way but still there.
     pub container: Option<String>,
     /// The previous workspace volume.
     pub volume: Option<String>,
@@ -337,7 +337,8 @@ pub(super) async fn ensure_rollback(
 }
 
 /// Gives the sandbox's container name to the container `new` (filled under the staging name),
-/// after renaming the current container, if any, out of the way; returns the current one's ID.
+/// after renaming the current container, if any, out of the way (to its retired name, by which
+/// it is returned, to be removed once the status names `new`).
 pub(super) async fn swap_in(
     ctl: &Controller,
     name: &str,
@@ -345,15 +346,17 @@ pub(super) async fn swap_in(
 ) -> Result<Option<String>, EngineError> {
     let current = container_name(name);
     let retired = retired_container_name(name);
-    // One retired before whose removal was interrupted: the status names neither it nor its
-    // workspace as current any more, or it is about to be replaced again.
-    ctl.engine.remove_container(&retired).await?;
-    let replaced = match ctl.engine.inspect_container(&current).await? {
-        Some(old) => {
-            ctl.engine.rename_container(&old.id, &retired).await?;
-            Some(old.id)
+    let replaced = match ctl.engine.rename_container(&current, &retired).await {
+        Ok(()) => Some(retired),
+        Err(error) if error.is_not_found() => None,
+        Err(EngineError::Conflict { .. }) => {
+            // One retired before whose removal was interrupted: the status names neither it nor
+            // its workspace as current any more, or it is about to be replaced again.
+            ctl.engine.remove_container(&retired).await?;
+            ctl.engine.rename_container(&current, &retired).await?;
+            Some(retired)
         }
-        None => None,
+        Err(error) => return Err(error),
     };
     ctl.engine.rename_container(new, &current).await?;
     Ok(replaced)

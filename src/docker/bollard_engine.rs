@@ -365,10 +365,13 @@ impl Engine for BollardEngine {
         let options = bollard::query_parameters::RenameContainerOptions {
             name: new_name.to_string(),
         };
-        self.docker
-            .rename_container(id, options)
-            .await
-            .map_err(map_err("rename", &format!("container {id} to {new_name}")))
+        match self.docker.rename_container(id, options).await {
+            Ok(()) => Ok(()),
+            Err(e) if is_status(&e, 409) => Err(EngineError::Conflict {
+                what: format!("container {new_name}"),
+            }),
+            Err(e) => Err(map_err("rename", &format!("container {id} to {new_name}"))(e)),
+        }
     }
 
     async fn ensure_network(&self, name: &str) -> EngineResult<()> {

@@ -316,8 +316,9 @@ pub trait Engine: Send + Sync + 'static {
         })
     }
 
-    /// Renames a container (how a warm-pool container is handed to its sandbox: Docker names are
-    /// unique, so the rename is also the atomic claim). Fails if the new name is taken.
+    /// Renames a container, given by ID or name (how a warm-pool container is handed to its
+    /// sandbox). [`EngineError::Conflict`] if the new name is taken, [`EngineError::NotFound`]
+    /// if there is no such container.
     async fn rename_container(&self, id: &str, new_name: &str) -> EngineResult<()> {
         let _ = (id, new_name);
         Err(EngineError::Docker {
