@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use agent_sandbox::docker::{
     container_name, volume_name, BollardEngine, ContainerPlan, Engine, EngineError, EngineEvent,
-    ExecOutput, ExecPlan, HELPER_MOUNT, LABEL_ID, LABEL_MANAGED, LABEL_ROLE, LABEL_SPEC_HASH,
-    LABEL_UID, ROLE_HELPER,
+    ExecOutput, ExecPlan, HELPER_MOUNT, LABEL_ID, LABEL_MANAGED, LABEL_ROLE, LABEL_SERVER,
+    LABEL_SPEC_HASH, LABEL_UID, ROLE_HELPER,
 };
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
@@ -110,11 +110,19 @@ fn plan(sandbox: &str) -> ContainerPlan {
     }
 }
 
-fn volume_labels(sandbox: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (LABEL_MANAGED.to_string(), "true".to_string()),
-        (LABEL_ID.to_string(), sandbox.to_string()),
-    ])
+/// `docker volume inspect` of one volume.
+fn inspect_volume(name: &str) -> serde_json::Value {
+    let out = Command::new("docker")
+        .args(["volume", "inspect", name])
+        .output()
+        .expect("docker CLI");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    all[0].clone()
 }
 
 async fn connect() -> BollardEngine {
@@ -129,12 +137,9 @@ async fn raw_docker() -> bollard::Docker {
         .unwrap()
 }
 
-/// Volume + prepared workspace + started container; returns the container ID.
+/// Volume (made by the create) + prepared workspace + started container; returns the container
+/// ID.
 async fn running_sandbox(engine: &BollardEngine, plan: &ContainerPlan) -> String {
-    engine
-        .ensure_volume(&plan.workspace_volume, &volume_labels(&plan.sandbox))
-        .await
-        .unwrap();
     let id = engine.create_container(plan).await.unwrap();
     engine.prepare_workspace(&id, 1000, 1000).await.unwrap();
     engine.start_container(&id).await.unwrap();
@@ -381,10 +386,6 @@ async fn workspace_is_root_owned_until_prepared() {
     let guard = Cleanup::new("prep");
     let engine = connect().await;
     let plan = plan(&guard.sandbox("a"));
-    engine
-        .ensure_volume(&plan.workspace_volume, &volume_labels(&plan.sandbox))
-        .await
-        .unwrap();
     let id = engine.create_container(&plan).await.unwrap();
     engine.start_container(&id).await.unwrap();
     let ran = run(&engine, &id, "touch /workspace/f").await;
@@ -495,24 +496,19 @@ async fn events_report_die_and_destroy() {
             }
         }
     });
-    // The volume's create event proves the subscription is live before anything else happens.
-    let labels = volume_labels(&name);
+    // A container's create event proves the subscription is live before anything else happens.
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        engine
-            .ensure_volume(&plan.workspace_volume, &labels)
-            .await
-            .unwrap();
+    let id = loop {
+        let id = engine.create_container(&plan).await.unwrap();
         let got = tokio::time::timeout(Duration::from_millis(300), rx.recv()).await;
         if let Ok(Some(Ok(event))) = got {
-            if event.object == "volume" && event.sandbox.as_deref() == Some(name.as_str()) {
-                break;
+            if event.object == "container" && event.sandbox.as_deref() == Some(name.as_str()) {
+                break id;
             }
         }
+        engine.remove_container(&id).await.unwrap();
         assert!(Instant::now() < deadline, "event stream never delivered");
-    }
-
-    let id = engine.create_container(&plan).await.unwrap();
+    };
     engine.prepare_workspace(&id, 1000, 1000).await.unwrap();
     engine.start_container(&id).await.unwrap();
     wait_for(&mut rx, &name, "container", "start").await;
@@ -669,20 +665,26 @@ async fn create_and_remove_are_idempotent_and_errors_are_typed() {
     let engine = connect().await;
     let name = guard.sandbox("a");
     let plan = plan(&name);
-    let labels = volume_labels(&name);
-    engine
-        .ensure_volume(&plan.workspace_volume, &labels)
-        .await
-        .unwrap();
-    engine
-        .ensure_volume(&plan.workspace_volume, &labels)
-        .await
-        .unwrap();
     let id = engine.create_container(&plan).await.unwrap();
     assert!(matches!(
         engine.create_container(&plan).await,
         Err(EngineError::Conflict { .. })
     ));
+    // The create made the workspace volume, with the sandbox's labels.
+    let volume = inspect_volume(&plan.workspace_volume);
+    assert_eq!(volume["Labels"][LABEL_MANAGED], "true", "{volume}");
+    assert_eq!(volume["Labels"][LABEL_ID], name.as_str(), "{volume}");
+    assert_eq!(
+        volume["Labels"][LABEL_SERVER],
+        plan.server.as_str(),
+        "{volume}"
+    );
+    assert_eq!(volume["Labels"][LABEL_UID], plan.uid.as_str(), "{volume}");
+    // A second container on the same workspace uses the volume as it is.
+    let mut second = plan.clone();
+    second.name = Some(format!("{}.second", container_name(&name)));
+    let second_id = engine.create_container(&second).await.unwrap();
+    engine.remove_container(&second_id).await.unwrap();
 
     let containers = engine.list_containers().await.unwrap();
     let ours = containers.iter().find(|c| c.id == id).expect("listed");

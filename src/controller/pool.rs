@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use futures::future::join_all;
 
-use super::sandbox::{object_labels, ready_condition};
+use super::sandbox::ready_condition;
 use super::{Controller, Outcome, ReconcileError};
 use crate::docker::{
-    container_name, ContainerPlan, ManagedContainer, LABEL_ID, LABEL_SERVER, LABEL_SPEC_HASH,
+    container_name, ContainerPlan, ManagedContainer, LABEL_SERVER, LABEL_SPEC_HASH,
 };
 use crate::resource::{
     AppliedLimits, ConditionStatus, EffectiveSandbox, Kind, SandboxPool, SandboxPoolStatus,
@@ -355,10 +355,8 @@ async fn create_member(
         rand::random::<u32>()
     );
     let uid = pool.metadata.uid.clone().unwrap_or_default();
+    // The create makes the member's workspace volume, labeled for the member.
     let volume = member_volume(&member);
-    let mut labels: BTreeMap<String, String> = object_labels(ctl, &member, &uid);
-    labels.insert(LABEL_ID.to_string(), member.clone());
-    ctl.engine.ensure_volume(&volume, &labels).await?;
     let network = if pool.spec.network.unwrap_or(false) {
         ctl.engine
             .ensure_network(&ctl.settings.network_name)
@@ -453,7 +451,11 @@ mod tests {
     #[test]
     fn a_refill_waits_for_claims_to_pause() {
         let handed = HandedOut::default();
-        assert_eq!(handed.refill_wait("p"), None, "no claim yet: refill at once");
+        assert_eq!(
+            handed.refill_wait("p"),
+            None,
+            "no claim yet: refill at once"
+        );
         handed.take(vec![member("a", "running")]);
         let wait = handed.refill_wait("p").expect("a claim just happened");
         assert!(wait <= REFILL_QUIET, "{wait:?}");

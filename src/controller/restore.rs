@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use chrono::Utc;
 
 use super::pool::Claimed;
-use super::sandbox::{object_labels, plan_for};
+use super::sandbox::plan_for;
 use super::workspace::Prepare;
 use super::Controller;
 use crate::archive::{self, ArchiveError, Limits, Policy};
@@ -149,18 +149,13 @@ pub(super) fn restore_policy(ctl: &Controller) -> Result<Policy, RestoreError> {
 /// On error both are removed again.
 pub async fn populate_volume(
     ctl: &Controller,
-    sandbox: &Sandbox,
     plan: &ContainerPlan,
     snapshot: &Validated,
 ) -> Result<String, RestoreError> {
-    let name = sandbox.metadata.name.as_str();
-    let uid = sandbox.metadata.uid.clone().unwrap_or_default();
     let volume = plan.workspace_volume.as_str();
-    // Whatever an interrupted attempt left there is not trusted.
+    // Whatever an interrupted attempt left there is not trusted; the create makes it anew,
+    // labeled for the sandbox.
     ctl.engine.remove_volume(volume).await?;
-    ctl.engine
-        .ensure_volume(volume, &object_labels(ctl, name, &uid))
-        .await?;
     let id = match ctl.engine.create_container(plan).await {
         Ok(id) => id,
         Err(error) => {
@@ -210,7 +205,7 @@ pub(super) async fn ensure_source(
     let volume = volume_name(name);
     let plan = plan_for(ctl, sandbox, effective, &volume).await?;
     ctl.engine.remove_container(&container_name(name)).await?;
-    let id = populate_volume(ctl, sandbox, &plan, &snapshot).await?;
+    let id = populate_volume(ctl, &plan, &snapshot).await?;
     status.workspace_volume = Some(volume);
     status.container_id = Some(id);
     status.started_at = Some(Utc::now());
@@ -314,7 +309,7 @@ pub(super) async fn ensure_rollback(
             let mut plan = plan_for(ctl, sandbox, effective, &volume).await?;
             plan.name = Some(staging.clone());
             ctl.engine.remove_container(&staging).await?;
-            let id = populate_volume(ctl, sandbox, &plan, &snapshot).await?;
+            let id = populate_volume(ctl, &plan, &snapshot).await?;
             let replaced = swap_in(ctl, name, &id).await?;
             status.workspace_volume = Some(volume);
             status.container_id = Some(id);

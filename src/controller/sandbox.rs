@@ -9,8 +9,7 @@ use chrono::Utc;
 use super::restore::{self, RestoreError};
 use super::{Controller, Outcome, ReconcileError};
 use crate::docker::{
-    container_name, volume_name, ContainerPlan, EngineError, LABEL_ID, LABEL_MANAGED, LABEL_SERVER,
-    LABEL_UID,
+    container_name, volume_name, ContainerPlan, EngineError, LABEL_SERVER, LABEL_UID,
 };
 use crate::resource::{
     set_condition, AppliedLimits, Condition, ConditionStatus, EffectiveSandbox, Kind, Sandbox,
@@ -250,15 +249,9 @@ async fn ensure_running(
                     return Ok(replaced);
                 }
             }
-            // Only a new container needs the volume checked: Docker never removes a volume that
-            // a container (running or not) still mounts, so an idle resync skips the lookup.
-            let labels = object_labels(ctl, name, &uid);
-            let (volume_ready, plan) = tokio::join!(
-                ctl.engine.ensure_volume(&volume, &labels),
-                plan_for(ctl, sandbox, effective, &volume)
-            );
-            volume_ready?;
-            let mut plan = plan?;
+            // The create makes the workspace volume, labeled, if it does not exist (a new
+            // sandbox, or a volume removed by hand).
+            let mut plan = plan_for(ctl, sandbox, effective, &volume).await?;
             let id = match &occupant {
                 Some(old) => {
                     let (id, old) = replace_container(ctl, name, &mut plan, &old.id).await?;
@@ -495,15 +488,6 @@ pub(super) async fn remove_docker_objects(
         }
     }
     Ok(())
-}
-
-pub(super) fn object_labels(ctl: &Controller, name: &str, uid: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (LABEL_MANAGED.to_string(), "true".to_string()),
-        (LABEL_SERVER.to_string(), ctl.server_id.clone()),
-        (LABEL_ID.to_string(), name.to_string()),
-        (LABEL_UID.to_string(), uid.to_string()),
-    ])
 }
 
 fn ready(

@@ -418,7 +418,8 @@ async fn export(
         let policy = policy.clone();
         let details = details.clone();
         let result = tokio::task::spawn_blocking(move || {
-            let root = open_host_root(&details).map_err(|e| ExportError::HostUnavailable(e.0))?;
+            let root =
+                open_host_root(&details).map_err(|e| ExportError::HostUnavailable(e.reason))?;
             write_tar(HostTar::new(root, ROOT_NAME), &host_temp, limit, &policy)
         })
         .await

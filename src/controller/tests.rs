@@ -102,18 +102,15 @@ async fn garbage_collection_takes_a_replaced_workspace_only_once_nothing_is_in_p
     let (_dir, engine, ctl) = setup();
     declare(&ctl, "a");
     super::sandbox::reconcile(&ctl, "a").await.unwrap();
-    let uid = ctl
-        .store
-        .get(Kind::Sandbox, "a")
-        .unwrap()
-        .resource
-        .metadata()
-        .uid
-        .clone();
-    let labels = super::sandbox::object_labels(&ctl, "a", &uid.unwrap_or_default());
-    // Left by a rollback or a carried workspace whose removal a crash interrupted.
+    // Left by a rollback or a carried workspace whose removal a crash interrupted: a volume
+    // labeled for the sandbox (here made, with its labels, by a container of it).
     let leftover = "agent-sandbox-a-workspace-0badcafe";
-    engine.ensure_volume(leftover, &labels).await.unwrap();
+    let current = engine.container_of("a").unwrap();
+    let mut plan = current.plan.clone();
+    plan.name = Some("agent-sandbox-a.leftover".into());
+    plan.workspace_volume = leftover.into();
+    let id = engine.create_container(&plan).await.unwrap();
+    engine.remove_container(&id).await.unwrap();
 
     // While the sandbox has a change in progress, a volume labeled for it may be its next one.
     ctl.store

@@ -75,31 +75,48 @@ impl HostAccess {
 
 /// Why this host's copy of a workspace cannot be used.
 #[derive(Debug, thiserror::Error)]
-#[error("the workspace cannot be used on this host: {0}")]
-pub(super) struct HostUnavailable(pub String);
+#[error("the workspace cannot be used on this host: {reason}")]
+pub(super) struct HostUnavailable {
+    pub reason: String,
+    /// Whether it says something about this host (a path that is not there, not readable or
+    /// not the container's), rather than about a container that stopped meanwhile.
+    pub lasting: bool,
+}
 
 /// Opens the volume's directory on this host, if it is the container's `/workspace`: the same
 /// inode as `/workspace` seen through the container's root (so a remote daemon's path, or one
 /// this process cannot open, is never trusted).
 pub(super) fn open_host_root(details: &ContainerDetails) -> Result<File, HostUnavailable> {
-    let unavailable = |what: String| HostUnavailable(what);
+    let lasting = |reason: String| HostUnavailable {
+        reason,
+        lasting: true,
+    };
+    let gone = || HostUnavailable {
+        reason: "the container has no process".into(),
+        lasting: false,
+    };
     let source = details
         .workspace_source
         .as_ref()
-        .ok_or_else(|| unavailable("Docker names no directory for it".into()))?;
+        .ok_or_else(|| lasting("Docker names no directory for it".into()))?;
     if details.pid <= 0 {
-        return Err(unavailable("the container has no process".into()));
+        return Err(gone());
     }
-    let root = archive::open_root(source)
-        .map_err(|e| unavailable(format!("{}: {e}", source.display())))?;
+    let root =
+        archive::open_root(source).map_err(|e| lasting(format!("{}: {e}", source.display())))?;
     let ours = root
         .metadata()
-        .map_err(|e| unavailable(format!("{}: {e}", source.display())))?;
-    let seen = PathBuf::from(format!("/proc/{}/root{WORKSPACE}", details.pid));
-    let theirs =
-        std::fs::metadata(&seen).map_err(|e| unavailable(format!("{}: {e}", seen.display())))?;
+        .map_err(|e| lasting(format!("{}: {e}", source.display())))?;
+    let process = PathBuf::from(format!("/proc/{}", details.pid));
+    let seen = process.join(format!("root{WORKSPACE}"));
+    let theirs = match std::fs::metadata(&seen) {
+        Ok(theirs) => theirs,
+        Err(_) if !process.exists() => return Err(gone()),
+        // The process is there but shows no such directory (gVisor's sandbox process).
+        Err(e) => return Err(lasting(format!("{}: {e}", seen.display()))),
+    };
     if (ours.dev(), ours.ino()) != (theirs.dev(), theirs.ino()) {
-        return Err(unavailable(format!(
+        return Err(lasting(format!(
             "{} is not the container's {WORKSPACE}",
             source.display()
         )));
@@ -138,11 +155,15 @@ impl Controller {
             // Learn, on a container already made ready, whether the next ones can skip the
             // archive API.
             if let Some(details) = self.engine.inspect_container(id).await? {
-                let proof = open_host_root(&details);
-                if let Err(error) = &proof {
-                    tracing::debug!(%error, "workspaces are made ready through Docker");
+                match open_host_root(&details) {
+                    Ok(_) => self.host_access.learn(runtime, true),
+                    Err(error) => {
+                        tracing::debug!(%error, "workspaces are made ready through Docker");
+                        if error.lasting {
+                            self.host_access.learn(runtime, false);
+                        }
+                    }
                 }
-                self.host_access.learn(runtime, proof.is_ok());
             }
         }
         Ok(())
@@ -177,8 +198,7 @@ impl Controller {
                 }
                 Err(error) => {
                     tracing::debug!(container = id, %error, "making the workspace ready through Docker");
-                    // A container that is not running proves nothing either way.
-                    if details.pid > 0 {
+                    if error.lasting {
                         self.host_access.learn(runtime, false);
                     }
                 }
@@ -296,7 +316,7 @@ impl Controller {
         status: &mut SandboxStatus,
     ) -> Result<Option<Replaced>, RestoreError> {
         let runtime = self.settings.docker_runtime.clone();
-        if !self.settings.host_workspace_access || self.host_access.get(&runtime) != Some(true) {
+        if !self.settings.host_workspace_access || self.host_access.get(&runtime) == Some(false) {
             return Ok(None);
         }
         // Only the container the status records is known to mount the recorded workspace (one
@@ -307,8 +327,18 @@ impl Controller {
             return Ok(None);
         }
         // Proven before anything changes: the old workspace is the old container's.
-        let Ok(from) = open_host_root(old) else {
-            return Ok(None);
+        let from = match open_host_root(old) {
+            Ok(from) => {
+                self.host_access.learn(&runtime, true);
+                from
+            }
+            Err(error) => {
+                tracing::debug!(sandbox = name, %error, "the workspace cannot be carried on this host");
+                if error.lasting {
+                    self.host_access.learn(&runtime, false);
+                }
+                return Ok(None);
+            }
         };
         let staging = staging_container_name(name);
         let Some(claimed) = self.claim_as(name, effective, &staging).await? else {

@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
 use bollard::errors::Error as BollardError;
-use bollard::models::{ContainerUpdateBody, NetworkCreateRequest, VolumeCreateRequest};
+use bollard::models::{ContainerUpdateBody, NetworkCreateRequest};
 use bollard::query_parameters::{
     CreateContainerOptions, InspectNetworkOptions, ListContainersOptions, ListVolumesOptions,
     RemoveContainerOptions, RemoveVolumeOptions,
@@ -192,31 +192,6 @@ impl Engine for BollardEngine {
             .collect())
     }
 
-    async fn ensure_volume(
-        &self,
-        name: &str,
-        labels: &BTreeMap<String, String>,
-    ) -> EngineResult<()> {
-        // Look before creating: Docker answers a create of an existing volume with 201 but still
-        // records it as a write (a `volume create` event), and an idle resync must write nothing.
-        match self.docker.inspect_volume(name).await {
-            Ok(_) => return Ok(()),
-            Err(e) if is_status(&e, 404) => {}
-            Err(e) => return Err(map_err("inspect", &format!("volume {name}"))(e)),
-        }
-        let request = VolumeCreateRequest {
-            name: Some(name.to_string()),
-            labels: Some(labels.clone().into_iter().collect()),
-            ..Default::default()
-        };
-        // The local driver answers 201 for an existing volume; 409 means it exists elsewhere.
-        match self.docker.create_volume(request).await {
-            Ok(_) => Ok(()),
-            Err(e) if is_status(&e, 409) => Ok(()),
-            Err(e) => Err(map_err("create", &format!("volume {name}"))(e)),
-        }
-    }
-
     async fn remove_volume(&self, name: &str) -> EngineResult<()> {
         match self
             .docker
@@ -370,7 +345,9 @@ impl Engine for BollardEngine {
             Err(e) if is_status(&e, 409) => Err(EngineError::Conflict {
                 what: format!("container {new_name}"),
             }),
-            Err(e) => Err(map_err("rename", &format!("container {id} to {new_name}"))(e)),
+            Err(e) => Err(map_err("rename", &format!("container {id} to {new_name}"))(
+                e,
+            )),
         }
     }
 

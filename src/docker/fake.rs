@@ -309,19 +309,6 @@ impl Engine for FakeEngine {
             .collect())
     }
 
-    async fn ensure_volume(
-        &self,
-        name: &str,
-        labels: &BTreeMap<String, String>,
-    ) -> EngineResult<()> {
-        let mut state = self.enter("ensure_volume", name)?;
-        state
-            .volumes
-            .entry(name.to_string())
-            .or_insert_with(|| labels.clone());
-        Ok(())
-    }
-
     async fn remove_volume(&self, name: &str) -> EngineResult<()> {
         let mut state = self.enter("remove_volume", name)?;
         let in_use = state.containers.values().any(|c| {
@@ -351,9 +338,20 @@ impl Engine for FakeEngine {
                 what: format!("container {name}"),
             });
         }
-        // Like Docker, a mount of a missing volume creates it, without labels.
-        for volume in std::iter::once(&plan.workspace_volume).chain(&plan.helper_volume) {
-            state.volumes.entry(volume.clone()).or_default();
+        // Like Docker: a missing workspace volume is made with the sandbox's labels, a missing
+        // helper volume without any.
+        let labels = BTreeMap::from([
+            (LABEL_MANAGED.to_string(), "true".to_string()),
+            (LABEL_SERVER.to_string(), plan.server.clone()),
+            (LABEL_ID.to_string(), plan.sandbox.clone()),
+            (LABEL_UID.to_string(), plan.uid.clone()),
+        ]);
+        state
+            .volumes
+            .entry(plan.workspace_volume.clone())
+            .or_insert(labels);
+        if let Some(helper) = &plan.helper_volume {
+            state.volumes.entry(helper.clone()).or_default();
         }
         state.next_id += 1;
         let id = format!("{:064x}", state.next_id);
@@ -590,19 +588,22 @@ mod tests {
     #[tokio::test]
     async fn injected_failures_fire_once_in_order() {
         let engine = FakeEngine::new();
-        engine.fail_next("ensure_volume");
-        engine.fail_next_with("ensure_volume", EngineError::Unreachable("gone".into()));
-        let labels = BTreeMap::new();
+        engine.fail_next("create_container");
+        engine.fail_next_with("create_container", EngineError::Unreachable("gone".into()));
         assert!(matches!(
-            engine.ensure_volume("v", &labels).await,
+            engine.create_container(&plan("a")).await,
             Err(EngineError::Docker { .. })
         ));
         assert!(matches!(
-            engine.ensure_volume("v", &labels).await,
+            engine.create_container(&plan("a")).await,
             Err(EngineError::Unreachable(_))
         ));
-        engine.ensure_volume("v", &labels).await.unwrap();
-        assert!(engine.volumes().contains_key("v"));
+        engine.create_container(&plan("a")).await.unwrap();
+        let volumes = engine.volumes();
+        let labels = volumes
+            .get(&volume_name("a"))
+            .expect("made with the container");
+        assert_eq!(labels.get(LABEL_ID).map(String::as_str), Some("a"));
     }
 
     #[tokio::test]

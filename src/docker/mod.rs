@@ -239,15 +239,10 @@ pub trait Engine: Send + Sync + 'static {
     async fn list_containers(&self) -> EngineResult<Vec<ManagedContainer>>;
     /// Every volume labeled [`LABEL_MANAGED`].
     async fn list_volumes(&self) -> EngineResult<Vec<ManagedVolume>>;
-    /// Creates the volume unless it exists (idempotent).
-    async fn ensure_volume(
-        &self,
-        name: &str,
-        labels: &BTreeMap<String, String>,
-    ) -> EngineResult<()>;
     /// Removes the volume; a missing volume is not an error.
     async fn remove_volume(&self, name: &str) -> EngineResult<()>;
-    /// Creates (does not start) the hardened container of `plan`; returns its ID.
+    /// Creates (does not start) the hardened container of `plan`; returns its ID. Its workspace
+    /// volume is created with it, labeled for `plan.sandbox`, if it does not exist yet.
     async fn create_container(&self, plan: &ContainerPlan) -> EngineResult<String>;
     async fn start_container(&self, id: &str) -> EngineResult<()>;
     /// Force-removes the container; a missing container is not an error.

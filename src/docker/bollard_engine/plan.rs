@@ -71,7 +71,19 @@ pub fn create_body(plan: &ContainerPlan) -> EngineResult<ContainerCreateBody> {
         (LABEL_SPEC_HASH.to_string(), plan.spec_hash.clone()),
     ]);
 
-    let mut mounts = vec![volume_mount(&plan.workspace_volume, WORKSPACE, false)];
+    let mut workspace = volume_mount(&plan.workspace_volume, WORKSPACE, false);
+    // A workspace volume that does not exist yet is made by this very create, labeled: never
+    // a moment when it exists without its container (garbage collection could take it) or
+    // without its labels.
+    if let Some(options) = workspace.volume_options.as_mut() {
+        options.labels = Some(HashMap::from([
+            (LABEL_MANAGED.to_string(), "true".to_string()),
+            (LABEL_SERVER.to_string(), plan.server.clone()),
+            (LABEL_ID.to_string(), plan.sandbox.clone()),
+            (LABEL_UID.to_string(), plan.uid.clone()),
+        ]));
+    }
+    let mut mounts = vec![workspace];
     // The image's entrypoint never runs: Entrypoint and Cmd are always both set.
     let (entrypoint, cmd) = match &plan.helper_volume {
         Some(helper) => {
@@ -214,6 +226,22 @@ mod tests {
         assert_eq!(mounts.len(), 1);
         assert_eq!(mounts[0].target.as_deref(), Some("/workspace"));
         assert_eq!(mounts[0].read_only, Some(false));
+        let options = mounts[0].volume_options.clone().unwrap();
+        assert_eq!(options.no_copy, Some(true));
+        let volume_labels = options.labels.unwrap();
+        assert_eq!(
+            volume_labels.get(LABEL_MANAGED).map(String::as_str),
+            Some("true")
+        );
+        assert_eq!(
+            volume_labels.get(LABEL_ID).map(String::as_str),
+            Some("demo")
+        );
+        assert_eq!(
+            volume_labels.get(LABEL_SERVER).map(String::as_str),
+            Some("s-1")
+        );
+        assert!(volume_labels.contains_key(LABEL_UID));
         assert_eq!(body.user.as_deref(), Some("1000:1000"));
         assert_eq!(body.hostname.as_deref(), Some("sandbox"));
         assert_eq!(body.working_dir.as_deref(), Some("/workspace"));
