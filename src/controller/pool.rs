@@ -19,7 +19,7 @@ use futures::future::join_all;
 use super::sandbox::ready_condition;
 use super::{Controller, Outcome, ReconcileError};
 use crate::docker::{
-    container_name, ContainerPlan, ManagedContainer, LABEL_SERVER, LABEL_SPEC_HASH,
+    container_name, ContainerPlan, EngineError, ManagedContainer, LABEL_SERVER, LABEL_SPEC_HASH,
 };
 use crate::resource::{
     AppliedLimits, ConditionStatus, EffectiveSandbox, Kind, SandboxPool, SandboxPoolStatus,
@@ -61,7 +61,9 @@ const REFILL_MAX_WAIT: Duration = Duration::from_secs(1);
 /// The members claims have taken lately, by container ID. Claims run in parallel; each picks a
 /// member from a listing and marks it here in one step under the lock, so two claims never get
 /// the same member, even from listings taken before either renamed it. The Docker calls of a
-/// claim happen outside the lock. It also knows when the last claim was, for [`refill_wait`].
+/// claim happen outside the lock. It also keeps the ready members each pool's reconcile last
+/// saw, so that a claim needs no listing of its own, and when the last claim was, for
+/// [`refill_wait`].
 ///
 /// [`refill_wait`]: HandedOut::refill_wait
 #[derive(Default)]
@@ -75,11 +77,28 @@ struct Handed {
     last_claim: Option<Instant>,
     /// Pools whose refill is being held back, since when.
     waiting: HashMap<String, Instant>,
+    /// The ready members each pool's last reconcile saw.
+    published: HashMap<String, Vec<ManagedContainer>>,
 }
 
 impl HandedOut {
     fn lock(&self) -> std::sync::MutexGuard<'_, Handed> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records the ready members `pool`'s reconcile saw (an empty list for a pool that is gone).
+    fn publish(&self, pool: &str, members: Vec<ManagedContainer>) {
+        let mut state = self.lock();
+        if members.is_empty() {
+            state.published.remove(pool);
+        } else {
+            state.published.insert(pool.to_string(), members);
+        }
+    }
+
+    /// The ready members `pool`'s last reconcile saw, if it has seen any.
+    fn published(&self, pool: &str) -> Option<Vec<ManagedContainer>> {
+        self.lock().published.get(pool).cloned()
     }
 
     /// The first running member of `candidates` no claim has taken, now marked as taken.
@@ -93,6 +112,11 @@ impl HandedOut {
         state.taken.insert(member.id.clone(), now);
         state.last_claim = Some(now);
         Some(member)
+    }
+
+    /// Forgets that the member `id` was taken (its claim failed before renaming it).
+    fn release(&self, id: &str) {
+        self.lock().taken.remove(id);
     }
 
     /// How long `pool` should wait before starting new members, if at all.
@@ -220,14 +244,38 @@ impl Controller {
             return Ok(None);
         }
         let pool_name = pool.metadata.name.clone();
-        let candidates = self.members(&pool_name).await?;
-        let Some(member) = self.pool_claims.take(candidates) else {
-            self.queue.add((Kind::SandboxPool, pool_name));
-            return Ok(None);
+        // The members the pool's last reconcile saw, when it has seen any, spare each claim a
+        // listing; a member gone since fails its rename, and the claim then asks Docker.
+        let mut listed = false;
+        let mut attempts = 0;
+        let member = loop {
+            attempts += 1;
+            let candidates = match self.pool_claims.published(&pool_name) {
+                Some(members) if !listed => members,
+                _ => {
+                    listed = true;
+                    self.members(&pool_name).await?
+                }
+            };
+            let Some(member) = self.pool_claims.take(candidates) else {
+                if !listed {
+                    listed = true;
+                    continue;
+                }
+                self.queue.add((Kind::SandboxPool, pool_name));
+                return Ok(None);
+            };
+            match self.take_name(&member.id, as_name).await {
+                Ok(()) => break member,
+                Err(error) if error.is_not_found() && attempts < 3 => listed = true,
+                Err(error) => {
+                    // Still under its pool name, as far as anyone knows: a later claim may try.
+                    self.pool_claims.release(&member.id);
+                    return Err(error.into());
+                }
+            }
         };
         let member_id = member.sandbox().unwrap_or_default().to_string();
-        self.engine.remove_container(as_name).await?;
-        self.engine.rename_container(&member.id, as_name).await?;
         self.queue.add((Kind::SandboxPool, pool_name.clone()));
         if !default_limits {
             if let Err(error) = self
@@ -253,12 +301,27 @@ impl Controller {
     }
 }
 
+impl Controller {
+    /// Renames the container `id` to `as_name`; whatever held that name before is removed (the
+    /// caller found nothing there worth keeping).
+    async fn take_name(&self, id: &str, as_name: &str) -> Result<(), EngineError> {
+        match self.engine.rename_container(id, as_name).await {
+            Err(EngineError::Conflict { .. }) => {
+                self.engine.remove_container(as_name).await?;
+                self.engine.rename_container(id, as_name).await
+            }
+            other => other,
+        }
+    }
+}
+
 pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, ReconcileError> {
     let entry = ctl.store.get(Kind::SandboxPool, name);
     let pool = entry.as_ref().and_then(|e| e.resource.as_pool().cloned());
     let members = ctl.members(name).await?;
     let Some(pool) = pool.filter(|p| p.metadata.deletion_timestamp.is_none()) else {
         // Gone or going: drain every unclaimed member, then let the document go.
+        ctl.pool_claims.publish(name, Vec::new());
         remove_members(ctl, &members).await?;
         if entry.is_some() {
             ctl.store.finalize(Kind::SandboxPool, name)?;
@@ -289,12 +352,14 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
             }
         }
     }
-    let ready = ctl
+    let ready_members: Vec<ManagedContainer> = ctl
         .members(name)
         .await?
-        .iter()
+        .into_iter()
         .filter(|c| c.is_running() && c.labels.get(LABEL_SPEC_HASH) == Some(&key))
-        .count() as u32;
+        .collect();
+    let ready = ready_members.len() as u32;
+    ctl.pool_claims.publish(name, ready_members);
     let claimed = ctl
         .store
         .list(Kind::Sandbox)

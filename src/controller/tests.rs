@@ -171,3 +171,43 @@ async fn a_pool_replaces_a_member_left_half_made() {
     let status = status.resource.as_pool().unwrap().status.clone().unwrap();
     assert_eq!(status.ready_replicas, 2);
 }
+
+#[tokio::test]
+async fn a_claim_gets_past_a_member_that_vanished_since_the_pool_looked() {
+    let (_dir, engine, ctl) = setup();
+    let spec = SandboxPoolSpec {
+        image: IMAGE.into(),
+        size: 2,
+        ..SandboxPoolSpec::default()
+    };
+    let pool: AnyResource = SandboxPool::new("p", spec).into();
+    ctl.store.create(pool, Default::default()).unwrap();
+    super::pool::reconcile(&ctl, "p").await.unwrap();
+    let members: Vec<String> = engine
+        .containers()
+        .into_iter()
+        .filter(|c| c.name().starts_with("agent-sandbox-pool.p."))
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(members.len(), 2);
+    // Removed by a hand after the pool published what it saw.
+    assert!(engine.vanish_container(&members[0]));
+    let listings = engine.call_count("list_containers");
+
+    for name in ["a", "b"] {
+        declare(&ctl, name);
+        super::sandbox::reconcile(&ctl, name).await.unwrap();
+    }
+    let a = ctl.store.get(Kind::Sandbox, "a").unwrap();
+    let a = a.resource.as_sandbox().unwrap().status.clone().unwrap();
+    assert_eq!(a.claimed_from.as_deref(), Some("p"), "{a:?}");
+    assert_eq!(a.container_id.as_deref(), Some(members[1].as_str()));
+    let b = ctl.store.get(Kind::Sandbox, "b").unwrap();
+    let b = b.resource.as_sandbox().unwrap().status.clone().unwrap();
+    assert_eq!(b.claimed_from, None, "no member was left for b: {b:?}");
+    assert!(b.container_id.is_some_and(|id| id != members[1]));
+    assert!(
+        engine.call_count("list_containers") > listings,
+        "the vanished member sent the claim to Docker's own list"
+    );
+}
