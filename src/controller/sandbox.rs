@@ -86,9 +86,15 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         );
         status.message = message.clone();
         status.observed_generation = Some(generation);
+        let unbuilt = status.workspace_volume.is_none();
         write_status(ctl, &sandbox, status).await?;
         if waiting {
             return Ok(Outcome::after(SNAPSHOT_WAIT));
+        }
+        if unbuilt {
+            // Whatever an attempt interrupted by a crash left (a container, a volume) belongs to
+            // a workspace that was never recorded and now cannot be built.
+            remove_docker_objects(ctl, name).await?;
         }
         return Err(ReconcileError::Other(message));
     }
