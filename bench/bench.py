@@ -73,7 +73,8 @@ def parse_args():
     args.idle_window = 20.0 if quick else 60.0
     args.big_mib = 128 if quick else 1024
     args.big_rounds = 1 if quick else 2
-    args.fork_rounds = 1 if quick else 3
+    # Fork rounds are short but noisy (a Fork of one warm replica takes tens of milliseconds).
+    args.fork_rounds = 3 if quick else 9
     return args
 
 
