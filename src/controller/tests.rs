@@ -211,3 +211,42 @@ async fn a_claim_gets_past_a_member_that_vanished_since_the_pool_looked() {
         "the vanished member sent the claim to Docker's own list"
     );
 }
+
+#[tokio::test]
+async fn a_swap_moves_a_leftover_retired_container_out_of_the_way() {
+    let (_dir, engine, ctl) = setup();
+    declare(&ctl, "a");
+    super::sandbox::reconcile(&ctl, "a").await.unwrap();
+    let current = engine.container_of("a").unwrap();
+    let plan_named = |name: &str| {
+        let mut plan = current.plan.clone();
+        plan.name = Some(name.to_string());
+        plan
+    };
+    // One retired before whose removal a crash interrupted, and the new one, built aside.
+    let leftover = engine
+        .create_container(&plan_named("agent-sandbox-a.retired"))
+        .await
+        .unwrap();
+    let new = engine
+        .create_container(&plan_named("agent-sandbox-a.restore"))
+        .await
+        .unwrap();
+
+    let retired = super::restore::swap_in(&ctl, "a", &new).await.unwrap();
+    assert_eq!(retired.as_deref(), Some("agent-sandbox-a.retired"));
+    let names: std::collections::BTreeMap<String, String> = engine
+        .containers()
+        .into_iter()
+        .map(|c| (c.id.clone(), c.name()))
+        .collect();
+    assert_eq!(names.get(&new).map(String::as_str), Some("agent-sandbox-a"));
+    assert_eq!(
+        names.get(&current.id).map(String::as_str),
+        Some("agent-sandbox-a.retired")
+    );
+    assert!(
+        !names.contains_key(&leftover),
+        "the leftover is gone: {names:?}"
+    );
+}
