@@ -47,6 +47,12 @@ pub struct BollardEngine {
     /// Docker 20.10 happily creates two networks of one name; one creator at a time prevents
     /// that within this process.
     networks: Mutex<()>,
+    /// One container removal at a time. A 20.10 daemon (before 20.10.27) can deadlock for good
+    /// when containers leave their networks concurrently: libnetwork takes its controller and
+    /// network locks in opposite orders on the two paths (moby/moby#46661, fixed by
+    /// moby/libnetwork#2679). Removing 1,000 sandboxes eight at a time hung such a daemon within
+    /// minutes; one at a time it does not, and Docker serializes most of a removal anyway.
+    removals: Mutex<()>,
 }
 
 impl BollardEngine {
@@ -63,6 +69,7 @@ impl BollardEngine {
             docker,
             helpers: helper::HelperCache::default(),
             networks: Mutex::new(()),
+            removals: Mutex::new(()),
         })
     }
 }
@@ -245,6 +252,7 @@ impl Engine for BollardEngine {
             force: true,
             ..Default::default()
         };
+        let _one_at_a_time = self.removals.lock().await;
         match self.docker.remove_container(id, Some(options)).await {
             Ok(()) => Ok(()),
             Err(e) if is_status(&e, 404) => Ok(()),
