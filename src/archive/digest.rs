@@ -17,6 +17,10 @@ use super::ArchiveError;
 
 /// Size of the pieces written to the inner writer and hashed.
 const PIECE: usize = 1024 * 1024;
+/// Size of each `write` call. Measured here, writing 1 GiB into the page cache in 1 MiB calls
+/// took 1.3 to 3 times as long as in 16 KiB calls (the kernel serves large writes with large
+/// page-cache folios, which are slower to come by); plain `tar` writes 10 KiB at a time.
+const WRITE_CALL: usize = 16 * 1024;
 /// Pieces that may wait for either thread.
 const IN_FLIGHT: usize = 4;
 /// Buffers in use at most: those in flight, the one being filled, one in each thread.
@@ -57,7 +61,9 @@ impl<W: Write + Send + 'static> HashedWriter<W> {
             .spawn(move || {
                 for piece in writer_pieces {
                     // On failure the channel closes; the producer learns why from `join`.
-                    inner.write_all(&piece)?;
+                    for call in piece.chunks(WRITE_CALL) {
+                        inner.write_all(call)?;
+                    }
                     give_back(piece, &writer_back);
                 }
                 inner.flush()?;
