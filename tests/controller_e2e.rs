@@ -114,19 +114,7 @@ fn editing_a_manifest_applies_the_change_and_keeps_the_workspace() {
         "s.yaml",
         &sandbox_manifest(&name, "  cpus: 1.5\n"),
     );
-    let s = server
-        .wait_for(
-            "sandboxes",
-            &name,
-            "at generation 2",
-            Duration::from_secs(30),
-            |r| {
-                r.is_some_and(|r| {
-                    r["status"]["observedGeneration"] == 2 && r["status"]["phase"] == "Running"
-                })
-            },
-        )
-        .unwrap();
+    let s = server.wait_running_at(&name, 2, Duration::from_secs(30));
     assert_eq!(s["metadata"]["generation"], 2);
     if test_runtime() == "runsc" {
         // runsc cannot change a live container's limits: the container is replaced instead,
@@ -152,17 +140,7 @@ fn editing_a_manifest_applies_the_change_and_keeps_the_workspace() {
         "s.yaml",
         &sandbox_manifest(&name, "  cpus: 1.5\n  env:\n    MODE: two\n"),
     );
-    server.wait_for(
-        "sandboxes",
-        &name,
-        "at generation 3",
-        Duration::from_secs(30),
-        |r| {
-            r.is_some_and(|r| {
-                r["status"]["observedGeneration"] == 3 && r["status"]["phase"] == "Running"
-            })
-        },
-    );
+    server.wait_running_at(&name, 3, Duration::from_secs(30));
     assert_eq!(
         container_id(&name),
         before_env,
@@ -182,17 +160,7 @@ fn editing_a_manifest_applies_the_change_and_keeps_the_workspace() {
             "  cpus: 1.5\n  readOnlyRootfs: false\n  env:\n    MODE: two\n",
         ),
     );
-    server.wait_for(
-        "sandboxes",
-        &name,
-        "at generation 4",
-        Duration::from_secs(30),
-        |r| {
-            r.is_some_and(|r| {
-                r["status"]["observedGeneration"] == 4 && r["status"]["phase"] == "Running"
-            })
-        },
-    );
+    server.wait_running_at(&name, 4, Duration::from_secs(30));
     let second = container_id(&name);
     assert_ne!(second, before_env);
     assert_eq!(

@@ -409,19 +409,7 @@ fn an_edit_that_needs_a_new_container_carries_the_workspace_into_a_warm_one() {
         Some(&sandbox(false)),
     );
     assert_eq!(status, 200, "{body}");
-    let edited = server
-        .wait_for(
-            "sandboxes",
-            &name,
-            "replaced",
-            Duration::from_secs(60),
-            |r| {
-                r.is_some_and(|r| {
-                    r["status"]["observedGeneration"] == 2 && r["status"]["phase"] == "Running"
-                })
-            },
-        )
-        .unwrap();
+    let edited = server.wait_running_at(&name, 2, Duration::from_secs(60));
     let new_container = edited["status"]["containerID"]
         .as_str()
         .unwrap()

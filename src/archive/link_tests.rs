@@ -81,15 +81,8 @@ fn a_tree_is_carried_over_whole_and_the_source_stays_as_it_was() {
     std::fs::write(outside.path().join("secret"), b"stays outside").unwrap();
     let source = tempfile::tempdir().unwrap();
     let root = source.path();
-    std::fs::create_dir_all(root.join("src/deep/er")).unwrap();
-    std::fs::create_dir(root.join("empty")).unwrap();
-    std::fs::create_dir(root.join("locked")).unwrap();
-    std::fs::write(root.join("src/main.py"), b"print('hi')\n").unwrap();
-    std::fs::write(root.join("src/deep/er/data.bin"), vec![42u8; 100_000]).unwrap();
-    std::fs::write(root.join("locked/inside"), b"in a read-only directory").unwrap();
-    std::fs::hard_link(root.join("src/main.py"), root.join("again.py")).unwrap();
+    super::super::test_tree::plant(root);
     symlink(outside.path(), root.join("out-dir")).unwrap();
-    symlink("src/main.py", root.join("rel-link")).unwrap();
     let fifo = std::ffi::CString::new(root.join("pipe").as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);

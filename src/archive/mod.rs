@@ -29,6 +29,8 @@ mod host;
 mod link;
 mod pipe;
 #[cfg(test)]
+mod test_tree;
+#[cfg(test)]
 mod tests;
 mod unpack;
 

@@ -108,18 +108,11 @@ fn chown_tree(dir: &Path, (uid, gid): (u32, u32)) {
 fn a_stored_tree_unpacks_faithfully_with_the_sandbox_owner() {
     let source = tempfile::tempdir().unwrap();
     let root = source.path();
-    std::fs::create_dir_all(root.join("src/deep/er")).unwrap();
-    std::fs::create_dir(root.join("empty")).unwrap();
-    std::fs::create_dir(root.join("locked")).unwrap();
-    std::fs::write(root.join("src/main.py"), b"print('hi')\n").unwrap();
-    std::fs::write(root.join("src/deep/er/data.bin"), vec![42u8; 300_000]).unwrap();
+    super::super::test_tree::plant(root);
     std::fs::write(root.join("run.sh"), b"#!/bin/sh\necho run\n").unwrap();
     std::fs::set_permissions(root.join("run.sh"), PermissionsExt::from_mode(0o750)).unwrap();
-    std::fs::write(root.join("locked/inside"), b"read-only dir, still filled").unwrap();
     std::fs::write(root.join("empty-file"), b"").unwrap();
-    std::fs::hard_link(root.join("src/main.py"), root.join("main-again.py")).unwrap();
     symlink("/etc/passwd", root.join("abs-link")).unwrap();
-    symlink("src/main.py", root.join("rel-link")).unwrap();
     symlink("missing/target", root.join("dangling")).unwrap();
     let long = "l".repeat(180);
     std::fs::write(root.join(&long), b"a long name").unwrap();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::Controller;
 use crate::config::Settings;
-use crate::docker::fake::FakeEngine;
+use crate::docker::fake::{FakeContainer, FakeEngine};
 use crate::docker::Engine;
 use crate::resource::{AnyResource, Kind, Sandbox, SandboxPool, SandboxPoolSpec, SandboxSpec};
 use crate::store::Store;
@@ -32,6 +32,26 @@ fn declare(ctl: &Controller, name: &str) {
     )
     .into();
     ctl.store.create(sandbox, Default::default()).unwrap();
+}
+
+/// Declares pool `p` of two members and lets it fill them.
+async fn fill_pool_of_two(ctl: &Controller) {
+    let spec = SandboxPoolSpec {
+        image: IMAGE.into(),
+        size: 2,
+        ..SandboxPoolSpec::default()
+    };
+    let pool: AnyResource = SandboxPool::new("p", spec).into();
+    ctl.store.create(pool, Default::default()).unwrap();
+    super::pool::reconcile(ctl, "p").await.unwrap();
+}
+
+fn pool_members(engine: &FakeEngine) -> Vec<FakeContainer> {
+    engine
+        .containers()
+        .into_iter()
+        .filter(|c| c.name().starts_with("agent-sandbox-pool.p."))
+        .collect()
 }
 
 /// Takes every queued key.
@@ -143,21 +163,8 @@ async fn garbage_collection_takes_a_replaced_workspace_only_once_nothing_is_in_p
 #[tokio::test]
 async fn a_pool_replaces_a_member_left_half_made() {
     let (_dir, engine, ctl) = setup();
-    let spec = SandboxPoolSpec {
-        image: IMAGE.into(),
-        size: 2,
-        ..SandboxPoolSpec::default()
-    };
-    let pool: AnyResource = SandboxPool::new("p", spec).into();
-    ctl.store.create(pool, Default::default()).unwrap();
-    super::pool::reconcile(&ctl, "p").await.unwrap();
-    let members = || -> Vec<_> {
-        engine
-            .containers()
-            .into_iter()
-            .filter(|c| c.name().starts_with("agent-sandbox-pool.p."))
-            .collect()
-    };
+    fill_pool_of_two(&ctl).await;
+    let members = || pool_members(&engine);
     assert_eq!(members().len(), 2);
     // A crash between a member's create and its start leaves it created, never running.
     let stuck = members()[0].id.clone();
@@ -175,20 +182,8 @@ async fn a_pool_replaces_a_member_left_half_made() {
 #[tokio::test]
 async fn a_claim_gets_past_a_member_that_vanished_since_the_pool_looked() {
     let (_dir, engine, ctl) = setup();
-    let spec = SandboxPoolSpec {
-        image: IMAGE.into(),
-        size: 2,
-        ..SandboxPoolSpec::default()
-    };
-    let pool: AnyResource = SandboxPool::new("p", spec).into();
-    ctl.store.create(pool, Default::default()).unwrap();
-    super::pool::reconcile(&ctl, "p").await.unwrap();
-    let members: Vec<String> = engine
-        .containers()
-        .into_iter()
-        .filter(|c| c.name().starts_with("agent-sandbox-pool.p."))
-        .map(|c| c.id)
-        .collect();
+    fill_pool_of_two(&ctl).await;
+    let members: Vec<String> = pool_members(&engine).into_iter().map(|c| c.id).collect();
     assert_eq!(members.len(), 2);
     // Removed by a hand after the pool published what it saw.
     assert!(engine.vanish_container(&members[0]));

@@ -218,6 +218,17 @@ impl Server {
         }
     }
 
+    /// Waits until sandbox `name` is Running at exactly `generation`.
+    pub fn wait_running_at(&self, name: &str, generation: u64, limit: Duration) -> Value {
+        let what = format!("Running at generation {generation}");
+        self.wait_for("sandboxes", name, &what, limit, |r| {
+            r.is_some_and(|r| {
+                r["status"]["observedGeneration"] == generation && r["status"]["phase"] == "Running"
+            })
+        })
+        .unwrap()
+    }
+
     pub fn wait_running(&self, name: &str) -> Value {
         self.wait_for("sandboxes", name, "Running", Duration::from_secs(60), |r| {
             r.is_some_and(|r| {
