@@ -245,3 +245,24 @@ async fn a_swap_moves_a_leftover_retired_container_out_of_the_way() {
         "the leftover is gone: {names:?}"
     );
 }
+
+#[tokio::test]
+async fn a_second_reconcile_of_a_claimed_sandbox_writes_nothing() {
+    let (_dir, _engine, ctl) = setup();
+    fill_pool_of_two(&ctl).await;
+    declare(&ctl, "a");
+    let seen = || {
+        let entry = ctl.store.get(Kind::Sandbox, "a").unwrap();
+        let version = entry.resource.metadata().resource_version.clone();
+        (version, entry.resource.as_sandbox().unwrap().status.clone())
+    };
+    super::sandbox::reconcile(&ctl, "a").await.unwrap();
+    let (first, status) = seen();
+    assert!(
+        status.as_ref().is_some_and(|s| s.claimed_from.is_some()),
+        "{status:?}"
+    );
+    super::sandbox::reconcile(&ctl, "a").await.unwrap();
+    let (second, again) = seen();
+    assert_eq!(first, second, "rewritten:\n{status:#?}\n{again:#?}");
+}
