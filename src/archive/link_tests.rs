@@ -20,13 +20,9 @@ type Node = (
 
 /// Every entry below `dir`, sorted by name.
 fn tree(dir: &Path) -> Vec<Node> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(current) = stack.pop() {
-        for entry in std::fs::read_dir(&current).unwrap() {
-            let path = entry.unwrap().path();
-            let meta = std::fs::symlink_metadata(&path).unwrap();
-            let kind = format!("{:?}", meta.file_type());
+    let mut out: Vec<Node> = super::super::test_tree::entries(dir)
+        .into_iter()
+        .map(|(name, path, meta)| {
             let target = if meta.file_type().is_symlink() {
                 std::fs::read_link(&path)
                     .unwrap()
@@ -35,24 +31,18 @@ fn tree(dir: &Path) -> Vec<Node> {
             } else {
                 String::new()
             };
-            if meta.is_dir() {
-                stack.push(path.clone());
-            }
-            out.push((
-                path.strip_prefix(dir)
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned(),
-                kind,
+            (
+                name,
+                format!("{:?}", meta.file_type()),
                 meta.mode(),
                 (meta.uid(), meta.gid()),
                 if meta.is_dir() { 0 } else { meta.len() },
                 (meta.mtime(), meta.mtime_nsec()),
                 if meta.is_dir() { 0 } else { meta.ino() },
                 target,
-            ));
-        }
-    }
+            )
+        })
+        .collect();
     out.sort();
     out
 }

@@ -39,23 +39,14 @@ type Node = (String, &'static str, u32, i64, (u32, u32), Vec<u8>);
 
 /// Every entry below `dir`, sorted by name, so that listing order does not matter.
 fn tree(dir: &Path) -> Vec<Node> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(current) = stack.pop() {
-        for entry in std::fs::read_dir(&current).unwrap() {
-            let path = entry.unwrap().path();
-            let meta = std::fs::symlink_metadata(&path).unwrap();
-            let name = path
-                .strip_prefix(dir)
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
+    let mut out: Vec<Node> = super::super::test_tree::entries(dir)
+        .into_iter()
+        .map(|(name, path, meta)| {
             let kind = meta.file_type();
             let (kind, content) = if kind.is_symlink() {
                 let target = std::fs::read_link(&path).unwrap();
                 ("symlink", target.into_os_string().into_encoded_bytes())
             } else if kind.is_dir() {
-                stack.push(path.clone());
                 ("dir", Vec::new())
             } else {
                 ("file", std::fs::read(&path).unwrap())
@@ -65,16 +56,16 @@ fn tree(dir: &Path) -> Vec<Node> {
             } else {
                 meta.mode() & 0o7777
             };
-            out.push((
+            (
                 name,
                 kind,
                 mode,
                 meta.mtime(),
                 (meta.uid(), meta.gid()),
                 content,
-            ));
-        }
-    }
+            )
+        })
+        .collect();
     out.sort();
     out
 }
