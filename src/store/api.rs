@@ -1,7 +1,10 @@
 //! Writes through the API and the controller: create, replace, delete, status, finalize. Each one
 //! checks ownership and concurrency, writes the manifest (data directory only) and then the state
-//! file while holding the store's lock, so that two writes of one resource never interleave, and
-//! broadcasts the result. Folder contents are never written here.
+//! file, and only then changes the index and broadcasts the result, so that nobody acts on a
+//! change a crash could take back. Two writes of one resource never interleave. Creates and
+//! status writes, the controller's steady traffic (a Fork's children, every reconcile's status),
+//! do their fsyncs outside the store's lock so that those of different resources overlap; the
+//! other writes hold the lock throughout. Folder contents are never written here.
 
 use std::path::{Path, PathBuf};
 
@@ -81,11 +84,15 @@ fn writable_file(store: &Store, inner: &Inner, record: &Record, key: &Key) -> St
     }
 }
 
-/// Writes a declaration into the data directory and tells the data-directory source about it, so
-/// that a rescan racing with this write is redone rather than undoing it.
-fn write_manifest(inner: &mut Inner, path: &Path, declaration: &AnyResource) -> StoreResult<()> {
+/// Writes a declaration into the data directory.
+fn write_manifest_file(path: &Path, declaration: &AnyResource) -> StoreResult<()> {
     let yaml = to_yaml(declaration).map_err(|e| StoreError::Invalid(e.to_string()))?;
-    atomic::write_atomic(path, yaml.as_bytes()).map_err(io_error(path))?;
+    atomic::write_atomic(path, yaml.as_bytes()).map_err(io_error(path))
+}
+
+/// Tells the data-directory source about a declaration just written, so that a rescan racing
+/// with the write is redone rather than undoing it.
+fn note_manifest(inner: &mut Inner, path: &Path, declaration: &AnyResource) {
     let source = &mut inner.sources[DATA_DIR];
     source.docs.files.insert(
         path.to_path_buf(),
@@ -96,6 +103,11 @@ fn write_manifest(inner: &mut Inner, path: &Path, declaration: &AnyResource) -> 
         }],
     );
     source.seq += 1;
+}
+
+fn write_manifest(inner: &mut Inner, path: &Path, declaration: &AnyResource) -> StoreResult<()> {
+    write_manifest_file(path, declaration)?;
+    note_manifest(inner, path, declaration);
     Ok(())
 }
 
@@ -125,7 +137,7 @@ pub(super) fn create(
             format!("metadata.name: {:?} is not a valid name", key.1)
         }));
     }
-    let mut inner = store.lock();
+    let mut inner = store.lock_key(&key);
     if inner.records.contains_key(&key) || inner.is_declared(&key) {
         return Err(StoreError::AlreadyExists {
             kind: key.0,
@@ -149,15 +161,23 @@ pub(super) fn create(
         inner.last_rv = last_rv;
         return Ok(created);
     }
-    write_manifest(&mut inner, &path, &declaration)?;
+    inner.writing.insert(key.clone());
+    drop(inner);
     let record = Record {
         resource: created.clone(),
         origin: Origin::DataDir,
-        file: Some(path),
+        file: Some(path.clone()),
     };
-    save_state(store, &record);
-    inner.records.insert(key, record);
-    store.emit(EventType::Added, created.clone());
+    let write = || {
+        write_manifest_file(&path, &declaration)?;
+        save_state(store, &record);
+        Ok(())
+    };
+    write_unlocked(store, key, write, |inner, key| {
+        note_manifest(inner, &path, &declaration);
+        inner.records.insert(key, record.clone());
+        store.emit(EventType::Added, created.clone());
+    })?;
     Ok(created)
 }
 
@@ -167,7 +187,7 @@ pub(super) fn replace(
     opts: WriteOptions,
 ) -> StoreResult<AnyResource> {
     let key: Key = (resource.kind(), resource.name().to_string());
-    let mut inner = store.lock();
+    let mut inner = store.lock_key(&key);
     let mut record = found(&inner, &key)?;
     check_writable(&record, &key)?;
     if record.is_deleting() {
@@ -217,7 +237,7 @@ pub(super) fn delete(
     opts: WriteOptions,
 ) -> StoreResult<AnyResource> {
     let key: Key = (kind, name.to_string());
-    let mut inner = store.lock();
+    let mut inner = store.lock_key(&key);
     let mut record = found(&inner, &key)?;
     check_writable(&record, &key)?;
     if record.is_deleting() {
@@ -252,34 +272,84 @@ pub(super) fn update_status(
     status: serde_json::Value,
 ) -> StoreResult<AnyResource> {
     let key: Key = (kind, name.to_string());
-    let mut inner = store.lock();
-    let mut record = found(&inner, &key)?;
-    let before = record.resource.status_json();
-    record
-        .resource
-        .set_status_json(Some(status))
-        .map_err(|e| StoreError::Invalid(format!("status: {e}")))?;
-    // Rewriting the same status would wake every watcher (the controller among them) for nothing.
-    if record.resource.status_json() == before {
-        return Ok(record.resource);
-    }
-    let last_rv = inner.last_rv;
-    let rv = inner.next_rv();
-    record.resource.metadata_mut().resource_version = Some(rv);
-    if let Err(e) = state::save(&store.data_dir, &record) {
-        inner.last_rv = last_rv;
-        let path = state::state_path(&store.data_dir, kind, name);
-        return Err(io_error(&path)(e));
-    }
+    let record = {
+        let mut inner = store.lock_for_status(&key);
+        let mut record = found(&inner, &key)?;
+        let before = record.resource.status_json();
+        record
+            .resource
+            .set_status_json(Some(status))
+            .map_err(|e| StoreError::Invalid(format!("status: {e}")))?;
+        // Rewriting the same status would wake every watcher (the controller among them) for
+        // nothing.
+        if record.resource.status_json() == before {
+            return Ok(record.resource);
+        }
+        let rv = inner.next_rv();
+        record.resource.metadata_mut().resource_version = Some(rv);
+        inner.writing.insert(key.clone());
+        record
+    };
     let updated = record.resource.clone();
-    inner.records.insert(key, record);
-    store.emit(EventType::Modified, updated.clone());
+    let write = || {
+        state::save(&store.data_dir, &record).map_err(|e| {
+            let path = state::state_path(&store.data_dir, kind, name);
+            io_error(&path)(e)
+        })
+    };
+    write_unlocked(store, key, write, |inner, key| {
+        inner.records.insert(key, record.clone());
+        store.emit(EventType::Modified, updated.clone());
+    })?;
     Ok(updated)
+}
+
+/// The second half of a write that does its fsyncs without the store's lock, so that writes of
+/// different resources overlap (and share the file system's journal commits). The caller has
+/// reserved `key` in `Inner::writing` under the lock, after checking everything, so nothing else
+/// changes that resource meanwhile (see `Store::lock_key`). `write` runs unlocked; only when it
+/// succeeded does `commit` change the index and broadcast, under the lock: nobody acts on a change
+/// a crash could still take back. A failed write changes nothing but leaves a gap in
+/// resourceVersions, which is harmless: they only ever grow.
+fn write_unlocked(
+    store: &Store,
+    key: Key,
+    write: impl FnOnce() -> StoreResult<()>,
+    commit: impl FnOnce(&mut Inner, Key),
+) -> StoreResult<()> {
+    let mut in_flight = InFlight {
+        store,
+        key: Some(key),
+    };
+    write()?;
+    let mut inner = store.lock();
+    if let Some(key) = in_flight.key.take() {
+        inner.writing.remove(&key);
+        commit(&mut inner, key);
+    }
+    store.settled.notify_all();
+    Ok(())
+}
+
+/// A reserved resource between its unlocked write and the commit. Dropped before the commit (an
+/// error or a panic), it lets the resource's other writers in and changes nothing else.
+struct InFlight<'a> {
+    store: &'a Store,
+    key: Option<Key>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.store.lock().writing.remove(&key);
+            self.store.settled.notify_all();
+        }
+    }
 }
 
 pub(super) fn finalize(store: &Store, kind: Kind, name: &str) -> StoreResult<()> {
     let key: Key = (kind, name.to_string());
-    let mut inner = store.lock();
+    let mut inner = store.lock_quiet();
     let Some(record) = inner.records.get(&key).cloned() else {
         return Ok(());
     };

@@ -26,7 +26,7 @@ mod tests;
 mod watch;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use tokio::sync::broadcast;
 
@@ -126,6 +126,8 @@ pub struct Store {
     watch_dirs: Vec<PathBuf>,
     events: broadcast::Sender<WatchEvent>,
     inner: Mutex<Inner>,
+    /// Signalled whenever a status write leaves `Inner::writing` or a quiet waiter is done.
+    settled: Condvar,
 }
 
 impl Store {
@@ -177,7 +179,10 @@ impl Store {
                 sources,
                 clashes: Vec::new(),
                 logged: Default::default(),
+                writing: Default::default(),
+                quiet_waiters: 0,
             }),
+            settled: Condvar::new(),
         });
         for index in 0..source_count {
             store.rescan(index);
@@ -340,10 +345,46 @@ impl Store {
         watch::spawn(Arc::clone(self))
     }
 
+    /// The lock, for reading the index or changing what no status write can touch.
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves the index as consistent as any single step
         // leaves it; refusing all further work would be worse.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait<'a>(
+        &self,
+        guard: MutexGuard<'a, Inner>,
+        busy: impl FnMut(&mut Inner) -> bool,
+    ) -> MutexGuard<'a, Inner> {
+        self.settled
+            .wait_while(guard, busy)
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The lock, once no status write of `key` is in flight: for a change of that one resource.
+    fn lock_key(&self, key: &index::Key) -> MutexGuard<'_, Inner> {
+        self.wait(self.lock(), |inner| inner.writing.contains(key))
+    }
+
+    /// The lock, once no status write is in flight at all: for changes that may touch any
+    /// resource (a folder rescan, a finalize that lets a waiting declaration in). New status
+    /// writes hold back meanwhile, so a steady stream of them cannot starve this.
+    fn lock_quiet(&self) -> MutexGuard<'_, Inner> {
+        let mut guard = self.lock();
+        guard.quiet_waiters += 1;
+        let mut guard = self.wait(guard, |inner| !inner.writing.is_empty());
+        guard.quiet_waiters -= 1;
+        // Status writers parked behind us re-check once this guard is dropped.
+        self.settled.notify_all();
+        guard
+    }
+
+    /// The lock, once `key` may start a status write.
+    fn lock_for_status(&self, key: &index::Key) -> MutexGuard<'_, Inner> {
+        self.wait(self.lock(), |inner| {
+            inner.quiet_waiters > 0 || inner.writing.contains(key)
+        })
     }
 
     fn emit(&self, event_type: EventType, resource: AnyResource) {

@@ -1,6 +1,7 @@
 //! Unit tests of the store against temporary directories: API writes and reopening here, folder
 //! merging in [`folders`]. The watcher itself is exercised by the `store_folders` integration test.
 
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -401,4 +402,204 @@ fn owned_resources_keep_their_owner_references() {
     let store = f.open();
     let child = store.get(Kind::Sandbox, "child").unwrap().resource;
     assert_eq!(child.metadata().owner_references, [owner]);
+}
+
+/// Status writes do their fsyncs outside the store's lock. Whatever interleaves with them (status
+/// writes of the same resource and of others, replaces, folder rescans), memory, disk and the
+/// event stream must agree afterwards.
+#[test]
+fn concurrent_status_writes_replaces_and_rescans_agree_in_memory_on_disk_and_in_events() {
+    const ROUNDS: usize = 30;
+    let f = fixture();
+    let store = f.open();
+    let mut names: Vec<String> = (0..6).map(|i| format!("s{i}")).collect();
+    for name in &names {
+        store
+            .create(sandbox(name, "one"), WriteOptions::default())
+            .unwrap();
+    }
+    f.write("folder.yaml", &doc("from-folder", "v0"));
+    store.rescan(FOLDER);
+    names.push("from-folder".into());
+    let mut rx = store.subscribe();
+    let status = |writer: usize, round: usize| serde_json::json!({"phase": "Running", "message": format!("{writer}-{round}")});
+
+    std::thread::scope(|scope| {
+        for name in &names {
+            for writer in 0..2 {
+                let store = &store;
+                scope.spawn(move || {
+                    for round in 0..ROUNDS {
+                        store
+                            .update_status(Kind::Sandbox, name, status(writer, round))
+                            .unwrap();
+                    }
+                });
+            }
+        }
+        scope.spawn(|| {
+            for round in 0..ROUNDS {
+                let image = format!("img{round}");
+                store
+                    .replace(sandbox("s0", &image), WriteOptions::default())
+                    .unwrap();
+            }
+        });
+        scope.spawn(|| {
+            for round in 1..=ROUNDS {
+                f.write("folder.yaml", &doc("from-folder", &format!("v{round}")));
+                store.rescan(FOLDER);
+            }
+        });
+    });
+
+    let events = drain(&mut rx);
+    let mut last_seen: BTreeMap<String, u64> = BTreeMap::new();
+    let mut all_versions = HashSet::new();
+    for event in &events {
+        let rv: u64 = meta(&event.resource).1.parse().unwrap();
+        assert!(
+            all_versions.insert(rv),
+            "resourceVersion {rv} handed out twice"
+        );
+        let previous = last_seen.insert(event.resource.name().to_string(), rv);
+        assert!(
+            previous.is_none_or(|p| p < rv),
+            "{}: event {rv} after {previous:?}",
+            event.resource.name()
+        );
+    }
+    assert_eq!(events.len(), names.len() * 2 * ROUNDS + 2 * ROUNDS);
+
+    let reopened = f.open();
+    for name in &names {
+        let live = store.get(Kind::Sandbox, name).unwrap().resource;
+        let read_back = reopened.get(Kind::Sandbox, name).unwrap().resource;
+        assert_eq!(meta(&live), meta(&read_back), "{name}");
+        assert_eq!(live.status_json(), read_back.status_json(), "{name}");
+        assert_eq!(image(&store, name), image(&reopened, name), "{name}");
+        assert_eq!(
+            last_seen[name].to_string(),
+            meta(&live).1,
+            "{name}: the last event is the current version"
+        );
+        let container = live.status_json().unwrap()["message"].clone();
+        assert!(
+            container == "0-29" || container == "1-29",
+            "{name}: {container}"
+        );
+    }
+    assert_eq!(image(&store, "s0").as_deref(), Some("img29"));
+    assert_eq!(image(&store, "from-folder").as_deref(), Some("v30"));
+    let leftovers = std::fs::read_dir(f.data.join("state/sandboxes"))
+        .unwrap()
+        .filter(|e| atomic::is_temp_name(&e.as_ref().unwrap().file_name().to_string_lossy()))
+        .count();
+    assert_eq!(leftovers, 0);
+}
+
+#[test]
+fn a_failed_status_write_changes_nothing_and_blocks_nothing() {
+    let f = fixture();
+    let store = f.open();
+    store
+        .create(sandbox("a", "one"), WriteOptions::default())
+        .unwrap();
+    let before = store.get(Kind::Sandbox, "a").unwrap().resource;
+    // A directory where the state file goes makes the rename fail.
+    let state_file = f.data.join("state/sandboxes/a.json");
+    std::fs::remove_file(&state_file).unwrap();
+    std::fs::create_dir(&state_file).unwrap();
+    let mut rx = store.subscribe();
+    let failed = store.update_status(Kind::Sandbox, "a", serde_json::json!({"phase": "Running"}));
+    assert!(matches!(failed, Err(StoreError::Io { .. })), "{failed:?}");
+    assert_eq!(store.get(Kind::Sandbox, "a").unwrap().resource, before);
+    assert!(drain(&mut rx).is_empty());
+
+    std::fs::remove_dir(&state_file).unwrap();
+    let replaced = store
+        .replace(sandbox("a", "two"), WriteOptions::default())
+        .unwrap();
+    let written = store
+        .update_status(Kind::Sandbox, "a", serde_json::json!({"phase": "Running"}))
+        .unwrap();
+    assert!(meta(&written).1.parse::<u64>().unwrap() > meta(&replaced).1.parse().unwrap());
+    assert_eq!(f.open().get(Kind::Sandbox, "a").unwrap().resource, written);
+}
+
+/// Creates write their manifest and state outside the store's lock too. Racing with each other,
+/// with a rescan of the data directory and with a folder that declares one of the same names,
+/// every name still ends up created exactly once, and the index, the files and a reopened store
+/// agree.
+#[test]
+fn concurrent_creates_and_rescans_create_each_name_once() {
+    let f = fixture();
+    let store = f.open();
+    let mut rx = store.subscribe();
+    // The folder declares every third name the API creates.
+    let contested = |name: &str| name.rsplit('-').next().unwrap().parse::<u32>().unwrap() % 3 == 0;
+    let folder_docs: Vec<String> = (0..4)
+        .flat_map(|t| {
+            (0..25)
+                .step_by(3)
+                .map(move |i| doc(&format!("t{t}-{i}"), "folder"))
+        })
+        .collect();
+    let creating = std::sync::atomic::AtomicUsize::new(4);
+    std::thread::scope(|scope| {
+        for thread in 0..4 {
+            let (store, creating) = (&store, &creating);
+            scope.spawn(move || {
+                for i in 0..25 {
+                    let name = format!("t{thread}-{i}");
+                    let created = store.create(sandbox(&name, "api"), WriteOptions::default());
+                    match created {
+                        Ok(_) => {}
+                        Err(StoreError::AlreadyExists { .. }) if contested(&name) => {}
+                        Err(e) => panic!("{name}: {e}"),
+                    }
+                }
+                creating.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+        scope.spawn(|| {
+            f.write("contested.yaml", &folder_docs.join("---\n"));
+            while creating.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                store.rescan(FOLDER);
+                store.rescan(0);
+            }
+        });
+    });
+    store.rescan(0);
+    store.rescan(FOLDER);
+
+    let added: Vec<String> = drain(&mut rx)
+        .into_iter()
+        .filter(|e| e.event_type == EventType::Added)
+        .map(|e| e.resource.name().to_string())
+        .collect();
+    let unique: HashSet<&String> = added.iter().collect();
+    assert_eq!(added.len(), 100, "one Added per name: {added:?}");
+    assert_eq!(unique.len(), 100);
+
+    let reopened = f.open();
+    let quiet = reopened.subscribe();
+    reopened.rescan(0);
+    assert!(quiet.is_empty(), "the files say what the index said");
+    for thread in 0..4 {
+        for i in 0..25 {
+            let name = format!("t{thread}-{i}");
+            let live = store.get(Kind::Sandbox, &name).unwrap();
+            let read_back = reopened.get(Kind::Sandbox, &name).unwrap();
+            assert_eq!(live.resource, read_back.resource, "{name}");
+            assert_eq!(live.origin, read_back.origin, "{name}");
+            let expected = if live.origin == Origin::DataDir {
+                "api"
+            } else {
+                "folder"
+            };
+            assert!(expected == "api" || contested(&name), "{name}");
+            assert_eq!(image(&store, &name).as_deref(), Some(expected), "{name}");
+        }
+    }
 }
