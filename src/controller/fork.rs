@@ -4,9 +4,11 @@
 //! indices; deleting the Fork deletes its children first. This module only writes desired state:
 //! the children's own reconciles (run by the workers in parallel) build their containers.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use futures::future::join_all;
 
 use super::{Controller, Outcome, ReconcileError};
 use crate::resource::{
@@ -51,6 +53,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         Err(problem) => (None, Some(problem)),
     };
     let mut conflicts = Vec::new();
+    let mut missing = Vec::new();
     if let Some(template) = &template {
         for index in 0..replicas {
             let child_name = child_name(name, index);
@@ -59,7 +62,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
                 continue;
             }
             match ctl.store.get(Kind::Sandbox, &child_name) {
-                None => create_child(ctl, &fork, &child_name, template)?,
+                None => missing.push(child_name),
                 Some(existing) => {
                     let owned = existing
                         .resource
@@ -79,6 +82,10 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
                 }
             }
         }
+    }
+
+    if let Some(template) = &template {
+        create_children(ctl, &fork, missing, template).await?;
     }
 
     let children = children_of(ctl, &fork);
@@ -256,22 +263,34 @@ fn children_of(ctl: &Controller, fork: &Fork) -> Vec<Sandbox> {
     children
 }
 
-fn create_child(
+/// Creates the children `names` side by side, off the async workers: each create waits for its
+/// fsyncs, and a child should start on its claim while its siblings are still being written.
+async fn create_children(
     ctl: &Controller,
     fork: &Fork,
-    name: &str,
+    names: Vec<String>,
     spec: &SandboxSpec,
 ) -> Result<(), ReconcileError> {
-    let mut child = Sandbox::new(name, spec.clone());
-    child.metadata.labels = fork.metadata.labels.clone();
-    match ctl.store.create_owned(
-        AnyResource::Sandbox(child),
-        vec![owner_reference(fork)],
-        WriteOptions::default(),
-    ) {
-        Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
+    let creations = names.into_iter().map(|name| {
+        let store = Arc::clone(&ctl.store);
+        let mut child = Sandbox::new(&name, spec.clone());
+        child.metadata.labels = fork.metadata.labels.clone();
+        let owner = owner_reference(fork);
+        tokio::task::spawn_blocking(move || {
+            store.create_owned(
+                AnyResource::Sandbox(child),
+                vec![owner],
+                WriteOptions::default(),
+            )
+        })
+    });
+    for created in join_all(creations).await {
+        match created.map_err(|e| ReconcileError::Other(e.to_string()))? {
+            Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
+    Ok(())
 }
 
 fn update_child(ctl: &Controller, name: &str, spec: &SandboxSpec) -> Result<(), ReconcileError> {
