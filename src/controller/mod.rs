@@ -271,7 +271,7 @@ impl Controller {
                         .as_sandbox()
                         .and_then(|s| s.status.as_ref()?.claimed_from.clone())
                     {
-                        self.queue.add((Kind::SandboxPool, pool));
+                        self.recount_pool(pool);
                     }
                     // A snapshot or fork may be waiting for the sandbox it names.
                     if let Some(owner) = resource.metadata().owner_references.first() {

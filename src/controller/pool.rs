@@ -54,6 +54,11 @@ impl Claimed {
 const HANDED_OUT_MEMORY: Duration = Duration::from_secs(600);
 /// Refilling waits until no claim has happened for this long: starting containers takes the
 /// machine for a while, and the operations that just claimed (a fill, a swap) come first.
+/// How long a pool waits to recount its members after a claim or a change of a sandbox it
+/// lent a container to: a burst (a Fork's children) makes one recount, after the burst, instead
+/// of two Docker listings and a status write each while the claims still compete for the daemon.
+/// Refills wait longer anyway ([`REFILL_QUIET`]).
+const RECOUNT_DELAY: Duration = Duration::from_millis(100);
 const REFILL_QUIET: Duration = Duration::from_millis(300);
 /// ... but a steady stream of claims never holds a refill back longer than this.
 const REFILL_MAX_WAIT: Duration = Duration::from_secs(1);
@@ -276,7 +281,7 @@ impl Controller {
             }
         };
         let member_id = member.sandbox().unwrap_or_default().to_string();
-        self.queue.add((Kind::SandboxPool, pool_name.clone()));
+        self.recount_pool(pool_name.clone());
         if !default_limits {
             if let Err(error) = self
                 .engine
@@ -302,6 +307,12 @@ impl Controller {
 }
 
 impl Controller {
+    /// Has pool `name` recount its members and claims soon (see [`RECOUNT_DELAY`]).
+    pub(super) fn recount_pool(&self, name: String) {
+        self.queue
+            .add_soon((Kind::SandboxPool, name), RECOUNT_DELAY);
+    }
+
     /// Renames the container `id` to `as_name`; whatever held that name before is removed (the
     /// caller found nothing there worth keeping).
     async fn take_name(&self, id: &str, as_name: &str) -> Result<(), EngineError> {
@@ -339,6 +350,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     let size = pool.spec.size as usize;
     let mut message = String::new();
     let mut deferred = None;
+    let mut created = false;
     if usable.len() > size {
         remove_members(ctl, &usable[size..]).await?;
     } else if usable.len() < size {
@@ -350,14 +362,19 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
             if let Some(Err(error)) = results.into_iter().find(|r| r.is_err()) {
                 message = format!("cannot create pool containers: {error}");
             }
+            created = true;
         }
     }
-    let ready_members: Vec<ManagedContainer> = ctl
-        .members(name)
-        .await?
-        .into_iter()
-        .filter(|c| c.is_running() && c.labels.get(LABEL_SPEC_HASH) == Some(&key))
-        .collect();
+    // A second listing only when this reconcile made members: otherwise the first one is current.
+    let ready_members: Vec<ManagedContainer> = if created {
+        ctl.members(name)
+            .await?
+            .into_iter()
+            .filter(|c| c.is_running() && c.labels.get(LABEL_SPEC_HASH) == Some(&key))
+            .collect()
+    } else {
+        usable.into_iter().take(size).collect()
+    };
     let ready = ready_members.len() as u32;
     ctl.pool_claims.publish(name, ready_members);
     let claimed = ctl

@@ -32,6 +32,8 @@ struct Inner<K> {
     processing: HashSet<K>,
     dirty: HashSet<K>,
     failures: HashMap<K, u32>,
+    /// Keys with an [`WorkQueue::add_soon`] timer running.
+    soon: HashSet<K>,
     shut_down: bool,
 }
 
@@ -50,6 +52,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                 processing: HashSet::new(),
                 dirty: HashSet::new(),
                 failures: HashMap::new(),
+                soon: HashSet::new(),
                 shut_down: false,
             }),
             ready: Notify::new(),
@@ -89,6 +92,21 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         let queue = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
+            queue.add(key);
+        });
+    }
+
+    /// Queues `key` after `delay`, unless an earlier `add_soon` of it is still waiting: a burst of
+    /// adds becomes one run. For work that only recounts (a pool after claims), where running
+    /// once after the burst is enough.
+    pub fn add_soon(self: &Arc<Self>, key: K, delay: Duration) {
+        if !self.lock().soon.insert(key.clone()) {
+            return;
+        }
+        let queue = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            queue.lock().soon.remove(&key);
             queue.add(key);
         });
     }
@@ -218,6 +236,28 @@ mod tests {
         );
         q.done(&"a");
         assert!(q.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_soon_adds_runs_once_after_the_delay() {
+        let q = queue();
+        for _ in 0..5 {
+            q.add_soon("pool", Duration::from_millis(100));
+        }
+        tokio::time::sleep(Duration::from_millis(99)).await;
+        assert!(q.is_empty(), "nothing before the delay");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(q.len(), 1);
+        let key = q.next().await.unwrap();
+        q.done(&key);
+        assert!(q.is_empty(), "the burst ran once");
+        q.add_soon("pool", Duration::from_millis(100));
+        tokio::time::sleep(Duration::from_millis(101)).await;
+        assert_eq!(
+            q.len(),
+            1,
+            "a later add after the burst waits and runs again"
+        );
     }
 
     #[tokio::test]

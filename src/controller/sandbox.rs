@@ -27,7 +27,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     if name.starts_with(super::pool::MEMBER_PREFIX) {
         // A warm-pool member: its pool looks after it.
         if let Some(pool) = super::pool::pool_of_member(name) {
-            ctl.queue.add((Kind::SandboxPool, pool.to_string()));
+            ctl.recount_pool(pool.to_string());
         }
         return Ok(Outcome::done());
     }
