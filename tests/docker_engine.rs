@@ -451,10 +451,84 @@ async fn limits_update_and_pause() {
     let details = engine.inspect_container(&id).await.unwrap().unwrap();
     assert!(details.paused);
     assert_eq!(details.state, "paused");
+    if runtime().is_none() {
+        // Frozen through the cgroup, not through Docker (see the test below).
+        let docker = raw_docker()
+            .await
+            .inspect_container(&id, None)
+            .await
+            .unwrap();
+        assert_eq!(docker.state.unwrap().paused, Some(false));
+    }
     engine.unpause(&id).await.unwrap();
     engine.unpause(&id).await.unwrap();
     let details = engine.inspect_container(&id).await.unwrap().unwrap();
     assert!(details.running && !details.paused);
+}
+
+/// The counter a background loop in the container bumps every 10 ms, read from the host.
+fn counter(pid: i64) -> u64 {
+    let path = format!("/proc/{pid}/root/tmp/count");
+    std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Under runc a pause freezes the container's cgroup directly: every process stops (a loop in it
+/// stops counting), the engine reports it paused, a new engine (a restarted server) still sees
+/// it paused and thaws it, and a frozen container can still be removed.
+#[tokio::test]
+async fn a_pause_stops_every_process_and_a_new_engine_can_thaw_it() {
+    if runtime().is_some() {
+        return; // gVisor's pause is Docker's; `limits_update_and_pause` covers it.
+    }
+    let guard = Cleanup::new("freeze");
+    let engine = connect().await;
+    let id = running_sandbox(&engine, &plan(&guard.sandbox("a"))).await;
+    let started = run(
+        &engine,
+        &id,
+        "(i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.01; done) \
+         >/dev/null 2>&1 &",
+    )
+    .await;
+    assert_eq!(started.code, 0, "{}", started.stderr);
+    let pid = engine.inspect_container(&id).await.unwrap().unwrap().pid;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counter(pid) < 3 {
+        assert!(Instant::now() < deadline, "the loop never counted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    engine.pause(&id).await.unwrap();
+    let details = engine.inspect_container(&id).await.unwrap().unwrap();
+    assert!(details.paused && details.state == "paused", "{details:?}");
+    let frozen_at = counter(pid);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(counter(pid), frozen_at, "a process ran while paused");
+
+    // A server restarted while the container is frozen sees it paused and can thaw it.
+    drop(engine);
+    let engine = connect().await;
+    assert!(engine.inspect_container(&id).await.unwrap().unwrap().paused);
+    engine.unpause(&id).await.unwrap();
+    let details = engine.inspect_container(&id).await.unwrap().unwrap();
+    assert!(details.running && !details.paused, "{details:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counter(pid) <= frozen_at {
+        assert!(
+            Instant::now() < deadline,
+            "the loop did not run again after unpause"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A frozen container can still be removed.
+    engine.pause(&id).await.unwrap();
+    let removing = tokio::time::timeout(Duration::from_secs(20), engine.remove_container(&id));
+    removing.await.expect("removal hung").unwrap();
+    assert!(engine.inspect_container(&id).await.unwrap().is_none());
 }
 
 type Events = tokio::sync::mpsc::UnboundedReceiver<Result<EngineEvent, EngineError>>;

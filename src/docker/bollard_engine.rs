@@ -20,6 +20,7 @@
 
 mod dataplane;
 mod events;
+mod freezer;
 mod helper;
 mod plan;
 
@@ -54,6 +55,8 @@ pub struct BollardEngine {
     /// minutes; one at a time it did not, and took about a third longer. Only the Docker call is
     /// serialized: waiting for someone else's removal holds no one up.
     removals: Mutex<()>,
+    /// Containers this engine froze through their cgroup (see `freezer`), by full ID.
+    frozen: std::sync::Mutex<HashMap<String, freezer::Freezer>>,
 }
 
 impl BollardEngine {
@@ -71,6 +74,7 @@ impl BollardEngine {
             helpers: helper::HelperCache::default(),
             networks: Mutex::new(()),
             removals: Mutex::new(()),
+            frozen: Default::default(),
         })
     }
 }
@@ -253,6 +257,7 @@ impl Engine for BollardEngine {
             force: true,
             ..Default::default()
         };
+        self.thaw_before_removal(id);
         let removed = {
             let _one_at_a_time = self.removals.lock().await;
             self.docker.remove_container(id, Some(options)).await
@@ -275,6 +280,9 @@ impl Engine for BollardEngine {
             Err(e) if is_status(&e, 404) => return Ok(None),
             Err(e) => return Err(map_err("inspect", &format!("container {id}"))(e)),
         };
+        // A container frozen here (by this run or one before it) is paused, whatever Docker says.
+        let frozen_here = freezer::of_inspected(&inspected)
+            .is_some_and(|freezer| freezer.is_frozen().unwrap_or(false));
         let state = inspected.state.unwrap_or_default();
         let workspace_source = inspected
             .mounts
@@ -289,9 +297,13 @@ impl Engine for BollardEngine {
             .map(std::path::PathBuf::from);
         Ok(Some(ContainerDetails {
             id: inspected.id.unwrap_or_default(),
-            state: state.status.map(|s| s.to_string()).unwrap_or_default(),
+            state: match state.status {
+                _ if frozen_here => "paused".to_string(),
+                Some(status) => status.to_string(),
+                None => String::new(),
+            },
             running: state.running.unwrap_or(false),
-            paused: state.paused.unwrap_or(false),
+            paused: state.paused.unwrap_or(false) || frozen_here,
             exit_code: state.exit_code,
             oom_killed: state.oom_killed.unwrap_or(false),
             error: state.error.unwrap_or_default(),
@@ -333,19 +345,11 @@ impl Engine for BollardEngine {
     }
 
     async fn pause(&self, id: &str) -> EngineResult<()> {
-        match self.docker.pause_container(id).await {
-            Ok(()) => Ok(()),
-            Err(e) if server_message(&e).is_some_and(|m| m.contains("already paused")) => Ok(()),
-            Err(e) => Err(map_err("pause", &format!("container {id}"))(e)),
-        }
+        self.freeze_or_pause(id).await
     }
 
     async fn unpause(&self, id: &str) -> EngineResult<()> {
-        match self.docker.unpause_container(id).await {
-            Ok(()) => Ok(()),
-            Err(e) if server_message(&e).is_some_and(|m| m.contains("is not paused")) => Ok(()),
-            Err(e) => Err(map_err("unpause", &format!("container {id}"))(e)),
-        }
+        self.thaw_or_unpause(id).await
     }
 
     async fn rename_container(&self, id: &str, new_name: &str) -> EngineResult<()> {
