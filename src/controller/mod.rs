@@ -117,6 +117,8 @@ pub struct Controller {
     pool_claims: pool::HandedOut,
     /// Whether workspaces can be used on this host, as learned so far.
     host_access: workspace::HostAccess,
+    /// Snapshot files validated lately (see `restore.rs`).
+    validated_files: restore::ValidatedFiles,
 }
 
 impl Controller {
@@ -138,6 +140,7 @@ impl Controller {
             snapshots: Arc::default(),
             pool_claims: pool::HandedOut::default(),
             host_access: workspace::HostAccess::default(),
+            validated_files: Default::default(),
         })
     }
 
