@@ -480,6 +480,19 @@ async fn claim_filled(
 
 /// Removes this sandbox's workspace volumes other than `current` (left by a rollback that
 /// completed, or one interrupted before it did).
+/// Removes what earlier rollback attempts of sandbox `name` left: the staging container and
+/// every workspace volume but `current`. Only for a sandbox whose rollback is not in progress.
+pub(super) async fn discard_attempts(
+    ctl: &Controller,
+    name: &str,
+    current: &str,
+) -> Result<(), RestoreError> {
+    ctl.engine
+        .remove_container(&staging_container_name(name))
+        .await?;
+    remove_stray_volumes(ctl, name, current).await
+}
+
 pub(super) async fn remove_stray_volumes(
     ctl: &Controller,
     name: &str,
@@ -533,6 +546,10 @@ mod tests {
         std::fs::write(&other, b"two").unwrap();
         std::fs::rename(&other, &path).unwrap();
         assert!(!files.holds(&path, FileStamp::of(&path).unwrap()));
-        assert_eq!(FileStamp::of(dir.path()), None, "directories are not snapshot files");
+        assert_eq!(
+            FileStamp::of(dir.path()),
+            None,
+            "directories are not snapshot files"
+        );
     }
 }

@@ -175,6 +175,13 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         status.message = message.clone();
         write_status(ctl, &sandbox, status).await?;
         retired.remove(ctl).await;
+        // An attempt interrupted earlier (a crash mid-restore) may have left a staging container
+        // and volume; a request that now fails (its snapshot deleted since) would keep them.
+        if let Some(current) = &current_volume {
+            if let Err(error) = restore::discard_attempts(ctl, name, current).await {
+                tracing::warn!(sandbox = name, %error, "removing an interrupted rollback failed");
+            }
+        }
         return Err(ReconcileError::Other(message));
     }
     ready(

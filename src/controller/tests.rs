@@ -266,3 +266,46 @@ async fn a_second_reconcile_of_a_claimed_sandbox_writes_nothing() {
     let (second, again) = seen();
     assert_eq!(first, second, "rewritten:\n{status:#?}\n{again:#?}");
 }
+
+/// A crash in the middle of a rollback leaves its staging container and new volume; when the
+/// request can no longer succeed (its snapshot was deleted since), the failed retry removes
+/// them, and the sandbox keeps running on its own workspace.
+#[tokio::test]
+async fn a_failing_rollback_removes_what_an_interrupted_attempt_left() {
+    let (_dir, engine, ctl) = setup();
+    declare(&ctl, "a");
+    super::sandbox::reconcile(&ctl, "a").await.unwrap();
+    let current = engine.container_of("a").unwrap();
+    let mut plan = current.plan.clone();
+    plan.name = Some(super::restore::staging_container_name("a"));
+    plan.workspace_volume = "agent-sandbox-a-workspace-31c1e607".into();
+    engine.create_container(&plan).await.unwrap();
+
+    ctl.store
+        .update(Kind::Sandbox, "a", |resource| {
+            if let AnyResource::Sandbox(sandbox) = resource {
+                sandbox.spec.rollback = Some(crate::resource::RollbackRequest {
+                    snapshot: "deleted-since".into(),
+                    request_id: "r1".into(),
+                });
+            }
+            Ok(())
+        })
+        .unwrap();
+    let failed = super::sandbox::reconcile(&ctl, "a").await;
+    assert!(failed.is_err(), "the rollback cannot succeed");
+
+    let names: Vec<String> = engine.containers().iter().map(|c| c.name()).collect();
+    assert_eq!(names, ["agent-sandbox-a"], "staging container removed");
+    let volumes: Vec<String> = engine.volumes().into_keys().collect();
+    assert_eq!(
+        volumes,
+        ["agent-sandbox-a-workspace"],
+        "only the current workspace"
+    );
+    assert_eq!(
+        engine.container_of("a").unwrap().id,
+        current.id,
+        "still running as it was"
+    );
+}
