@@ -53,8 +53,8 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         Err(problem) => (None, Some(problem)),
     };
     let mut conflicts = Vec::new();
-    let mut missing = Vec::new();
     if let Some(template) = &template {
+        let mut missing = Vec::new();
         for index in 0..replicas {
             let child_name = child_name(name, index);
             if !is_valid_name(&child_name) {
@@ -82,9 +82,6 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
                 }
             }
         }
-    }
-
-    if let Some(template) = &template {
         create_children(ctl, &fork, missing, template).await?;
     }
 

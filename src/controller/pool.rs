@@ -52,13 +52,13 @@ impl Claimed {
 /// How long a handed-out member is remembered: far longer than any listing taken before its
 /// claim can still be in use.
 const HANDED_OUT_MEMORY: Duration = Duration::from_secs(600);
-/// Refilling waits until no claim has happened for this long: starting containers takes the
-/// machine for a while, and the operations that just claimed (a fill, a swap) come first.
 /// How long a pool waits to recount its members after a claim or a change of a sandbox it
 /// lent a container to: a burst (a Fork's children) makes one recount, after the burst, instead
 /// of two Docker listings and a status write each while the claims still compete for the daemon.
 /// Refills wait longer anyway ([`REFILL_QUIET`]).
 const RECOUNT_DELAY: Duration = Duration::from_millis(100);
+/// Refilling waits until no claim has happened for this long: starting containers takes the
+/// machine for a while, and the operations that just claimed (a fill, a swap) come first.
 const REFILL_QUIET: Duration = Duration::from_millis(300);
 /// ... but a steady stream of claims never holds a refill back longer than this.
 const REFILL_MAX_WAIT: Duration = Duration::from_secs(1);

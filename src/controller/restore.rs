@@ -5,9 +5,8 @@
 //!
 //! Order is what makes this safe. The stored tar is validated whole by [`crate::archive`] before
 //! Docker is touched (once per unchanged file: [`ValidatedFiles`]), so a refused snapshot changes
-//! nothing; it is checked (and rewritten: owner
-//! forced, fresh headers) a second time while it is written, and any difference aborts the
-//! restore. A rollback builds its new container under a staging name while the old one keeps
+//! nothing; it is checked (and rewritten: owner forced, fresh headers) a second time while it is
+//! written, and any difference aborts the restore. A rollback builds its new container under a staging name while the old one keeps
 //! serving, and swaps the names only once the new workspace is complete. A workspace counts as
 //! restored only once `status.workspaceVolume` names it: an interrupted restore leaves an
 //! unrecorded container and volume that the retry replaces or the cleanup of stray objects
@@ -478,8 +477,6 @@ async fn claim_filled(
     Ok(Some(claimed))
 }
 
-/// Removes this sandbox's workspace volumes other than `current` (left by a rollback that
-/// completed, or one interrupted before it did).
 /// Removes what earlier rollback attempts of sandbox `name` left: the staging container and
 /// every workspace volume but `current`. Only for a sandbox whose rollback is not in progress.
 pub(super) async fn discard_attempts(
@@ -493,6 +490,8 @@ pub(super) async fn discard_attempts(
     remove_stray_volumes(ctl, name, current).await
 }
 
+/// Removes this sandbox's workspace volumes other than `current` (left by a rollback that
+/// completed, or one interrupted before it did).
 pub(super) async fn remove_stray_volumes(
     ctl: &Controller,
     name: &str,
