@@ -137,7 +137,7 @@ pub(super) fn create(
             format!("metadata.name: {:?} is not a valid name", key.1)
         }));
     }
-    let mut inner = store.lock_key(&key);
+    let mut inner = store.lock_to_reserve(&key);
     if inner.records.contains_key(&key) || inner.is_declared(&key) {
         return Err(StoreError::AlreadyExists {
             kind: key.0,
@@ -273,7 +273,7 @@ pub(super) fn update_status(
 ) -> StoreResult<AnyResource> {
     let key: Key = (kind, name.to_string());
     let record = {
-        let mut inner = store.lock_for_status(&key);
+        let mut inner = store.lock_to_reserve(&key);
         let mut record = found(&inner, &key)?;
         let before = record.resource.status_json();
         record

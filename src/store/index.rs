@@ -1,7 +1,7 @@
 //! The in-memory index and how folder declarations become resources: which source owns a name,
 //! what a changed declaration does to generation and resourceVersion, when a resource is pruned.
-//! Everything here runs with the store's lock held and no status write in flight; it writes state
-//! files (never manifests) and broadcasts the changes it makes.
+//! Everything here runs with the store's lock held and no unlocked write in flight; it writes
+//! state files (never manifests) and broadcasts the changes it makes.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
@@ -38,10 +38,10 @@ pub(super) struct Inner {
     pub clashes: Vec<DocumentError>,
     /// Errors already logged; an error is logged again only after it went away and came back.
     pub logged: HashSet<String>,
-    /// Resources whose status is being written to disk right now, outside the lock. Nothing else
-    /// may change them until the write is committed (see `Store::lock_key`).
+    /// Resources a create or status write is writing to disk right now, outside the lock. Nothing
+    /// else may change them until the write is committed (see `Store::lock_key`).
     pub writing: HashSet<Key>,
-    /// Writers waiting for `writing` to drain; new status writes hold back until they are done.
+    /// Writers waiting for `writing` to drain; new unlocked writes hold back until they are done.
     pub quiet_waiters: usize,
 }
 

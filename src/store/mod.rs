@@ -126,7 +126,7 @@ pub struct Store {
     watch_dirs: Vec<PathBuf>,
     events: broadcast::Sender<WatchEvent>,
     inner: Mutex<Inner>,
-    /// Signalled whenever a status write leaves `Inner::writing` or a quiet waiter is done.
+    /// Signalled whenever an unlocked write leaves `Inner::writing` or a quiet waiter is done.
     settled: Condvar,
 }
 
@@ -345,7 +345,7 @@ impl Store {
         watch::spawn(Arc::clone(self))
     }
 
-    /// The lock, for reading the index or changing what no status write can touch.
+    /// The lock, for reading the index or changing what no unlocked write can touch.
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves the index as consistent as any single step
         // leaves it; refusing all further work would be worse.
@@ -362,26 +362,26 @@ impl Store {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The lock, once no status write of `key` is in flight: for a change of that one resource.
+    /// The lock, once no unlocked write of `key` is in flight: for a change of that one resource.
     fn lock_key(&self, key: &index::Key) -> MutexGuard<'_, Inner> {
         self.wait(self.lock(), |inner| inner.writing.contains(key))
     }
 
-    /// The lock, once no status write is in flight at all: for changes that may touch any
-    /// resource (a folder rescan, a finalize that lets a waiting declaration in). New status
+    /// The lock, once no unlocked write is in flight at all: for changes that may touch any
+    /// resource (a folder rescan, a finalize that lets a waiting declaration in). New unlocked
     /// writes hold back meanwhile, so a steady stream of them cannot starve this.
     fn lock_quiet(&self) -> MutexGuard<'_, Inner> {
         let mut guard = self.lock();
         guard.quiet_waiters += 1;
         let mut guard = self.wait(guard, |inner| !inner.writing.is_empty());
         guard.quiet_waiters -= 1;
-        // Status writers parked behind us re-check once this guard is dropped.
+        // Writers parked behind us re-check once this guard is dropped.
         self.settled.notify_all();
         guard
     }
 
-    /// The lock, once `key` may start a status write.
-    fn lock_for_status(&self, key: &index::Key) -> MutexGuard<'_, Inner> {
+    /// The lock, once `key` may be reserved for an unlocked write (a create or a status write).
+    fn lock_to_reserve(&self, key: &index::Key) -> MutexGuard<'_, Inner> {
         self.wait(self.lock(), |inner| {
             inner.quiet_waiters > 0 || inner.writing.contains(key)
         })
