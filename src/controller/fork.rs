@@ -149,7 +149,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
             observed_generation: Some(generation),
         },
     );
-    write_status(ctl, &fork, status)?;
+    write_status(ctl, &fork, status).await?;
     Ok(outcome)
 }
 
@@ -328,9 +328,14 @@ fn delete(ctl: &Controller, fork: &Fork, children: &[Sandbox]) -> Result<Outcome
     Ok(Outcome::after(WAIT))
 }
 
-fn write_status(ctl: &Controller, fork: &Fork, status: ForkStatus) -> Result<(), ReconcileError> {
+async fn write_status(
+    ctl: &Controller,
+    fork: &Fork,
+    status: ForkStatus,
+) -> Result<(), ReconcileError> {
     let name = &fork.metadata.name;
     super::write_status_if_changed(&ctl.store, Kind::Fork, name, fork.status.as_ref(), &status)
+        .await
 }
 
 #[cfg(test)]

@@ -82,8 +82,12 @@ impl Outcome {
 /// Writes `new` as the status of `kind`/`name` unless it equals `old`, so that a reconcile that
 /// observed nothing new writes nothing (an idle resync costs no writes). A resource deleted
 /// meanwhile is not an error: the next reconcile sees that.
-fn write_status_if_changed<S: serde::Serialize + PartialEq>(
-    store: &Store,
+///
+/// The write waits for its fsyncs on a blocking thread: the async workers are few (one per core)
+/// and a burst of reconciles (a Fork's children) would otherwise queue behind each other's disk
+/// flushes.
+async fn write_status_if_changed<S: serde::Serialize + PartialEq>(
+    store: &Arc<Store>,
     kind: Kind,
     name: &str,
     old: Option<&S>,
@@ -93,7 +97,12 @@ fn write_status_if_changed<S: serde::Serialize + PartialEq>(
         return Ok(());
     }
     let value = serde_json::to_value(new).map_err(|e| ReconcileError::Other(e.to_string()))?;
-    match store.update_status(kind, name, value) {
+    let store = Arc::clone(store);
+    let name = name.to_string();
+    let written = tokio::task::spawn_blocking(move || store.update_status(kind, &name, value))
+        .await
+        .map_err(|e| ReconcileError::Other(format!("status write failed: {e}")))?;
+    match written {
         Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
         Err(e) => Err(e.into()),
     }

@@ -412,7 +412,8 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         name,
         pool.status.as_ref(),
         &status,
-    )?;
+    )
+    .await?;
     if !message.is_empty() {
         return Err(ReconcileError::Other(message));
     }

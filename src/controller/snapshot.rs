@@ -173,12 +173,12 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
                 fail(&mut status, &snapshot, "DataMissing", &message);
             }
             note_spec_change(&mut status, &snapshot);
-            write_status(ctl, &snapshot, status)?;
+            write_status(ctl, &snapshot, status).await?;
             Ok(Outcome::done())
         }
         SnapshotPhase::Failed => {
             note_spec_change(&mut status, &snapshot);
-            write_status(ctl, &snapshot, status)?;
+            write_status(ctl, &snapshot, status).await?;
             Ok(Outcome::done())
         }
     }
@@ -241,14 +241,14 @@ async fn take(
         Ok(Ok(sandbox))
     };
     if let Err(outcome) = check(&mut status)? {
-        write_status(ctl, snapshot, status)?;
+        write_status(ctl, snapshot, status).await?;
         return Ok(outcome);
     }
     let _sandbox_lock = ctl.snapshots.lock(sandbox_name).await;
     let sandbox = match check(&mut status)? {
         Ok(sandbox) => sandbox,
         Err(outcome) => {
-            write_status(ctl, snapshot, status)?;
+            write_status(ctl, snapshot, status).await?;
             return Ok(outcome);
         }
     };
@@ -261,7 +261,7 @@ async fn take(
     let Some(details) = details.filter(|d| d.running || d.paused) else {
         let message = format!("sandbox {sandbox_name:?} has no running container");
         fail(&mut status, snapshot, "SandboxNotRunning", &message);
-        write_status(ctl, snapshot, status)?;
+        write_status(ctl, snapshot, status).await?;
         return Ok(Outcome::done());
     };
 
@@ -334,13 +334,13 @@ async fn take(
                         generation,
                     );
                     status.message = error.to_string();
-                    write_status(ctl, snapshot, status)?;
+                    write_status(ctl, snapshot, status).await?;
                     return Err(error.into());
                 }
                 other => ("ExportFailed", other.to_string()),
             };
             fail(&mut status, snapshot, reason, &message);
-            write_status(ctl, snapshot, status)?;
+            write_status(ctl, snapshot, status).await?;
             return Ok(Outcome::done());
         }
     };
@@ -348,7 +348,7 @@ async fn take(
         let _ = std::fs::remove_file(&temp);
         let message = format!("storing the snapshot failed: {error}");
         fail(&mut status, snapshot, "ExportFailed", &message);
-        write_status(ctl, snapshot, status)?;
+        write_status(ctl, snapshot, status).await?;
         return Ok(Outcome::done());
     }
 
@@ -377,7 +377,7 @@ async fn take(
         &message,
         generation,
     );
-    write_status(ctl, snapshot, status)?;
+    write_status(ctl, snapshot, status).await?;
     Ok(Outcome::done())
 }
 
@@ -697,7 +697,7 @@ fn ready(
     );
 }
 
-fn write_status(
+async fn write_status(
     ctl: &Controller,
     snapshot: &Snapshot,
     status: SnapshotStatus,
@@ -710,4 +710,5 @@ fn write_status(
         snapshot.status.as_ref(),
         &status,
     )
+    .await
 }
