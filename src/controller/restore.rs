@@ -243,22 +243,23 @@ pub async fn populate_volume(
     }
 }
 
-/// Before a sandbox's first container: builds its first workspace from `spec.source`. Later
-/// changes of `spec.source` never rebuild anything; they are reported in a condition.
+/// Before a sandbox's first container: builds its first workspace from `spec.source`, in a
+/// running container of `effective` that `status` then names; returns whether it did so now.
+/// Later changes of `spec.source` never rebuild anything; they are reported in a condition.
 pub(super) async fn ensure_source(
     ctl: &Controller,
     sandbox: &Sandbox,
     effective: &EffectiveSandbox,
     status: &mut SandboxStatus,
-) -> Result<(), RestoreError> {
+) -> Result<bool, RestoreError> {
     let name = sandbox.metadata.name.as_str();
     let Some(source) = &sandbox.spec.source else {
         status.conditions.retain(|c| c.type_ != SOURCE_CONDITION);
-        return Ok(());
+        return Ok(false);
     };
     if status.workspace_volume.is_some() {
         note_source_change(status, sandbox, &source.snapshot);
-        return Ok(());
+        return Ok(false);
     }
     let snapshot = validated(ctl, &source.snapshot).await?;
     if let Some(claimed) =
@@ -266,7 +267,7 @@ pub(super) async fn ensure_source(
     {
         claimed.record(status, effective);
         status.source_snapshot = Some(source.snapshot.clone());
-        return Ok(());
+        return Ok(true);
     }
     let volume = volume_name(name);
     let plan = plan_for(ctl, sandbox, effective, &volume).await?;
@@ -277,7 +278,7 @@ pub(super) async fn ensure_source(
     status.started_at = Some(Utc::now());
     status.applied_limits = Some(limits_of(&plan));
     status.source_snapshot = Some(source.snapshot.clone());
-    Ok(())
+    Ok(true)
 }
 
 const SOURCE_CONDITION: &str = "SourceApplied";

@@ -69,35 +69,10 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     let effective = sandbox.spec.effective(&ctl.defaults());
 
     // A sandbox started from a snapshot gets its first workspace from it before anything runs.
-    if let Err(error) = restore::ensure_source(ctl, &sandbox, &effective, &mut status).await {
-        let waiting = matches!(error, RestoreError::SnapshotNotReady(_));
-        status.phase = if waiting {
-            SandboxPhase::Pending
-        } else {
-            SandboxPhase::Failed
-        };
-        let message = error.to_string();
-        ready(
-            &mut status,
-            ConditionStatus::False,
-            error.reason(),
-            &message,
-            generation,
-        );
-        status.message = message.clone();
-        status.observed_generation = Some(generation);
-        let unbuilt = status.workspace_volume.is_none();
-        write_status(ctl, &sandbox, status).await?;
-        if waiting {
-            return Ok(Outcome::after(SNAPSHOT_WAIT));
-        }
-        if unbuilt {
-            // Whatever an attempt interrupted by a crash left (a container, a volume) belongs to
-            // a workspace that was never recorded and now cannot be built.
-            remove_docker_objects(ctl, name).await?;
-        }
-        return Err(ReconcileError::Other(message));
-    }
+    let built = match restore::ensure_source(ctl, &sandbox, &effective, &mut status).await {
+        Ok(built) => built,
+        Err(error) => return source_failed(ctl, &sandbox, status, error).await,
+    };
 
     // A new rollback request. Its status write is the commit point, so it happens at once; a
     // failure leaves the old workspace, which ensure_running brings back up below.
@@ -115,8 +90,14 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
             Err(error) => Some(error),
         };
 
-    // What a replacement retired goes once the status names its successor.
-    let retired = match ensure_running(ctl, &sandbox, &effective, &mut status).await {
+    // What a replacement retired goes once the status names its successor. A container the
+    // source built just now runs as `effective` says: looking at it again would only cost time.
+    let ensured = if built && replaced.is_none() && rollback_error.is_none() {
+        Ok(restore::Replaced::default())
+    } else {
+        ensure_running(ctl, &sandbox, &effective, &mut status).await
+    };
+    let retired = match ensured {
         Ok(retired) => retired,
         Err(ReconcileError::Engine(EngineError::ImageMissing(image))) => {
             status.phase = SandboxPhase::Failed;
@@ -202,6 +183,45 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         }
     }
     Ok(Outcome::at(expires_at))
+}
+
+/// Reports a `spec.source` that could not be built: waiting for its snapshot, or failed (then
+/// whatever an interrupted attempt left goes).
+async fn source_failed(
+    ctl: &Controller,
+    sandbox: &Sandbox,
+    mut status: SandboxStatus,
+    error: RestoreError,
+) -> Result<Outcome, ReconcileError> {
+    let name = sandbox.metadata.name.as_str();
+    let generation = sandbox.metadata.generation.unwrap_or(1);
+    let waiting = matches!(error, RestoreError::SnapshotNotReady(_));
+    status.phase = if waiting {
+        SandboxPhase::Pending
+    } else {
+        SandboxPhase::Failed
+    };
+    let message = error.to_string();
+    ready(
+        &mut status,
+        ConditionStatus::False,
+        error.reason(),
+        &message,
+        generation,
+    );
+    status.message = message.clone();
+    status.observed_generation = Some(generation);
+    let unbuilt = status.workspace_volume.is_none();
+    write_status(ctl, sandbox, status).await?;
+    if waiting {
+        return Ok(Outcome::after(SNAPSHOT_WAIT));
+    }
+    if unbuilt {
+        // Whatever an attempt interrupted by a crash left (a container, a volume) belongs to
+        // a workspace that was never recorded and now cannot be built.
+        remove_docker_objects(ctl, name).await?;
+    }
+    Err(ReconcileError::Other(message))
 }
 
 /// Makes the volume and a running container that matches `effective` exist. Returns what a
@@ -547,6 +567,7 @@ async fn write_status(
         sandbox.status.as_ref(),
         &status,
     )
+    .await
 }
 
 fn non_empty(s: &str) -> Option<String> {
