@@ -309,3 +309,77 @@ async fn a_failing_rollback_removes_what_an_interrupted_attempt_left() {
         "still running as it was"
     );
 }
+
+/// Once the host path has held, a cold restore unpacks while its container starts and proves the
+/// directory afterwards. A directory that turns out not to be the container's `/workspace` fails
+/// the restore, leaves no container or volume, and the next restore goes through Docker.
+#[tokio::test]
+async fn a_restore_into_a_directory_that_fails_the_proof_fails_and_gives_up_the_host_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), &[]).unwrap();
+    let engine = Arc::new(FakeEngine::new());
+    engine.set_images(&[IMAGE]);
+    let mut settings = Settings::for_tests(dir.path().to_path_buf());
+    // SAFETY: plain system calls without arguments.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    settings.sandbox_user = format!("{uid}:{gid}");
+    settings.host_workspace_access = true;
+    let ctl = Controller::new(store, engine.clone(), Arc::new(settings), "t".into(), None);
+    // Docker names this directory; this test's process stands in for the container's, whose
+    // root shows no such directory at /workspace.
+    let named = tempfile::tempdir().unwrap();
+    engine.set_host_workspace(named.path().to_path_buf(), i64::from(std::process::id()));
+    ctl.host_access.learn("", true);
+
+    let tar_path = dir.path().join("s.tar");
+    let mut builder = tar::Builder::new(std::fs::File::create(&tar_path).unwrap());
+    let mut header = tar::Header::new_ustar();
+    header.set_size(3);
+    header.set_mode(0o644);
+    header.set_entry_type(tar::EntryType::Regular);
+    builder
+        .append_data(&mut header, "hello.txt", &b"hi\n"[..])
+        .unwrap();
+    builder.into_inner().unwrap().sync_all().unwrap();
+    let snapshot = super::restore::Validated {
+        name: "s".into(),
+        path: tar_path,
+    };
+    let sandbox = Sandbox::new(
+        "a",
+        SandboxSpec {
+            image: Some(IMAGE.into()),
+            ..SandboxSpec::default()
+        },
+    );
+    let effective = sandbox.spec.effective(&ctl.defaults());
+    let plan = super::sandbox::plan_for(&ctl, &sandbox, &effective, "agent-sandbox-a-workspace")
+        .await
+        .unwrap();
+
+    let failed = super::restore::populate_volume(&ctl, &plan, &snapshot).await;
+    assert!(failed.is_err(), "the proof cannot hold: {failed:?}");
+    assert!(
+        named.path().join("hello.txt").exists(),
+        "the unpack ran while the container started"
+    );
+    assert_eq!(engine.call_count("start_container"), 1);
+    assert_eq!(engine.call_count("archive_put"), 0);
+    assert!(engine.containers().is_empty(), "the container is discarded");
+    assert!(engine.volumes().is_empty(), "the volume is discarded");
+    assert_eq!(
+        ctl.host_access.get(""),
+        Some(false),
+        "the host path is given up"
+    );
+
+    // The next restore goes through the archive API (which the fake cannot serve).
+    let again = super::restore::populate_volume(&ctl, &plan, &snapshot).await;
+    assert!(again.is_err());
+    assert_eq!(engine.call_count("archive_put"), 1);
+    assert_eq!(
+        engine.call_count("start_container"),
+        1,
+        "not started unready"
+    );
+}

@@ -13,9 +13,11 @@
 //! itself: it sets the owner through the directory's descriptor and unpacks with
 //! [`archive::unpack`], which never follows a symlink nor replaces a name. The proof needs a
 //! running process, so such containers are started first and made ready after (nothing runs in
-//! them before the sandbox is reported running). [`HostAccess`] remembers per runtime whether the
-//! proof has held; until it has, a workspace is prepared through the archive API before the
-//! start, and the proof is tried after it. `AGENT_SANDBOX_HOST_WORKSPACE_ACCESS=false` turns the
+//! them before the sandbox is reported running); a restore into a new container, once the proof
+//! has held for its runtime, unpacks while Docker starts the container and makes the proof when
+//! it runs. [`HostAccess`] remembers per runtime whether the proof has held; until it has, a
+//! workspace is prepared through the archive API before the start, and the proof is tried after
+//! it. `AGENT_SANDBOX_HOST_WORKSPACE_ACCESS=false` turns the
 //! host path off. This module decides nothing about when a workspace is made; its callers do.
 
 use std::collections::HashMap;
@@ -49,7 +51,7 @@ pub(super) struct HostAccess {
 }
 
 impl HostAccess {
-    fn get(&self, runtime: &str) -> Option<bool> {
+    pub(super) fn get(&self, runtime: &str) -> Option<bool> {
         self.learned
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -57,7 +59,7 @@ impl HostAccess {
             .copied()
     }
 
-    fn learn(&self, runtime: &str, works: bool) {
+    pub(super) fn learn(&self, runtime: &str, works: bool) {
         let mut learned = self.learned.lock().unwrap_or_else(|e| e.into_inner());
         if learned.insert(runtime.to_string(), works) != Some(works) {
             tracing::info!(
@@ -87,41 +89,63 @@ pub(super) struct HostUnavailable {
 /// inode as `/workspace` seen through the container's root (so a remote daemon's path, or one
 /// this process cannot open, is never trusted).
 pub(super) fn open_host_root(details: &ContainerDetails) -> Result<File, HostUnavailable> {
-    let lasting = |reason: String| HostUnavailable {
-        reason,
-        lasting: true,
-    };
-    let gone = || HostUnavailable {
-        reason: "the container has no process".into(),
-        lasting: false,
-    };
+    let root = open_host_source(details)?;
+    prove_container_root(&root, details)?;
+    Ok(root)
+}
+
+impl HostUnavailable {
+    fn lasting(reason: String) -> HostUnavailable {
+        HostUnavailable {
+            reason,
+            lasting: true,
+        }
+    }
+
+    fn gone() -> HostUnavailable {
+        HostUnavailable {
+            reason: "the container has no process".into(),
+            lasting: false,
+        }
+    }
+}
+
+/// Opens the directory Docker names for the container's workspace volume (created or running),
+/// not yet proven to be the container's.
+fn open_host_source(details: &ContainerDetails) -> Result<File, HostUnavailable> {
     let source = details
         .workspace_source
         .as_ref()
-        .ok_or_else(|| lasting("Docker names no directory for it".into()))?;
+        .ok_or_else(|| HostUnavailable::lasting("Docker names no directory for it".into()))?;
+    archive::open_root(source)
+        .map_err(|e| HostUnavailable::lasting(format!("{}: {e}", source.display())))
+}
+
+/// Proves that `root` is the very directory the running container's process sees as
+/// `/workspace`.
+fn prove_container_root(root: &File, details: &ContainerDetails) -> Result<(), HostUnavailable> {
     if details.pid <= 0 {
-        return Err(gone());
+        return Err(HostUnavailable::gone());
     }
-    let root =
-        archive::open_root(source).map_err(|e| lasting(format!("{}: {e}", source.display())))?;
     let ours = root
         .metadata()
-        .map_err(|e| lasting(format!("{}: {e}", source.display())))?;
+        .map_err(|e| HostUnavailable::lasting(format!("the workspace directory: {e}")))?;
     let process = PathBuf::from(format!("/proc/{}", details.pid));
     let seen = process.join(format!("root{WORKSPACE}"));
     let theirs = match std::fs::metadata(&seen) {
         Ok(theirs) => theirs,
-        Err(_) if !process.exists() => return Err(gone()),
+        Err(_) if !process.exists() => return Err(HostUnavailable::gone()),
         // The process is there but shows no such directory (gVisor's sandbox process).
-        Err(e) => return Err(lasting(format!("{}: {e}", seen.display()))),
+        Err(e) => return Err(HostUnavailable::lasting(format!("{}: {e}", seen.display()))),
     };
     if (ours.dev(), ours.ino()) != (theirs.dev(), theirs.ino()) {
-        return Err(lasting(format!(
+        let source = details.workspace_source.clone().unwrap_or_default();
+        return Err(HostUnavailable::lasting(format!(
             "{} is not the container's {WORKSPACE}",
             source.display()
         )));
     }
-    Ok(root)
+    Ok(())
 }
 
 /// Whether the workspace root still has to be given to the sandbox user.
@@ -143,6 +167,9 @@ impl Controller {
     ) -> Result<(), RestoreError> {
         let allowed = self.settings.host_workspace_access;
         if allowed && self.host_access.get(runtime) == Some(true) {
+            if let Some(content) = content {
+                return self.fill_while_starting(id, runtime, content).await;
+            }
             self.engine.start_container(id).await?;
             return self
                 .make_ready(id, runtime, Prepare::Workspace, content)
@@ -167,6 +194,59 @@ impl Controller {
             }
         }
         Ok(())
+    }
+
+    /// Starts the created container `id` while its workspace gets the snapshot's content on this
+    /// host (the host path has held for `runtime` before): the unpack overlaps the start, most of
+    /// a cold restore's time. The directory written is proven to be the container's `/workspace`
+    /// once it runs; if it is not, the restore fails (its caller discards container and volume,
+    /// which nothing has used yet) and the host path is not taken again.
+    async fn fill_while_starting(
+        &self,
+        id: &str,
+        runtime: &str,
+        content: &Validated,
+    ) -> Result<(), RestoreError> {
+        let vanished = || RestoreError::Other(format!("container {id} vanished while starting"));
+        let created = self
+            .engine
+            .inspect_container(id)
+            .await?
+            .ok_or_else(vanished)?;
+        let root = match open_host_source(&created) {
+            Ok(root) => root,
+            Err(error) => {
+                tracing::debug!(container = id, %error, "making the workspace ready through Docker");
+                self.host_access.learn(runtime, false);
+                self.ready_through_docker(id, Prepare::Workspace, Some(content))
+                    .await?;
+                self.engine.start_container(id).await?;
+                return Ok(());
+            }
+        };
+        let written = root
+            .try_clone()
+            .map_err(|e| RestoreError::HostWrite(e.to_string()))?;
+        let (started, filled) = tokio::join!(
+            self.engine.start_container(id),
+            self.ready_on_host(written, Prepare::Workspace, Some(content)),
+        );
+        started?;
+        let running = self
+            .engine
+            .inspect_container(id)
+            .await?
+            .ok_or_else(vanished)?;
+        if let Err(error) = prove_container_root(&root, &running) {
+            if error.lasting {
+                self.host_access.learn(runtime, false);
+            }
+            return Err(RestoreError::Other(error.to_string()));
+        }
+        if let Err(RestoreError::HostWrite(_)) = &filled {
+            self.host_access.learn(runtime, false);
+        }
+        filled
     }
 
     /// Makes the workspace of the running container `id` ready: on this host when its copy is

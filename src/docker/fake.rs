@@ -65,6 +65,8 @@ struct State {
     calls: Vec<String>,
     next_id: u64,
     unreachable: bool,
+    /// Where every container's workspace appears on this host, and its process, if set.
+    host_workspace: Option<(std::path::PathBuf, i64)>,
 }
 
 pub struct FakeEngine {
@@ -179,6 +181,12 @@ impl FakeEngine {
     }
 
     /// Restricts the images that exist to `images` (by default every image exists).
+    /// Makes every container's workspace appear at `dir` on this host and, while it runs, its
+    /// process be `pid` (not the container's, of course: a proof against it must fail).
+    pub fn set_host_workspace(&self, dir: std::path::PathBuf, pid: i64) {
+        self.lock().host_workspace = Some((dir, pid));
+    }
+
     pub fn set_images(&self, images: &[&str]) {
         self.lock().images = Some(images.iter().map(|i| i.to_string()).collect());
     }
@@ -400,6 +408,7 @@ impl Engine for FakeEngine {
         let Some(key) = find(&state, id) else {
             return Ok(None);
         };
+        let host = state.host_workspace.clone();
         Ok(state.containers.get(&key).map(|c| ContainerDetails {
             id: c.id.clone(),
             state: c.state.clone(),
@@ -409,10 +418,14 @@ impl Engine for FakeEngine {
             oom_killed: false,
             error: String::new(),
             started_at: None,
-            pid: if c.state == "running" { 4242 } else { 0 },
+            pid: match (&host, c.state == "running") {
+                (_, false) => 0,
+                (Some((_, pid)), true) => *pid,
+                (None, true) => 4242,
+            },
             labels: c.labels(),
-            // Nothing of the fake lives on this host.
-            workspace_source: None,
+            // Nothing of the fake lives on this host, unless a test says so.
+            workspace_source: host.map(|(dir, _)| dir),
         }))
     }
 
