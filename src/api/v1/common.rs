@@ -1,14 +1,16 @@
 //! What the `/v1` handlers share: looking resources up the way the reference answers (a sandbox
 //! being deleted is already gone), turning resources into wire objects, new IDs, and the mapping
-//! of store errors to the reference's messages.
+//! of store errors to the reference's messages, and running store writes off the async workers.
+
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
 use super::wire::{self, SandboxInfo, SnapshotInfo};
 use crate::api::error::ApiError;
 use crate::config::Settings;
-use crate::resource::{Kind, Sandbox, SandboxPhase, Snapshot, SnapshotPhase};
-use crate::store::{Store, StoreError};
+use crate::resource::{AnyResource, Kind, Sandbox, SandboxPhase, Snapshot, SnapshotPhase};
+use crate::store::{Store, StoreError, WriteOptions};
 
 /// `<prefix>` + 16 lowercase hex digits, like the reference's `secrets.token_hex(8)`.
 pub fn new_id(prefix: &str) -> String {
@@ -44,6 +46,43 @@ pub fn ready_snapshot(store: &Store, id: &str) -> Result<Snapshot, ApiError> {
                     .is_some_and(|st| st.phase == SnapshotPhase::Ready)
         })
         .ok_or_else(|| snapshot_not_found(id))
+}
+
+/// Runs the store write `write` on a blocking thread: it waits for its fsyncs, and the async
+/// workers (one per core) serve every other request meanwhile. Refusals come in the reference's
+/// words ([`store_error`]).
+pub async fn off_workers<T, F>(store: &Arc<Store>, write: F) -> Result<T, ApiError>
+where
+    F: FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+    T: Send + 'static,
+{
+    let store = Arc::clone(store);
+    tokio::task::spawn_blocking(move || write(&store))
+        .await
+        .map_err(|e| ApiError::Internal(format!("store task failed: {e}")))?
+        .map_err(store_error)
+}
+
+/// Creates the resource `make` builds around a new ID (`prefix` and random hex), drawing again
+/// when the ID happens to be taken.
+pub async fn create_with_new_id<F>(
+    store: &Arc<Store>,
+    prefix: &'static str,
+    make: F,
+) -> Result<AnyResource, ApiError>
+where
+    F: Fn(String) -> AnyResource + Send + 'static,
+{
+    off_workers(store, move |store| {
+        let mut attempt = 0;
+        loop {
+            match store.create(make(new_id(prefix)), WriteOptions::default()) {
+                Err(StoreError::AlreadyExists { .. }) if attempt < 3 => attempt += 1,
+                other => return other,
+            }
+        }
+    })
+    .await
 }
 
 /// Store refusals in the reference's words where it has some.

@@ -10,7 +10,9 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::{Extension, Json};
 
-use super::common::{live_sandbox, new_id, sandbox_info, sandbox_not_found, store_error};
+use super::common::{
+    create_with_new_id, live_sandbox, off_workers, sandbox_info, sandbox_not_found,
+};
 use super::lax::{Bound, Fields};
 use super::request::json_object;
 use super::rules::{resolve, Wanted};
@@ -89,15 +91,11 @@ pub async fn create_from_spec(
                 state.settings.max_sandboxes
             )));
         }
-        let mut attempt = 0;
-        loop {
-            let sandbox = Sandbox::new(new_id("sb_"), spec.clone());
-            match state.store.create(sandbox.into(), WriteOptions::default()) {
-                Ok(created) => break created,
-                Err(StoreError::AlreadyExists { .. }) if attempt < 3 => attempt += 1,
-                Err(err) => return Err(store_error(err)),
-            }
-        }
+        let spec = spec.clone();
+        create_with_new_id(&state.store, "sb_", move |id| {
+            Sandbox::new(id, spec.clone()).into()
+        })
+        .await?
     };
     let id = created.name().to_string();
     let generation = created.metadata().generation.unwrap_or(0);
@@ -114,10 +112,11 @@ pub async fn create_from_spec(
     match result {
         Ok(sandbox) => Ok(sandbox_info(&sandbox, &state.settings)),
         Err(err) => {
-            if let Err(cleanup) = state
-                .store
-                .delete(Kind::Sandbox, &id, WriteOptions::default())
-            {
+            let name = id.clone();
+            let deleted = off_workers(&state.store, move |store| {
+                store.delete(Kind::Sandbox, &name, WriteOptions::default())
+            });
+            if let Err(cleanup) = deleted.await {
                 tracing::warn!(sandbox = %id, error = %cleanup, "cannot delete a sandbox that failed to start");
             }
             Err(err)
@@ -240,10 +239,11 @@ pub async fn delete(
     let id = path_id(path)?;
     let events = state.store.subscribe();
     live_sandbox(&state.store, &id)?;
-    state
-        .store
-        .delete(Kind::Sandbox, &id, WriteOptions::default())
-        .map_err(store_error)?;
+    let name = id.clone();
+    off_workers(&state.store, move |store| {
+        store.delete(Kind::Sandbox, &name, WriteOptions::default())
+    })
+    .await?;
     wait::until(
         &state.store,
         events,
@@ -287,9 +287,9 @@ pub async fn set_timeout(
     let seconds = i64::try_from(timeout).unwrap_or(i64::MAX);
     let deadline = wire::truncate_to_micros(chrono::Utc::now())
         + chrono::TimeDelta::try_seconds(seconds).unwrap_or(chrono::TimeDelta::MAX);
-    let updated = state
-        .store
-        .update(Kind::Sandbox, &id, |resource| match resource {
+    let name = id.clone();
+    let updated = off_workers(&state.store, move |store| {
+        store.update(Kind::Sandbox, &name, |resource| match resource {
             AnyResource::Sandbox(sandbox) => {
                 if sandbox.metadata.deletion_timestamp.is_some() {
                     return Err(StoreError::Terminating {
@@ -301,9 +301,10 @@ pub async fn set_timeout(
                 sandbox.spec.ttl_seconds = None;
                 Ok(())
             }
-            _ => Err(StoreError::Invalid(format!("{id} is not a sandbox"))),
+            _ => Err(StoreError::Invalid(format!("{name} is not a sandbox"))),
         })
-        .map_err(store_error)?;
+    })
+    .await?;
     let sandbox = updated.as_sandbox().ok_or_else(|| sandbox_not_found(&id))?;
     let mut info = sandbox_info(sandbox, &state.settings);
     info.expires_at = Some(wire::timestamp(deadline));

@@ -9,8 +9,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::{Extension, Json};
 
 use super::common::{
-    live_sandbox, new_id, ready_snapshot, sandbox_info, sandbox_not_found, snapshot_info,
-    snapshot_not_found, store_error,
+    create_with_new_id, live_sandbox, new_id, off_workers, ready_snapshot, sandbox_info,
+    sandbox_not_found, snapshot_info, snapshot_not_found,
 };
 use super::lax::{Bound, Fields};
 use super::request::{json_object, query_params};
@@ -77,15 +77,10 @@ pub async fn create(
         sandbox: sandbox_id.clone(),
         display_name: name,
     };
-    let mut attempt = 0;
-    let created = loop {
-        let snapshot = Snapshot::new(new_id("snap_"), spec.clone());
-        match state.store.create(snapshot.into(), WriteOptions::default()) {
-            Ok(created) => break created,
-            Err(StoreError::AlreadyExists { .. }) if attempt < 3 => attempt += 1,
-            Err(err) => return Err(store_error(err)),
-        }
-    };
+    let created = create_with_new_id(&state.store, "snap_", move |id| {
+        Snapshot::new(id, spec.clone()).into()
+    })
+    .await?;
     let id = created.name().to_string();
     let result = wait::until(
         &state.store,
@@ -109,10 +104,11 @@ pub async fn create(
         Ok(snapshot) => Ok((StatusCode::CREATED, Json(snapshot_info(&snapshot)))),
         Err(err) => {
             // A failed snapshot is of no use to anyone and its ID was never handed out.
-            if let Err(cleanup) = state
-                .store
-                .delete(Kind::Snapshot, &id, WriteOptions::default())
-            {
+            let name = id.clone();
+            let deleted = off_workers(&state.store, move |store| {
+                store.delete(Kind::Snapshot, &name, WriteOptions::default())
+            });
+            if let Err(cleanup) = deleted.await {
                 tracing::warn!(snapshot = %id, error = %cleanup, "cannot delete a failed snapshot");
             }
             Err(err)
@@ -207,10 +203,11 @@ pub async fn delete(
     if !exists {
         return Err(snapshot_not_found(&id));
     }
-    state
-        .store
-        .delete(Kind::Snapshot, &id, WriteOptions::default())
-        .map_err(store_error)?;
+    let name = id.clone();
+    off_workers(&state.store, move |store| {
+        store.delete(Kind::Snapshot, &name, WriteOptions::default())
+    })
+    .await?;
     wait::until(
         &state.store,
         events,
@@ -250,19 +247,20 @@ pub async fn rollback(
         snapshot: snapshot_id.clone(),
         request_id: request_id.clone(),
     };
-    let updated = state
-        .store
-        .update(Kind::Sandbox, &id, |resource| match resource {
+    let name = id.clone();
+    let updated = off_workers(&state.store, move |store| {
+        store.update(Kind::Sandbox, &name, |resource| match resource {
             AnyResource::Sandbox(sandbox) if sandbox.metadata.deletion_timestamp.is_none() => {
                 sandbox.spec.rollback = Some(request.clone());
                 Ok(())
             }
             _ => Err(StoreError::NotFound {
                 kind: Kind::Sandbox,
-                name: id.clone(),
+                name: name.clone(),
             }),
         })
-        .map_err(store_error)?;
+    })
+    .await?;
     let generation = updated.metadata().generation.unwrap_or(0);
     let sandbox = wait::until(
         &state.store,
