@@ -168,10 +168,16 @@ pub(super) fn create(
         origin: Origin::DataDir,
         file: Some(path.clone()),
     };
+    // The manifest and the state file are synced together, so a create waits for one round of
+    // disk flushes rather than two. A crash in between may leave either without the other, of a
+    // create nobody was told of: a manifest alone is declared again on restart, a state file
+    // alone is a resource no longer declared, deleted.
     let write = || {
-        write_manifest_file(&path, &declaration)?;
-        save_state(store, &record);
-        Ok(())
+        let yaml = to_yaml(&declaration).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let (state_path, state) =
+            state::encode(&store.data_dir, &record).map_err(io_error(&path))?;
+        atomic::write_all_atomic(&[(&path, yaml.as_bytes()), (&state_path, &state)])
+            .map_err(io_error(&path))
     };
     write_unlocked(store, key, write, |inner, key| {
         note_manifest(inner, &path, &declaration);

@@ -7,7 +7,7 @@
 //! files mean.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The marker every temp file name carries; nothing else in the data directory uses it.
@@ -15,6 +15,58 @@ const TEMP_MARKER: &str = ".tmp-";
 
 /// Atomically replaces `path` with `contents`, creating parent directories.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    write_all_atomic(&[(path, contents)])
+}
+
+/// [`write_atomic`] of several files at once: every temp file is written before any is synced,
+/// and every rename made before any directory is synced, so that the waits overlap (on ext4 the
+/// first sync commits everything pending, and the others find nothing left to do). Each file
+/// ends up old or new; after a crash during the call, which of them are new is not defined.
+pub fn write_all_atomic(files: &[(&Path, &[u8])]) -> std::io::Result<()> {
+    let mut temps = Vec::with_capacity(files.len());
+    let written = (|| {
+        for (path, contents) in files {
+            let (dir, tmp) = temp_beside(path)?;
+            // create_new: a stale file of the same name (pid reuse after a crash) is never
+            // appended to.
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)?;
+            temps.push((dir, tmp, *path));
+            file.write_all(contents)?;
+        }
+        for (_, tmp, _) in &temps {
+            std::fs::File::open(tmp)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = written {
+        for (_, tmp, _) in &temps {
+            let _ = std::fs::remove_file(tmp);
+        }
+        return Err(e);
+    }
+    for (renamed, (_, tmp, path)) in temps.iter().enumerate() {
+        if let Err(e) = std::fs::rename(tmp, path) {
+            for (_, tmp, _) in &temps[renamed..] {
+                let _ = std::fs::remove_file(tmp);
+            }
+            return Err(e);
+        }
+    }
+    let mut synced: Vec<&Path> = Vec::with_capacity(temps.len());
+    for (dir, _, _) in &temps {
+        if !synced.contains(&dir.as_path()) {
+            std::fs::File::open(dir)?.sync_all()?;
+            synced.push(dir);
+        }
+    }
+    Ok(())
+}
+
+/// The directory of `path` (made if missing) and a fresh temp file name in it.
+fn temp_beside(path: &Path) -> std::io::Result<(PathBuf, PathBuf)> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -27,21 +79,7 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
         ".{file_name}{TEMP_MARKER}{}-{unique}",
         std::process::id()
     ));
-    let written = (|| {
-        // create_new: a stale file of the same name (pid reuse after a crash) is never appended to.
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        file.write_all(contents)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::File::open(dir)?.sync_all()
+    Ok((dir.to_path_buf(), tmp))
 }
 
 /// Whether `name` is a temp file [`write_atomic`] may have left behind.
@@ -108,6 +146,31 @@ mod tests {
             assert_eq!(text, format!("{i}-49"));
         }
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 8);
+    }
+
+    #[test]
+    fn several_files_are_replaced_together_and_a_failure_leaves_no_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("one/a.yaml");
+        let b = dir.path().join("two/b.json");
+        write_all_atomic(&[(&a, b"a1"), (&b, b"b1")]).unwrap();
+        write_all_atomic(&[(&a, b"a2"), (&b, b"b2")]).unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), b"a2");
+        assert_eq!(std::fs::read(&b).unwrap(), b"b2");
+        for sub in ["one", "two"] {
+            assert_eq!(std::fs::read_dir(dir.path().join(sub)).unwrap().count(), 1);
+        }
+
+        // The second file cannot be made (its directory is a file): nothing changes.
+        let blocked = dir.path().join("blocked");
+        std::fs::write(&blocked, b"").unwrap();
+        let c = blocked.join("c.json");
+        assert!(write_all_atomic(&[(&a, b"a3"), (&c, b"c")]).is_err());
+        assert_eq!(std::fs::read(&a).unwrap(), b"a2");
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("one")).unwrap().count(),
+            1
+        );
     }
 
     #[test]

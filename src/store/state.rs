@@ -67,6 +67,12 @@ pub(super) fn state_path(data_dir: &Path, kind: Kind, name: &str) -> PathBuf {
 }
 
 pub(super) fn save(data_dir: &Path, record: &Record) -> std::io::Result<()> {
+    let (path, bytes) = encode(data_dir, record)?;
+    atomic::write_atomic(&path, &bytes)
+}
+
+/// The state file of `record`: where it goes and what it holds.
+pub(super) fn encode(data_dir: &Path, record: &Record) -> std::io::Result<(PathBuf, Vec<u8>)> {
     let r = &record.resource;
     let meta = r.metadata();
     let state = StateFile {
@@ -87,7 +93,7 @@ pub(super) fn save(data_dir: &Path, record: &Record) -> std::io::Result<()> {
         status: r.status_json(),
     };
     let bytes = serde_json::to_vec_pretty(&state).map_err(std::io::Error::other)?;
-    atomic::write_atomic(&state_path(data_dir, r.kind(), &meta.name), &bytes)
+    Ok((state_path(data_dir, r.kind(), &meta.name), bytes))
 }
 
 pub(super) fn remove(data_dir: &Path, kind: Kind, name: &str) -> std::io::Result<()> {
