@@ -17,8 +17,8 @@
 //! has held for its runtime, unpacks while Docker starts the container and makes the proof when
 //! it runs. [`HostAccess`] remembers per runtime whether the proof has held; until it has, a
 //! workspace is prepared through the archive API before the start, and the proof is tried after
-//! it. `AGENT_SANDBOX_HOST_WORKSPACE_ACCESS=false` turns the
-//! host path off. This module decides nothing about when a workspace is made; its callers do.
+//! it. `AGENT_SANDBOX_HOST_WORKSPACE_ACCESS=false` turns the host path off. This module decides
+//! nothing about when a workspace is made; its callers do.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -85,15 +85,6 @@ pub(super) struct HostUnavailable {
     pub lasting: bool,
 }
 
-/// Opens the volume's directory on this host, if it is the container's `/workspace`: the same
-/// inode as `/workspace` seen through the container's root (so a remote daemon's path, or one
-/// this process cannot open, is never trusted).
-pub(super) fn open_host_root(details: &ContainerDetails) -> Result<File, HostUnavailable> {
-    let root = open_host_source(details)?;
-    prove_container_root(&root, details)?;
-    Ok(root)
-}
-
 impl HostUnavailable {
     fn lasting(reason: String) -> HostUnavailable {
         HostUnavailable {
@@ -108,6 +99,15 @@ impl HostUnavailable {
             lasting: false,
         }
     }
+}
+
+/// Opens the volume's directory on this host, if it is the container's `/workspace`: the same
+/// inode as `/workspace` seen through the container's root (so a remote daemon's path, or one
+/// this process cannot open, is never trusted).
+pub(super) fn open_host_root(details: &ContainerDetails) -> Result<File, HostUnavailable> {
+    let root = open_host_source(details)?;
+    prove_container_root(&root, details)?;
+    Ok(root)
 }
 
 /// Opens the directory Docker names for the container's workspace volume (created or running),
