@@ -37,6 +37,7 @@ pub fn run_blocking(settings: Settings) -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
+    limit_malloc_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -53,6 +54,22 @@ pub fn run_blocking(settings: Settings) -> ExitCode {
             tracing::error!(error = %e, "server stopped");
             eprintln!("error: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Caps glibc's malloc at one arena per core. Its default, eight per core, gives each of the
+/// short-lived blocking threads that wait for the store's fsyncs an arena of its own, whose freed
+/// memory stays with the process: with 1,000 sandboxes that was several MiB of resident memory
+/// for nothing, as the threads spend their time waiting on the disk, not allocating.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let arenas = libc::c_int::try_from(cores).unwrap_or(libc::c_int::MAX);
+        // SAFETY: mallopt only sets a malloc parameter; called before any other thread exists.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, arenas);
         }
     }
 }
