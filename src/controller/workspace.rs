@@ -167,13 +167,14 @@ impl Controller {
     ) -> Result<(), RestoreError> {
         let allowed = self.settings.host_workspace_access;
         if allowed && self.host_access.get(runtime) == Some(true) {
-            if let Some(content) = content {
-                return self.fill_while_starting(id, runtime, content).await;
+            let Some(content) = content else {
+                self.engine.start_container(id).await?;
+                return self.make_ready(id, runtime, Prepare::Workspace, None).await;
+            };
+            if let Some(root) = self.open_created_workspace(id, runtime).await? {
+                return self.fill_while_starting(id, runtime, root, content).await;
             }
-            self.engine.start_container(id).await?;
-            return self
-                .make_ready(id, runtime, Prepare::Workspace, content)
-                .await;
+            // Learned just now that this host cannot: the archive API below.
         }
         self.ready_through_docker(id, Prepare::Workspace, content)
             .await?;
@@ -196,34 +197,41 @@ impl Controller {
         Ok(())
     }
 
-    /// Starts the created container `id` while its workspace gets the snapshot's content on this
-    /// host (the host path has held for `runtime` before): the unpack overlaps the start, most of
-    /// a cold restore's time. The directory written is proven to be the container's `/workspace`
-    /// once it runs; if it is not, the restore fails (its caller discards container and volume,
-    /// which nothing has used yet) and the host path is not taken again.
-    async fn fill_while_starting(
+    /// The directory Docker names for the workspace of the created container `id`, opened on
+    /// this host; `None` (and the host path given up for `runtime`) when it cannot be.
+    async fn open_created_workspace(
         &self,
         id: &str,
         runtime: &str,
-        content: &Validated,
-    ) -> Result<(), RestoreError> {
-        let vanished = || RestoreError::Other(format!("container {id} vanished while starting"));
+    ) -> Result<Option<File>, RestoreError> {
         let created = self
             .engine
             .inspect_container(id)
             .await?
-            .ok_or_else(vanished)?;
-        let root = match open_host_source(&created) {
-            Ok(root) => root,
+            .ok_or_else(|| RestoreError::Other(format!("container {id} vanished")))?;
+        match open_host_source(&created) {
+            Ok(root) => Ok(Some(root)),
             Err(error) => {
                 tracing::debug!(container = id, %error, "making the workspace ready through Docker");
                 self.host_access.learn(runtime, false);
-                self.ready_through_docker(id, Prepare::Workspace, Some(content))
-                    .await?;
-                self.engine.start_container(id).await?;
-                return Ok(());
+                Ok(None)
             }
-        };
+        }
+    }
+
+    /// Starts the created container `id` while its workspace directory `root` (opened on this
+    /// host, the host path having held for `runtime` before) gets the snapshot's content: the
+    /// unpack overlaps the start, most of a cold restore's time. `root` is proven to be the
+    /// container's `/workspace` once it runs; if it is not, the restore fails (its caller
+    /// discards container and volume, which nothing has used yet) and the host path is not taken
+    /// again.
+    async fn fill_while_starting(
+        &self,
+        id: &str,
+        runtime: &str,
+        root: File,
+        content: &Validated,
+    ) -> Result<(), RestoreError> {
         let written = root
             .try_clone()
             .map_err(|e| RestoreError::HostWrite(e.to_string()))?;
@@ -232,11 +240,9 @@ impl Controller {
             self.ready_on_host(written, Prepare::Workspace, Some(content)),
         );
         started?;
-        let running = self
-            .engine
-            .inspect_container(id)
-            .await?
-            .ok_or_else(vanished)?;
+        let running = self.engine.inspect_container(id).await?.ok_or_else(|| {
+            RestoreError::Other(format!("container {id} vanished while starting"))
+        })?;
         if let Err(error) = prove_container_root(&root, &running) {
             if error.lasting {
                 self.host_access.learn(runtime, false);
