@@ -84,16 +84,13 @@ fn selector(params: &HashMap<String, String>) -> Result<LabelSelector, ApiError>
     .map_err(ApiError::InvalidRequest)
 }
 
-/// Runs a store write off the async workers: writes fsync.
+/// Runs a store write off the async workers ([`super::store_write`]), refusals as [`ApiError`]s.
 async fn blocking<T, F>(f: F) -> Result<T, ApiError>
 where
     F: FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
     T: Send + 'static,
 {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::Internal(format!("store task failed: {e}")))?
-        .map_err(ApiError::from)
+    super::store_write(f, ApiError::from).await
 }
 
 /// Parses a request body as a document of `kind`, JSON or YAML by `Content-Type`.

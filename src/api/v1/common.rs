@@ -48,19 +48,15 @@ pub fn ready_snapshot(store: &Store, id: &str) -> Result<Snapshot, ApiError> {
         .ok_or_else(|| snapshot_not_found(id))
 }
 
-/// Runs the store write `write` on a blocking thread: it waits for its fsyncs, and the async
-/// workers (one per core) serve every other request meanwhile. Refusals come in the reference's
-/// words ([`store_error`]).
+/// Runs the store write `write` off the async workers ([`crate::api::store_write`]), refusals
+/// in the reference's words ([`store_error`]).
 pub async fn off_workers<T, F>(store: &Arc<Store>, write: F) -> Result<T, ApiError>
 where
     F: FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
     T: Send + 'static,
 {
     let store = Arc::clone(store);
-    tokio::task::spawn_blocking(move || write(&store))
-        .await
-        .map_err(|e| ApiError::Internal(format!("store task failed: {e}")))?
-        .map_err(store_error)
+    crate::api::store_write(move || write(&store), store_error).await
 }
 
 /// Creates the resource `make` builds around a new ID (`prefix` and random hex), drawing again
