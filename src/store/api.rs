@@ -84,9 +84,14 @@ fn writable_file(store: &Store, inner: &Inner, record: &Record, key: &Key) -> St
     }
 }
 
+/// A declaration as the manifest file the data directory keeps.
+fn manifest_text(declaration: &AnyResource) -> StoreResult<String> {
+    to_yaml(declaration).map_err(|e| StoreError::Invalid(e.to_string()))
+}
+
 /// Writes a declaration into the data directory.
 fn write_manifest_file(path: &Path, declaration: &AnyResource) -> StoreResult<()> {
-    let yaml = to_yaml(declaration).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let yaml = manifest_text(declaration)?;
     atomic::write_atomic(path, yaml.as_bytes()).map_err(io_error(path))
 }
 
@@ -173,7 +178,7 @@ pub(super) fn create(
     // create nobody was told of: a manifest alone is declared again on restart, a state file
     // alone is a resource no longer declared, deleted.
     let write = || {
-        let yaml = to_yaml(&declaration).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let yaml = manifest_text(&declaration)?;
         let (state_path, state) =
             state::encode(&store.data_dir, &record).map_err(io_error(&path))?;
         atomic::write_all_atomic(&[(&path, yaml.as_bytes()), (&state_path, &state)])

@@ -24,6 +24,7 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
 /// ends up old or new; after a crash during the call, which of them are new is not defined.
 pub fn write_all_atomic(files: &[(&Path, &[u8])]) -> std::io::Result<()> {
     let mut temps = Vec::with_capacity(files.len());
+    let mut files_written = Vec::with_capacity(files.len());
     let written = (|| {
         for (path, contents) in files {
             let (dir, tmp) = temp_beside(path)?;
@@ -35,9 +36,10 @@ pub fn write_all_atomic(files: &[(&Path, &[u8])]) -> std::io::Result<()> {
                 .open(&tmp)?;
             temps.push((dir, tmp, *path));
             file.write_all(contents)?;
+            files_written.push(file);
         }
-        for (_, tmp, _) in &temps {
-            std::fs::File::open(tmp)?.sync_all()?;
+        for file in &files_written {
+            file.sync_all()?;
         }
         Ok(())
     })();
