@@ -6,11 +6,12 @@
 //! Order is what makes this safe. The stored tar is validated whole by [`crate::archive`] before
 //! Docker is touched (once per unchanged file: [`ValidatedFiles`]), so a refused snapshot changes
 //! nothing; it is checked (and rewritten: owner forced, fresh headers) a second time while it is
-//! written, and any difference aborts the restore. A rollback builds its new container under a staging name while the old one keeps
-//! serving, and swaps the names only once the new workspace is complete. A workspace counts as
-//! restored only once `status.workspaceVolume` names it: an interrupted restore leaves an
-//! unrecorded container and volume that the retry replaces or the cleanup of stray objects
-//! removes. This module decides nothing about when to restore; `sandbox.rs` does.
+//! written, and any difference aborts the restore. A rollback builds its new container under a
+//! staging name while the old one keeps serving, and swaps the names only once the new workspace
+//! is complete. A workspace counts as restored only once `status.workspaceVolume` names it: an
+//! interrupted restore leaves an unrecorded container and volume that the retry replaces or the
+//! cleanup of stray objects removes. This module decides nothing about when to restore;
+//! `sandbox.rs` does.
 
 use std::collections::HashMap;
 use std::io::BufReader;

@@ -180,13 +180,13 @@ impl FakeEngine {
         }
     }
 
-    /// Restricts the images that exist to `images` (by default every image exists).
     /// Makes every container's workspace appear at `dir` on this host and, while it runs, its
     /// process be `pid` (not the container's, of course: a proof against it must fail).
     pub fn set_host_workspace(&self, dir: std::path::PathBuf, pid: i64) {
         self.lock().host_workspace = Some((dir, pid));
     }
 
+    /// Restricts the images that exist to `images` (by default every image exists).
     pub fn set_images(&self, images: &[&str]) {
         self.lock().images = Some(images.iter().map(|i| i.to_string()).collect());
     }
