@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use futures::future::join_all;
 
 use super::{Controller, Outcome, ReconcileError};
 use crate::resource::{
@@ -260,29 +259,33 @@ fn children_of(ctl: &Controller, fork: &Fork) -> Vec<Sandbox> {
     children
 }
 
-/// Creates the children `names` side by side, off the async workers: each create waits for its
-/// fsyncs, and a child should start on its claim while its siblings are still being written.
+/// Creates the children `names` together, off the async workers: one round of fsyncs for all of
+/// them instead of one each, which would compete with the Docker calls of the first ones claimed.
 async fn create_children(
     ctl: &Controller,
     fork: &Fork,
     names: Vec<String>,
     spec: &SandboxSpec,
 ) -> Result<(), ReconcileError> {
-    let creations = names.into_iter().map(|name| {
-        let store = Arc::clone(&ctl.store);
-        let mut child = Sandbox::new(&name, spec.clone());
-        child.metadata.labels = fork.metadata.labels.clone();
-        let owner = owner_reference(fork);
-        tokio::task::spawn_blocking(move || {
-            store.create_owned(
-                AnyResource::Sandbox(child),
-                vec![owner],
-                WriteOptions::default(),
-            )
+    if names.is_empty() {
+        return Ok(());
+    }
+    let children = names
+        .into_iter()
+        .map(|name| {
+            let mut child = Sandbox::new(&name, spec.clone());
+            child.metadata.labels = fork.metadata.labels.clone();
+            AnyResource::Sandbox(child)
         })
-    });
-    for created in join_all(creations).await {
-        match created.map_err(|e| ReconcileError::Other(e.to_string()))? {
+        .collect();
+    let owner = owner_reference(fork);
+    let store = Arc::clone(&ctl.store);
+    let created =
+        tokio::task::spawn_blocking(move || store.create_all_owned(children, vec![owner]))
+            .await
+            .map_err(|e| ReconcileError::Other(e.to_string()))?;
+    for result in created {
+        match result {
             Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
             Err(e) => return Err(e.into()),
         }

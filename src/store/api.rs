@@ -134,7 +134,129 @@ pub(super) fn create(
     owner_references: Vec<OwnerReference>,
     opts: WriteOptions,
 ) -> StoreResult<AnyResource> {
-    let key: Key = (resource.kind(), resource.name().to_string());
+    let mut results = create_all(store, vec![resource], owner_references, opts);
+    results.pop().unwrap_or_else(|| {
+        Err(StoreError::Invalid(
+            "a create wrote nothing and said nothing".into(),
+        ))
+    })
+}
+
+/// A create that passed its checks and holds its reservation, not yet written.
+struct NewRecord {
+    key: Key,
+    path: PathBuf,
+    declaration: AnyResource,
+    record: Record,
+}
+
+/// Creates `resources` (each with `owner_references`) in one round of disk flushes: every
+/// manifest and state file is synced together, so a Fork's children cost one wait, not one each.
+/// Each resource fails or succeeds on its own checks (one that exists fails, the others are
+/// created); a failed write fails them all. The results follow the input's order.
+pub(super) fn create_all(
+    store: &Store,
+    resources: Vec<AnyResource>,
+    owner_references: Vec<OwnerReference>,
+    opts: WriteOptions,
+) -> Vec<StoreResult<AnyResource>> {
+    let keys: Vec<Key> = resources
+        .iter()
+        .map(|r| (r.kind(), r.name().to_string()))
+        .collect();
+    let mut results: Vec<Option<StoreResult<AnyResource>>> = Vec::with_capacity(keys.len());
+    let mut pending: Vec<(usize, NewRecord)> = Vec::new();
+    let mut inner = store.lock_to_reserve_all(&keys);
+    let last_rv = inner.last_rv;
+    for (index, (resource, key)) in resources.iter().zip(&keys).enumerate() {
+        let repeated = pending.iter().any(|(_, new)| new.key == *key);
+        let checked = if repeated {
+            Err(StoreError::AlreadyExists {
+                kind: key.0,
+                name: key.1.clone(),
+            })
+        } else {
+            check_new(store, &inner, key)
+        };
+        match checked {
+            Err(e) => results.push(Some(Err(e))),
+            Ok(path) => {
+                let declaration = resource.declaration();
+                let mut created = index::fresh(&mut inner, &declaration);
+                created.metadata_mut().owner_references = owner_references.clone();
+                results.push(Some(Ok(created.clone())));
+                let record = Record {
+                    resource: created,
+                    origin: Origin::DataDir,
+                    file: Some(path.clone()),
+                };
+                let new = NewRecord {
+                    key: key.clone(),
+                    path,
+                    declaration,
+                    record,
+                };
+                pending.push((index, new));
+            }
+        }
+    }
+    if opts.dry_run || pending.is_empty() {
+        inner.last_rv = last_rv;
+        return results.into_iter().flatten().collect();
+    }
+    for (_, new) in &pending {
+        inner.writing.insert(new.key.clone());
+    }
+    drop(inner);
+    // The manifest and the state file of each are synced with all the others. A crash in
+    // between may leave either without the other, of a create nobody was told of: a manifest
+    // alone is declared again on restart, a state file alone is a resource no longer declared,
+    // deleted.
+    let write = || {
+        let mut files = Vec::with_capacity(2 * pending.len());
+        for (_, new) in &pending {
+            let yaml = manifest_text(&new.declaration)?;
+            let (state_path, state) =
+                state::encode(&store.data_dir, &new.record).map_err(io_error(&new.path))?;
+            files.push((new.path.clone(), yaml.into_bytes()));
+            files.push((state_path, state));
+        }
+        let borrowed: Vec<(&Path, &[u8])> = files
+            .iter()
+            .map(|(path, bytes)| (path.as_path(), bytes.as_slice()))
+            .collect();
+        atomic::write_all_atomic(&borrowed).map_err(io_error(&pending[0].1.path))
+    };
+    let reserved = pending.iter().map(|(_, new)| new.key.clone()).collect();
+    let written = write_unlocked(store, reserved, write, |inner| {
+        for (_, new) in &pending {
+            note_manifest(inner, &new.path, &new.declaration);
+            inner.records.insert(new.key.clone(), new.record.clone());
+            store.emit(EventType::Added, new.record.resource.clone());
+        }
+    });
+    if let Err(error) = written {
+        for (index, _) in &pending {
+            results[*index] = Some(Err(copy_of(&error)));
+        }
+    }
+    results.into_iter().flatten().collect()
+}
+
+/// The same failure again, for each resource of a write that failed as a whole.
+fn copy_of(error: &StoreError) -> StoreError {
+    match error {
+        StoreError::Io { path, source } => StoreError::Io {
+            path: path.clone(),
+            source: std::io::Error::new(source.kind(), source.to_string()),
+        },
+        other => StoreError::Invalid(other.to_string()),
+    }
+}
+
+/// Whether `key` may be created: valid, not known, and no file of another kind in its way.
+/// Returns its manifest path.
+fn check_new(store: &Store, inner: &Inner, key: &Key) -> StoreResult<PathBuf> {
     if !is_valid_name(&key.1) {
         return Err(StoreError::Invalid(if key.1.is_empty() {
             "metadata.name is required".into()
@@ -142,11 +264,10 @@ pub(super) fn create(
             format!("metadata.name: {:?} is not a valid name", key.1)
         }));
     }
-    let mut inner = store.lock_to_reserve(&key);
-    if inner.records.contains_key(&key) || inner.is_declared(&key) {
+    if inner.records.contains_key(key) || inner.is_declared(key) {
         return Err(StoreError::AlreadyExists {
             kind: key.0,
-            name: key.1,
+            name: key.1.clone(),
         });
     }
     let path = manifest_path(store, key.0, &key.1);
@@ -158,38 +279,7 @@ pub(super) fn create(
             key.1
         )));
     }
-    let declaration = resource.declaration();
-    let last_rv = inner.last_rv;
-    let mut created = index::fresh(&mut inner, &declaration);
-    created.metadata_mut().owner_references = owner_references;
-    if opts.dry_run {
-        inner.last_rv = last_rv;
-        return Ok(created);
-    }
-    inner.writing.insert(key.clone());
-    drop(inner);
-    let record = Record {
-        resource: created.clone(),
-        origin: Origin::DataDir,
-        file: Some(path.clone()),
-    };
-    // The manifest and the state file are synced together, so a create waits for one round of
-    // disk flushes rather than two. A crash in between may leave either without the other, of a
-    // create nobody was told of: a manifest alone is declared again on restart, a state file
-    // alone is a resource no longer declared, deleted.
-    let write = || {
-        let yaml = manifest_text(&declaration)?;
-        let (state_path, state) =
-            state::encode(&store.data_dir, &record).map_err(io_error(&path))?;
-        atomic::write_all_atomic(&[(&path, yaml.as_bytes()), (&state_path, &state)])
-            .map_err(io_error(&path))
-    };
-    write_unlocked(store, key, write, |inner, key| {
-        note_manifest(inner, &path, &declaration);
-        inner.records.insert(key, record.clone());
-        store.emit(EventType::Added, created.clone());
-    })?;
-    Ok(created)
+    Ok(path)
 }
 
 pub(super) fn replace(
@@ -308,7 +398,7 @@ pub(super) fn update_status(
             io_error(&path)(e)
         })
     };
-    write_unlocked(store, key, write, |inner, key| {
+    write_unlocked(store, vec![key.clone()], write, |inner| {
         inner.records.insert(key, record.clone());
         store.emit(EventType::Modified, updated.clone());
     })?;
@@ -324,37 +414,39 @@ pub(super) fn update_status(
 /// resourceVersions, which is harmless: they only ever grow.
 fn write_unlocked(
     store: &Store,
-    key: Key,
+    keys: Vec<Key>,
     write: impl FnOnce() -> StoreResult<()>,
-    commit: impl FnOnce(&mut Inner, Key),
+    commit: impl FnOnce(&mut Inner),
 ) -> StoreResult<()> {
-    let mut in_flight = InFlight {
-        store,
-        key: Some(key),
-    };
+    let mut in_flight = InFlight { store, keys };
     write()?;
     let mut inner = store.lock();
-    if let Some(key) = in_flight.key.take() {
+    for key in std::mem::take(&mut in_flight.keys) {
         inner.writing.remove(&key);
-        commit(&mut inner, key);
     }
+    commit(&mut inner);
     store.settled.notify_all();
     Ok(())
 }
 
-/// A reserved resource between its unlocked write and the commit. Dropped before the commit (an
-/// error or a panic), it lets the resource's other writers in and changes nothing else.
+/// Resources reserved between their unlocked write and its commit. Dropped before the commit (an
+/// error or a panic), it lets their other writers in and changes nothing else.
 struct InFlight<'a> {
     store: &'a Store,
-    key: Option<Key>,
+    keys: Vec<Key>,
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            self.store.lock().writing.remove(&key);
-            self.store.settled.notify_all();
+        if self.keys.is_empty() {
+            return;
         }
+        let mut inner = self.store.lock();
+        for key in self.keys.drain(..) {
+            inner.writing.remove(&key);
+        }
+        drop(inner);
+        self.store.settled.notify_all();
     }
 }
 

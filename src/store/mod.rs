@@ -262,6 +262,17 @@ impl Store {
         api::create(self, resource, owner_references, opts)
     }
 
+    /// Creates every one of `resources` for a controller, each owned through `owner_references`,
+    /// with one round of disk flushes for all; see [`Store::create_owned`]. One result per
+    /// resource, in order: each fails or succeeds on its own checks, a failed write fails all.
+    pub fn create_all_owned(
+        &self,
+        resources: Vec<AnyResource>,
+        owner_references: Vec<crate::resource::OwnerReference>,
+    ) -> Vec<StoreResult<AnyResource>> {
+        api::create_all(self, resources, owner_references, WriteOptions::default())
+    }
+
     /// Replaces labels, annotations and spec. A `resourceVersion` in the input must be current
     /// (else [`StoreError::Conflict`]); without one the write is unconditional. Replacing with an
     /// identical declaration changes nothing (no new resourceVersion, no event).
@@ -382,8 +393,13 @@ impl Store {
 
     /// The lock, once `key` may be reserved for an unlocked write (a create or a status write).
     fn lock_to_reserve(&self, key: &index::Key) -> MutexGuard<'_, Inner> {
+        self.lock_to_reserve_all(std::slice::from_ref(key))
+    }
+
+    /// [`Store::lock_to_reserve`] for several keys at once.
+    fn lock_to_reserve_all(&self, keys: &[index::Key]) -> MutexGuard<'_, Inner> {
         self.wait(self.lock(), |inner| {
-            inner.quiet_waiters > 0 || inner.writing.contains(key)
+            inner.quiet_waiters > 0 || keys.iter().any(|key| inner.writing.contains(key))
         })
     }
 

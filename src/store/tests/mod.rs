@@ -404,6 +404,66 @@ fn owned_resources_keep_their_owner_references() {
     assert_eq!(child.metadata().owner_references, [owner]);
 }
 
+/// A batch create (a Fork's children) writes every resource that passes its own checks, in one
+/// round; a name that exists, or repeats within the batch, fails alone; a failed write fails all
+/// and leaves nothing behind.
+#[test]
+fn a_batch_create_writes_what_passes_and_fails_each_on_its_own() {
+    let f = fixture();
+    let store = f.open();
+    store
+        .create(sandbox("taken", "old"), WriteOptions::default())
+        .unwrap();
+    let owner = crate::resource::OwnerReference {
+        api_version: crate::resource::API_VERSION.into(),
+        kind: "Fork".into(),
+        name: "f".into(),
+        uid: "u".into(),
+    };
+    let mut rx = store.subscribe();
+    let batch = ["a", "taken", "b", "a", "Bad!"].map(|n| sandbox(n, "new"));
+    let results = store.create_all_owned(batch.to_vec(), vec![owner.clone()]);
+    assert_eq!(results.len(), 5);
+    assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+    assert!(matches!(results[1], Err(StoreError::AlreadyExists { .. })));
+    assert!(matches!(results[3], Err(StoreError::AlreadyExists { .. })));
+    assert!(matches!(results[4], Err(StoreError::Invalid(_))));
+    assert_eq!(image(&store, "taken").as_deref(), Some("old"));
+    let added: Vec<String> = drain(&mut rx)
+        .into_iter()
+        .map(|e| e.resource.name().to_string())
+        .collect();
+    assert_eq!(added, ["a", "b"]);
+
+    // Both survive a reopen with their owner, metadata from the store.
+    let reopened = f.open();
+    for name in ["a", "b"] {
+        let child = reopened.get(Kind::Sandbox, name).unwrap().resource;
+        assert_eq!(child.metadata().owner_references, std::slice::from_ref(&owner));
+        assert_eq!(meta(&child).0, 1);
+        assert_eq!(image(&reopened, name).as_deref(), Some("new"));
+    }
+
+    // The state directory made unwritable for one kind: the whole batch fails, nothing is known
+    // of it, no temp files stay, and the names can be created once the disk is fine again.
+    let states = f.data.join("state/sandboxes");
+    let manifests = f.data.join("manifests/sandboxes");
+    let files_before = std::fs::read_dir(&manifests).unwrap().count();
+    std::fs::rename(&states, f.data.join("state/moved")).unwrap();
+    std::fs::write(&states, b"").unwrap();
+    let results = store.create_all_owned(vec![sandbox("c", "x"), sandbox("d", "x")], vec![]);
+    assert!(
+        results.iter().all(|r| matches!(r, Err(StoreError::Io { .. }))),
+        "{results:?}"
+    );
+    assert!(store.get(Kind::Sandbox, "c").is_none() && store.get(Kind::Sandbox, "d").is_none());
+    assert_eq!(std::fs::read_dir(&manifests).unwrap().count(), files_before);
+    std::fs::remove_file(&states).unwrap();
+    std::fs::rename(f.data.join("state/moved"), &states).unwrap();
+    let results = store.create_all_owned(vec![sandbox("c", "x"), sandbox("d", "x")], vec![]);
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+}
+
 /// Status writes do their fsyncs outside the store's lock. Whatever interleaves with them (status
 /// writes of the same resource and of others, replaces, folder rescans), memory, disk and the
 /// event stream must agree afterwards.
