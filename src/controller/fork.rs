@@ -4,8 +4,9 @@
 //! indices; deleting the Fork deletes its children first. This module only writes desired state:
 //! the children's own reconciles (run by the workers in parallel) build their containers.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 
@@ -20,6 +21,8 @@ use crate::store::{StoreError, WriteOptions};
 /// How often a fork waiting for its snapshot, or for children to go, looks again.
 const WAIT: Duration = Duration::from_secs(1);
 const MISSING_RETRY: Duration = Duration::from_secs(10);
+/// How often a fork whose children are still starting writes how many run.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
 
 pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, ReconcileError> {
     let Some(entry) = ctl.store.get(Kind::Fork, name) else {
@@ -148,8 +151,62 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
             observed_generation: Some(generation),
         },
     );
+    let progressing = status.phase == ForkPhase::Progressing;
+    if progressing && only_progress_changed(fork.status.as_ref(), &status) {
+        if let Some(wait) = ctl.fork_progress.wait(name) {
+            return Ok(Outcome::after(wait));
+        }
+    }
     write_status(ctl, &fork, status).await?;
+    if progressing {
+        ctl.fork_progress.wrote(name);
+    } else {
+        ctl.fork_progress.forget(name);
+    }
     Ok(outcome)
+}
+
+/// Whether `new` differs from `old` only in how many children run: both progressing, same
+/// generation, same children.
+fn only_progress_changed(old: Option<&ForkStatus>, new: &ForkStatus) -> bool {
+    old.is_some_and(|old| {
+        old.phase == ForkPhase::Progressing
+            && new.phase == ForkPhase::Progressing
+            && old.observed_generation == new.observed_generation
+            && old.children == new.children
+    })
+}
+
+/// When each progressing fork last wrote its progress. Every child's status change wakes its
+/// fork; writing each count would put one more fsync beside the children's own Docker calls and
+/// status writes, for a number nobody needs to the millisecond. So a count is written at most
+/// every [`PROGRESS_INTERVAL`] (the fork is woken again when it is due); reaching Ready, failing,
+/// or any other change is written at once.
+#[derive(Default)]
+pub(super) struct ProgressWrites {
+    written: Mutex<HashMap<String, Instant>>,
+}
+
+impl ProgressWrites {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.written.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long fork `name` must wait before writing its progress again, if at all.
+    fn wait(&self, name: &str) -> Option<Duration> {
+        let since = self.lock().get(name)?.elapsed();
+        PROGRESS_INTERVAL
+            .checked_sub(since)
+            .filter(|d| !d.is_zero())
+    }
+
+    fn wrote(&self, name: &str) {
+        self.lock().insert(name.to_string(), Instant::now());
+    }
+
+    fn forget(&self, name: &str) {
+        self.lock().remove(name);
+    }
 }
 
 struct Problem {
@@ -318,6 +375,7 @@ fn delete_child(ctl: &Controller, name: &str) -> Result<(), ReconcileError> {
 
 /// Deletes every child, waits until they are gone, then drops the Fork.
 fn delete(ctl: &Controller, fork: &Fork, children: &[Sandbox]) -> Result<Outcome, ReconcileError> {
+    ctl.fork_progress.forget(&fork.metadata.name);
     if children.is_empty() {
         ctl.store.finalize(Kind::Fork, &fork.metadata.name)?;
         return Ok(Outcome::done());
@@ -344,6 +402,56 @@ async fn write_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn progressing(generation: u64, children: &[&str], ready: u32) -> ForkStatus {
+        ForkStatus {
+            phase: ForkPhase::Progressing,
+            observed_generation: Some(generation),
+            children: children.iter().map(|c| c.to_string()).collect(),
+            ready_replicas: ready,
+            message: format!("{ready} of {} children running", children.len()),
+            ..ForkStatus::default()
+        }
+    }
+
+    #[test]
+    fn only_a_new_count_of_progressing_children_may_wait() {
+        let old = progressing(1, &["f-0", "f-1"], 0);
+        assert!(only_progress_changed(
+            Some(&old),
+            &progressing(1, &["f-0", "f-1"], 1)
+        ));
+        assert!(!only_progress_changed(None, &old));
+        assert!(!only_progress_changed(
+            Some(&old),
+            &progressing(2, &["f-0", "f-1"], 1)
+        ));
+        assert!(!only_progress_changed(
+            Some(&old),
+            &progressing(1, &["f-0"], 0)
+        ));
+        let ready = ForkStatus {
+            phase: ForkPhase::Ready,
+            ..progressing(1, &["f-0", "f-1"], 2)
+        };
+        assert!(!only_progress_changed(Some(&old), &ready));
+        assert!(!only_progress_changed(Some(&ready), &old));
+    }
+
+    #[test]
+    fn progress_is_written_at_most_every_interval() {
+        let writes = ProgressWrites::default();
+        assert_eq!(writes.wait("f"), None, "a first count is written at once");
+        writes.wrote("f");
+        let wait = writes.wait("f").expect("a second count waits");
+        assert!(
+            wait <= PROGRESS_INTERVAL && wait > PROGRESS_INTERVAL / 2,
+            "{wait:?}"
+        );
+        assert_eq!(writes.wait("g"), None, "forks do not hold each other back");
+        writes.forget("f");
+        assert_eq!(writes.wait("f"), None);
+    }
 
     #[test]
     fn child_indices() {

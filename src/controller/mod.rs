@@ -128,6 +128,8 @@ pub struct Controller {
     host_access: workspace::HostAccess,
     /// Snapshot files validated lately (see `restore.rs`).
     validated_files: restore::ValidatedFiles,
+    /// When progressing forks last wrote their progress (see `fork.rs`).
+    fork_progress: fork::ProgressWrites,
 }
 
 impl Controller {
@@ -150,6 +152,7 @@ impl Controller {
             pool_claims: pool::HandedOut::default(),
             host_access: workspace::HostAccess::default(),
             validated_files: Default::default(),
+            fork_progress: Default::default(),
         })
     }
 
