@@ -439,7 +439,10 @@ fn a_batch_create_writes_what_passes_and_fails_each_on_its_own() {
     let reopened = f.open();
     for name in ["a", "b"] {
         let child = reopened.get(Kind::Sandbox, name).unwrap().resource;
-        assert_eq!(child.metadata().owner_references, std::slice::from_ref(&owner));
+        assert_eq!(
+            child.metadata().owner_references,
+            std::slice::from_ref(&owner)
+        );
         assert_eq!(meta(&child).0, 1);
         assert_eq!(image(&reopened, name).as_deref(), Some("new"));
     }
@@ -453,7 +456,9 @@ fn a_batch_create_writes_what_passes_and_fails_each_on_its_own() {
     std::fs::write(&states, b"").unwrap();
     let results = store.create_all_owned(vec![sandbox("c", "x"), sandbox("d", "x")], vec![]);
     assert!(
-        results.iter().all(|r| matches!(r, Err(StoreError::Io { .. }))),
+        results
+            .iter()
+            .all(|r| matches!(r, Err(StoreError::Io { .. }))),
         "{results:?}"
     );
     assert!(store.get(Kind::Sandbox, "c").is_none() && store.get(Kind::Sandbox, "d").is_none());
