@@ -164,7 +164,7 @@ pub(super) fn create_all(
         .iter()
         .map(|r| (r.kind(), r.name().to_string()))
         .collect();
-    let mut results: Vec<Option<StoreResult<AnyResource>>> = Vec::with_capacity(keys.len());
+    let mut results: Vec<StoreResult<AnyResource>> = Vec::with_capacity(keys.len());
     let mut pending: Vec<(usize, NewRecord)> = Vec::new();
     let mut inner = store.lock_to_reserve_all(&keys);
     let last_rv = inner.last_rv;
@@ -179,12 +179,12 @@ pub(super) fn create_all(
             check_new(store, &inner, key)
         };
         match checked {
-            Err(e) => results.push(Some(Err(e))),
+            Err(e) => results.push(Err(e)),
             Ok(path) => {
                 let declaration = resource.declaration();
                 let mut created = index::fresh(&mut inner, &declaration);
                 created.metadata_mut().owner_references = owner_references.clone();
-                results.push(Some(Ok(created.clone())));
+                results.push(Ok(created.clone()));
                 let record = Record {
                     resource: created,
                     origin: Origin::DataDir,
@@ -202,7 +202,7 @@ pub(super) fn create_all(
     }
     if opts.dry_run || pending.is_empty() {
         inner.last_rv = last_rv;
-        return results.into_iter().flatten().collect();
+        return results;
     }
     for (_, new) in &pending {
         inner.writing.insert(new.key.clone());
@@ -237,10 +237,10 @@ pub(super) fn create_all(
     });
     if let Err(error) = written {
         for (index, _) in &pending {
-            results[*index] = Some(Err(copy_of(&error)));
+            results[*index] = Err(copy_of(&error));
         }
     }
-    results.into_iter().flatten().collect()
+    results
 }
 
 /// The same failure again, for each resource of a write that failed as a whole.

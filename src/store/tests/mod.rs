@@ -34,6 +34,16 @@ fn image(store: &Store, name: &str) -> Option<String> {
     entry.resource.as_sandbox()?.spec.image.clone()
 }
 
+/// An owner reference to a Fork `f`, as a Fork's children carry.
+fn fork_owner() -> crate::resource::OwnerReference {
+    crate::resource::OwnerReference {
+        api_version: crate::resource::API_VERSION.into(),
+        kind: "Fork".into(),
+        name: "f".into(),
+        uid: "u".into(),
+    }
+}
+
 fn meta(resource: &AnyResource) -> (u64, String) {
     let m = resource.metadata();
     (m.generation.unwrap(), m.resource_version.clone().unwrap())
@@ -386,12 +396,7 @@ fn a_missing_watched_folder_is_not_fully_loaded_and_prunes_nothing() {
 fn owned_resources_keep_their_owner_references() {
     let f = fixture();
     let store = f.open();
-    let owner = crate::resource::OwnerReference {
-        api_version: crate::resource::API_VERSION.into(),
-        kind: "Fork".into(),
-        name: "f".into(),
-        uid: "u".into(),
-    };
+    let owner = fork_owner();
     store
         .create_owned(
             sandbox("child", "one"),
@@ -414,12 +419,7 @@ fn a_batch_create_writes_what_passes_and_fails_each_on_its_own() {
     store
         .create(sandbox("taken", "old"), WriteOptions::default())
         .unwrap();
-    let owner = crate::resource::OwnerReference {
-        api_version: crate::resource::API_VERSION.into(),
-        kind: "Fork".into(),
-        name: "f".into(),
-        uid: "u".into(),
-    };
+    let owner = fork_owner();
     let mut rx = store.subscribe();
     let batch = ["a", "taken", "b", "a", "Bad!"].map(|n| sandbox(n, "new"));
     let results = store.create_all_owned(batch.to_vec(), vec![owner.clone()]);
