@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use agent_sandbox::docker::{
     container_name, volume_name, BollardEngine, ContainerPlan, Engine, EngineError, EngineEvent,
-    ExecOutput, ExecPlan, HELPER_MOUNT, LABEL_ID, LABEL_MANAGED, LABEL_ROLE, LABEL_SERVER,
-    LABEL_SPEC_HASH, LABEL_UID, ROLE_HELPER,
+    ExecOutput, ExecPlan, HELPER_HOSTS, HELPER_MOUNT, LABEL_ID, LABEL_MANAGED, LABEL_ROLE,
+    LABEL_SERVER, LABEL_SPEC_HASH, LABEL_UID, LOOPBACK_HOSTS, ROLE_HELPER,
 };
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
@@ -719,7 +719,24 @@ async fn helper_volume_is_filled_once_and_runs_the_idle_helper() {
         .find(|m| m.destination.as_deref() == Some(HELPER_MOUNT))
         .expect("helper mount");
     assert_eq!(helper.rw, Some(false));
-    assert_eq!(mounts.len(), 2);
+    // Without a network, under runc: networking disabled, and the volume's hosts file bound
+    // read-only at /etc/hosts in place of the one Docker's network sandbox would provide.
+    if runtime().as_deref() == Some("runsc") {
+        assert_eq!(mounts.len(), 2, "{mounts:?}");
+    } else {
+        assert_eq!(mounts.len(), 3, "{mounts:?}");
+        assert_eq!(inspected.config.unwrap().network_disabled, Some(true));
+        let hosts = mounts
+            .iter()
+            .find(|m| m.destination.as_deref() == Some("/etc/hosts"))
+            .expect("hosts file bound");
+        assert_eq!(hosts.rw, Some(false));
+        let helper_dir = helper.source.clone().unwrap();
+        assert_eq!(hosts.source, Some(format!("{helper_dir}/{HELPER_HOSTS}")));
+        let ran = run(&engine, &id, "cat /etc/hosts; echo x >> /etc/hosts").await;
+        assert_eq!(ran.stdout, LOOPBACK_HOSTS);
+        assert_ne!(ran.code, 0, "/etc/hosts must be read-only");
+    }
 
     // A new binary replaces the old one in place.
     let newer = b"#!/bin/sh\necho v2\n";

@@ -207,16 +207,35 @@ fn filesystems_mounts_and_devices() {
         assert!(opts.contains(&"size=8192k"), "{tmp_line}");
     }
 
-    // No host mounts: from inspect, only named volumes — the workspace, and the read-only helper.
+    // No host mounts: from inspect, only named volumes — the workspace, and the read-only helper
+    // — and, bound read-only at /etc/hosts, the hosts file inside that same helper volume (under
+    // runc, where the sandbox has no Docker network sandbox to provide one).
     let mounts_inspect = c["Mounts"].as_array().unwrap();
+    let helper_volume = mounts_inspect
+        .iter()
+        .find(|m| m["Destination"] == "/opt/agent-sandbox")
+        .map(|m| m["Name"].as_str().unwrap().to_string())
+        .expect("helper volume mounted");
+    let helper_dir = inspect(&["--type", "volume", &helper_volume]).unwrap()["Mountpoint"]
+        .as_str()
+        .unwrap()
+        .to_string();
     for m in mounts_inspect {
-        assert_eq!(m["Type"], "volume", "{m}");
         match m["Destination"].as_str().unwrap() {
             "/workspace" => {
+                assert_eq!(m["Type"], "volume", "{m}");
                 assert_eq!(m["RW"], true);
                 assert_eq!(m["Name"], format!("agent-sandbox-{name}-workspace"));
             }
-            "/opt/agent-sandbox" => assert_eq!(m["RW"], false, "{m}"),
+            "/opt/agent-sandbox" => {
+                assert_eq!(m["Type"], "volume", "{m}");
+                assert_eq!(m["RW"], false, "{m}");
+            }
+            "/etc/hosts" if !gvisor() => {
+                assert_eq!(m["Type"], "bind", "{m}");
+                assert_eq!(m["RW"], false, "{m}");
+                assert_eq!(m["Source"], format!("{helper_dir}/hosts"), "{m}");
+            }
             other => panic!("unexpected mount {other}: {m}"),
         }
     }
@@ -241,13 +260,24 @@ fn filesystems_mounts_and_devices() {
                 .any(|p| point == *p || point.starts_with(&format!("{p}/")));
         assert!(ok, "unexpected mount inside the sandbox: {line}");
     }
-    let ro_helper = mounts
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some("/opt/agent-sandbox"));
-    if let Some(line) = ro_helper {
+    for point in ["/opt/agent-sandbox", "/etc/hosts"] {
+        let line = mounts
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(point))
+            .unwrap_or_else(|| panic!("{point} is not mounted: {mounts}"));
         let opts = line.split_whitespace().nth(3).unwrap();
         assert!(opts.split(',').any(|o| o == "ro"), "{line}");
     }
+    // /etc/hosts cannot be changed, and `localhost` names a loopback that works.
+    let (code, out) = inside(
+        &server,
+        &name,
+        "echo x >> /etc/hosts 2>/dev/null && echo hosts-writable; grep -c localhost /etc/hosts; \
+         nc -l -p 8001 -e echo reached-localhost & sleep 0.5; nc -w 2 localhost 8001 </dev/null; \
+         kill $! 2>/dev/null; true",
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out, "2\nreached-localhost\n");
 
     // Devices: nothing beyond Docker's defaults.
     assert!(
@@ -284,11 +314,22 @@ fn no_network_private_ipc_and_init() {
     create(&server, &b, json!({}));
     let host = host_config(&a);
     assert_eq!(host["NetworkMode"], "none");
-    let nets = container(&a).unwrap()["NetworkSettings"]["Networks"].clone();
-    assert_eq!(
-        nets.as_object().unwrap().keys().collect::<Vec<_>>(),
-        ["none"]
-    );
+    let inspected = container(&a).unwrap();
+    let nets = inspected["NetworkSettings"]["Networks"].clone();
+    if gvisor() {
+        // gVisor needs the loopback Docker's `none` network sandbox brings up.
+        assert_eq!(
+            nets.as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["none"]
+        );
+    } else {
+        // Networking disabled: not even Docker's `none` network sandbox is built.
+        assert_eq!(inspected["Config"]["NetworkDisabled"], true);
+        assert!(
+            nets.is_null() || nets.as_object().is_some_and(|n| n.is_empty()),
+            "{nets}"
+        );
+    }
     let (_, netdev) = inside(&server, &a, "cat /proc/net/dev");
     let ifaces: Vec<&str> = netdev
         .lines()

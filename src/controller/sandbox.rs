@@ -584,16 +584,9 @@ impl Controller {
         if let Some(name) = ready.as_ref() {
             return Ok(Some(name.clone()));
         }
-        let name = helper_volume_name(binary);
+        let name = crate::docker::helper_volume_name(binary);
         self.engine.ensure_helper_volume(&name, binary).await?;
         *ready = Some(name.clone());
         Ok(Some(name))
     }
-}
-
-/// Content-addressed, so that a new server version never mounts an old helper.
-pub(super) fn helper_volume_name(binary: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(binary);
-    format!("agent-sandbox-helper-{}", hex::encode(&digest[..6]))
 }

@@ -57,6 +57,8 @@ pub struct BollardEngine {
     removals: Mutex<()>,
     /// Containers this engine froze through their cgroup (see `freezer`), by full ID.
     frozen: std::sync::Mutex<HashMap<String, freezer::Freezer>>,
+    /// The runtime the daemon uses when a container names none (`runc` unless configured).
+    default_runtime: Option<String>,
 }
 
 impl BollardEngine {
@@ -69,12 +71,18 @@ impl BollardEngine {
             .negotiate_version()
             .await
             .map_err(|e| EngineError::Unreachable(e.to_string()))?;
+        let default_runtime = docker
+            .info()
+            .await
+            .map_err(|e| EngineError::Unreachable(e.to_string()))?
+            .default_runtime;
         Ok(BollardEngine {
             docker,
             helpers: helper::HelperCache::default(),
             networks: Mutex::new(()),
             removals: Mutex::new(()),
             frozen: Default::default(),
+            default_runtime,
         })
     }
 }
@@ -218,7 +226,17 @@ impl Engine for BollardEngine {
 
     async fn create_container(&self, plan: &ContainerPlan) -> EngineResult<String> {
         let name = plan.docker_name();
-        let body = plan::create_body(plan)?;
+        // Only runc brings up `lo` in the fresh network namespace of a container with networking
+        // disabled; gVisor (run with `--network=host`) leaves it down, so such a sandbox keeps
+        // Docker's network sandbox and Docker's own /etc/hosts.
+        let runtime = plan.runtime.as_deref().or(self.default_runtime.as_deref());
+        let loopback_hosts = match (&plan.helper_volume, &plan.network, runtime) {
+            (Some(helper), None, Some("runc")) => {
+                Some(helper::hosts_path(&self.docker, &self.helpers, helper).await?)
+            }
+            _ => None,
+        };
+        let body = plan::create_body(plan, loopback_hosts.as_deref())?;
         let options = CreateContainerOptions {
             name: Some(name.clone()),
             ..Default::default()

@@ -288,8 +288,9 @@ pub trait Engine: Send + Sync + 'static {
     // --- setup of server-owned content ---
 
     /// Makes sure `volume` (labeled [`LABEL_MANAGED`] and [`LABEL_ROLE`]` = helper`) holds
-    /// `binary` as `agent-sandbox-helper` (mode 0555, owned by root) at its root, so that
-    /// sandboxes can mount it read-only at [`HELPER_MOUNT`]. Needs no user image and pulls
+    /// `binary` as `agent-sandbox-helper` (mode 0555, owned by root) and [`LOOPBACK_HOSTS`] as
+    /// [`HELPER_HOSTS`] at its root, so that sandboxes can mount it read-only at
+    /// [`HELPER_MOUNT`]. Needs no user image and pulls
     /// nothing. Idempotent and cheap once the volume holds this exact binary; a different binary
     /// replaces the old one in place.
     async fn ensure_helper_volume(&self, volume: &str, binary: &[u8]) -> EngineResult<()> {
@@ -325,5 +326,35 @@ pub trait Engine: Send + Sync + 'static {
 
 /// File name of the helper binary at the root of the helper volume.
 pub const HELPER_BINARY: &str = "agent-sandbox-helper";
+/// File name, at the root of the helper volume, of the hosts file that sandboxes without a
+/// network see as `/etc/hosts` (such containers get no Docker network sandbox, so Docker writes
+/// none for them).
+pub const HELPER_HOSTS: &str = "hosts";
+/// Content of [`HELPER_HOSTS`]: what Docker itself writes for a container on the `none` network.
+pub const LOOPBACK_HOSTS: &str = "127.0.0.1\tlocalhost\n\
+    ::1\tlocalhost ip6-localhost ip6-loopback\n\
+    fe00::0\tip6-localnet\n\
+    ff00::0\tip6-mcastprefix\n\
+    ff02::1\tip6-allnodes\n\
+    ff02::2\tip6-allrouters\n";
+
+/// Name of the helper volume for `binary`: content-addressed over everything the volume holds,
+/// so that a new server version never mounts a volume filled for an old one.
+pub fn helper_volume_name(binary: &[u8]) -> String {
+    format!(
+        "agent-sandbox-helper-{}",
+        &helper_content_digest(binary)[..12]
+    )
+}
+
+/// Hex SHA-256 over the helper volume's whole content: the binary and the hosts file.
+pub fn helper_content_digest(binary: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    hasher.update(binary);
+    hasher.update([0]);
+    hasher.update(LOOPBACK_HOSTS.as_bytes());
+    hex::encode(hasher.finalize())
+}
 /// Value of [`LABEL_ROLE`] on the helper volume.
 pub const ROLE_HELPER: &str = "helper";

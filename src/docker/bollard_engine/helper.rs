@@ -2,10 +2,10 @@
 //!
 //! Docker can only write into a volume through a container that mounts it, so this imports a
 //! tiny image from an empty root filesystem (`POST /images/create?fromSrc=-`), creates — never
-//! starts — a container from it with the volume mounted, writes the binary through the archive
-//! API, and removes the container. The last entry written is a marker file holding the binary's
-//! SHA-256; a volume whose marker matches is left alone, and a process that has already checked
-//! a volume only confirms that the volume still exists.
+//! starts — a container from it with the volume mounted, writes the binary and the loopback hosts
+//! file through the archive API, and removes the container. The last entry written is a marker
+//! file holding the SHA-256 of that content; a volume whose marker matches is left alone, and a
+//! process that has already checked a volume only confirms that the volume still exists.
 //!
 //! Callers in one process are serialized by a lock; separate processes (several servers on one
 //! daemon) by the filler container's fixed name, `agent-sandbox-fill-<volume>`: whoever creates
@@ -22,12 +22,12 @@ use bollard::query_parameters::{
     RemoveContainerOptions, UploadToContainerOptions,
 };
 use futures::StreamExt;
-use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 
 use super::{is_status, map_err, plan::volume_mount, tarball};
 use crate::docker::{
-    EngineError, EngineResult, HELPER_BINARY, HELPER_MOUNT, LABEL_MANAGED, LABEL_ROLE, ROLE_HELPER,
+    helper_content_digest, EngineError, EngineResult, HELPER_BINARY, HELPER_HOSTS, HELPER_MOUNT,
+    LABEL_MANAGED, LABEL_ROLE, LOOPBACK_HOSTS, ROLE_HELPER,
 };
 
 /// Image used only to create the never-started containers that reach into volumes.
@@ -44,9 +44,56 @@ const MARKER: &str = ".agent-sandbox-helper.sha256";
 /// binary replaces the content, labels cannot change).
 const LABEL_HELPER_DIGEST: &str = "io.agent-sandbox.helper-sha256";
 
-/// Volumes this process has seen holding a given digest.
+/// What this process knows of helper volumes.
 #[derive(Default)]
-pub struct HelperCache(Mutex<HashMap<String, String>>);
+pub struct HelperCache {
+    /// Volumes seen holding a given content digest.
+    checked: Mutex<HashMap<String, String>>,
+    /// Where the daemon keeps each volume's files (`Mountpoint`), for the hosts-file bind.
+    mountpoints: std::sync::Mutex<HashMap<String, String>>,
+}
+
+impl HelperCache {
+    fn remember_mountpoint(&self, volume: &str, mountpoint: &str) {
+        if !mountpoint.is_empty() {
+            let mut known = self.mountpoints.lock().unwrap_or_else(|e| e.into_inner());
+            known.insert(volume.to_string(), mountpoint.to_string());
+        }
+    }
+}
+
+/// The daemon-side path of the hosts file in `volume` (a helper volume).
+pub async fn hosts_path(
+    docker: &bollard::Docker,
+    cache: &HelperCache,
+    volume: &str,
+) -> EngineResult<String> {
+    let known = {
+        let known = cache.mountpoints.lock().unwrap_or_else(|e| e.into_inner());
+        known.get(volume).cloned()
+    };
+    let mountpoint = match known {
+        Some(mountpoint) => mountpoint,
+        None => {
+            let inspected = docker.inspect_volume(volume).await.map_err(map_err(
+                "inspect helper volume",
+                &format!("volume {volume}"),
+            ))?;
+            cache.remember_mountpoint(volume, &inspected.mountpoint);
+            inspected.mountpoint
+        }
+    };
+    if mountpoint.is_empty() {
+        return Err(EngineError::Docker {
+            operation: format!("inspect helper volume {volume}"),
+            message: "Docker reports no mountpoint".into(),
+        });
+    }
+    Ok(format!(
+        "{}/{HELPER_HOSTS}",
+        mountpoint.trim_end_matches('/')
+    ))
+}
 
 pub async fn ensure(
     docker: &bollard::Docker,
@@ -54,8 +101,8 @@ pub async fn ensure(
     volume: &str,
     binary: &[u8],
 ) -> EngineResult<()> {
-    let digest = hex::encode(Sha256::digest(binary));
-    let mut checked = cache.0.lock().await;
+    let digest = helper_content_digest(binary);
+    let mut checked = cache.checked.lock().await;
     let what = format!("volume {volume}");
 
     match docker.inspect_volume(volume).await {
@@ -65,6 +112,7 @@ pub async fn ensure(
                     what: format!("{what} (not a helper volume)"),
                 });
             }
+            cache.remember_mountpoint(volume, &existing.mountpoint);
             if checked.get(volume) == Some(&digest) {
                 return Ok(());
             }
@@ -80,10 +128,11 @@ pub async fn ensure(
                 labels: Some(labels),
                 ..Default::default()
             };
-            docker
+            let created = docker
                 .create_volume(request)
                 .await
                 .map_err(map_err("create helper volume", &what))?;
+            cache.remember_mountpoint(volume, &created.mountpoint);
         }
         Err(e) => return Err(map_err("inspect helper volume", &what)(e)),
     }
@@ -219,6 +268,7 @@ async fn fill(
     }
     let tar = tarball::root_files(&[
         (HELPER_BINARY, 0o555, binary),
+        (HELPER_HOSTS, 0o444, LOOPBACK_HOSTS.as_bytes()),
         (MARKER, 0o444, digest.as_bytes()),
     ])
     .map_err(|e| EngineError::Docker {

@@ -1,7 +1,7 @@
 //! Turns a [`ContainerPlan`] into Docker's create body: the one place where the security model
 //! becomes container settings. Pure (no I/O), so every property is unit-tested here; nothing in
-//! this file may offer a way to weaken the model (no privileged, capabilities, devices, binds or
-//! host namespaces).
+//! this file may offer a way to weaken the model (no privileged, capabilities, devices or host
+//! namespaces, and no bind but the read-only hosts file of the server's own helper volume).
 
 use std::collections::HashMap;
 
@@ -28,7 +28,17 @@ const MIB: i64 = 1024 * 1024;
 
 /// The create body for `plan`. Fails only on values Docker would misread (an environment key
 /// that is empty or holds `=` or NUL, limits that overflow).
-pub fn create_body(plan: &ContainerPlan) -> EngineResult<ContainerCreateBody> {
+///
+/// `loopback_hosts` is the daemon-side path of the helper volume's hosts file. Given it, a
+/// sandbox without a network is created with networking disabled: still in a network namespace
+/// of its own holding only `lo`, but without the network sandbox Docker would build for the
+/// `none` network, which is most of the cost of starting and renaming a container. Docker then
+/// writes no `/etc/hosts`, so the helper volume's copy is bound there, read-only, for `localhost`
+/// to resolve in images that bring none.
+pub fn create_body(
+    plan: &ContainerPlan,
+    loopback_hosts: Option<&str>,
+) -> EngineResult<ContainerCreateBody> {
     let invalid = |message: String| EngineError::Docker {
         operation: format!(
             "create container {}",
@@ -99,6 +109,11 @@ pub fn create_body(plan: &ContainerPlan) -> EngineResult<ContainerCreateBody> {
         ),
     };
 
+    let loopback_hosts = loopback_hosts.filter(|_| plan.network.is_none());
+    if let Some(hosts) = loopback_hosts {
+        mounts.push(read_only_file(hosts, "/etc/hosts"));
+    }
+
     let host_config = HostConfig {
         cap_drop: Some(vec!["ALL".into()]),
         cap_add: Some(vec![]),
@@ -137,8 +152,21 @@ pub fn create_body(plan: &ContainerPlan) -> EngineResult<ContainerCreateBody> {
         open_stdin: Some(false),
         tty: Some(false),
         host_config: Some(host_config),
+        network_disabled: Some(loopback_hosts.is_some()),
         ..Default::default()
     })
+}
+
+/// A read-only bind of one file the server owns. Propagation stays Docker's default (`rslave`):
+/// Docker refuses private propagation for sources under its own root, where volumes live.
+fn read_only_file(source: &str, target: &str) -> Mount {
+    Mount {
+        typ: Some(MountType::BIND),
+        source: Some(source.to_string()),
+        target: Some(target.to_string()),
+        read_only: Some(true),
+        ..Default::default()
+    }
 }
 
 /// A named-volume mount. `no_copy`, because Docker would otherwise copy the image's content at
@@ -202,7 +230,7 @@ mod tests {
 
     #[test]
     fn hardening_is_complete() {
-        let body = create_body(&plan()).unwrap();
+        let body = create_body(&plan(), None).unwrap();
         let hc = body.host_config.clone().unwrap();
         assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
         assert_eq!(hc.cap_add, Some(vec![]));
@@ -210,6 +238,7 @@ mod tests {
         assert_eq!(hc.privileged, Some(false));
         assert_eq!(hc.readonly_rootfs, Some(true));
         assert_eq!(hc.network_mode.as_deref(), Some("none"));
+        assert_eq!(body.network_disabled, Some(false));
         assert_eq!(hc.memory, Some(256 * MIB));
         assert_eq!(hc.memory_swap, hc.memory);
         assert_eq!(hc.nano_cpus, Some(1_500_000_000));
@@ -254,7 +283,7 @@ mod tests {
 
     #[test]
     fn home_cannot_be_overridden() {
-        let env = create_body(&plan()).unwrap().env.unwrap();
+        let env = create_body(&plan(), None).unwrap().env.unwrap();
         assert_eq!(
             env,
             vec!["HOME=/workspace".to_string(), "FOO=bar".to_string()]
@@ -266,7 +295,7 @@ mod tests {
         let mut p = plan();
         p.helper_volume = Some("helper-vol".into());
         p.network = Some("agent-sandbox-net".into());
-        let body = create_body(&p).unwrap();
+        let body = create_body(&p, None).unwrap();
         let hc = body.host_config.unwrap();
         let mounts = hc.mounts.unwrap();
         assert_eq!(mounts.len(), 2);
@@ -281,15 +310,43 @@ mod tests {
     }
 
     #[test]
+    fn without_a_network_the_helper_hosts_file_replaces_dockers_network_sandbox() {
+        let hosts = "/var/lib/docker/volumes/helper-vol/_data/hosts";
+        let mut p = plan();
+        p.helper_volume = Some("helper-vol".into());
+        let body = create_body(&p, Some(hosts)).unwrap();
+        assert_eq!(body.network_disabled, Some(true));
+        let hc = body.host_config.unwrap();
+        assert_eq!(hc.network_mode.as_deref(), Some("none"));
+        assert_eq!(hc.binds, Some(vec![]));
+        let mounts = hc.mounts.unwrap();
+        let bound: Vec<_> = mounts
+            .iter()
+            .filter(|m| m.typ == Some(MountType::BIND))
+            .collect();
+        assert_eq!(bound.len(), 1, "{mounts:?}");
+        assert_eq!(bound[0].source.as_deref(), Some(hosts));
+        assert_eq!(bound[0].target.as_deref(), Some("/etc/hosts"));
+        assert_eq!(bound[0].read_only, Some(true));
+
+        // On the bridge Docker's own network sandbox provides /etc/hosts: no bind.
+        p.network = Some("agent-sandbox-net".into());
+        let body = create_body(&p, Some(hosts)).unwrap();
+        assert_eq!(body.network_disabled, Some(false));
+        let mounts = body.host_config.unwrap().mounts.unwrap();
+        assert!(mounts.iter().all(|m| m.typ == Some(MountType::VOLUME)));
+    }
+
+    #[test]
     fn bad_values_are_refused() {
         let mut p = plan();
         p.env.insert("A=B".into(), "x".into());
-        assert!(create_body(&p).is_err());
+        assert!(create_body(&p, None).is_err());
         let mut p = plan();
         p.cpus = f64::NAN;
-        assert!(create_body(&p).is_err());
+        assert!(create_body(&p, None).is_err());
         let mut p = plan();
         p.memory_mb = u64::MAX;
-        assert!(create_body(&p).is_err());
+        assert!(create_body(&p, None).is_err());
     }
 }
