@@ -290,9 +290,8 @@ pub trait Engine: Send + Sync + 'static {
     /// Makes sure `volume` (labeled [`LABEL_MANAGED`] and [`LABEL_ROLE`]` = helper`) holds
     /// `binary` as `agent-sandbox-helper` (mode 0555, owned by root) and [`LOOPBACK_HOSTS`] as
     /// [`HELPER_HOSTS`] at its root, so that sandboxes can mount it read-only at
-    /// [`HELPER_MOUNT`]. Needs no user image and pulls
-    /// nothing. Idempotent and cheap once the volume holds this exact binary; a different binary
-    /// replaces the old one in place.
+    /// [`HELPER_MOUNT`]. Needs no user image and pulls nothing. Idempotent and cheap once the
+    /// volume holds this exact content; different content replaces the old in place.
     async fn ensure_helper_volume(&self, volume: &str, binary: &[u8]) -> EngineResult<()> {
         let _ = (volume, binary);
         Err(EngineError::Docker {
