@@ -63,9 +63,11 @@ PYTHON="$VENV/bin/python"
 if [ -n "${BENCH_OURS_BIN:-}" ]; then
   OURS_BIN=$BENCH_OURS_BIN # a binary built some other way, for trying the harness itself
 else
-  say "building agent-sandbox (release)"
-  cargo build --release --locked --bin agent-sandbox
-  OURS_BIN="$TARGET_DIR/release/agent-sandbox"
+  # The memory-tuned profile packaging uses (fat LTO, one codegen unit): the figures in
+  # docs/benchmarks.md come from it.
+  say "building agent-sandbox (profile dist)"
+  cargo build --profile dist --locked --bin agent-sandbox
+  OURS_BIN="$TARGET_DIR/dist/agent-sandbox"
 fi
 
 mkdir -p "$OUT_DIR"

@@ -14,7 +14,8 @@
 //! - [`archive`]: validation of snapshot tars before anything is restored.
 //! - [`api`]: the HTTP server: the resource API, the `/v1` wire contract, health and OpenAPI.
 //! - [`cli`]: the command line (`serve`, kubectl-style client commands, `mcp`).
-//! - [`config`]: settings; [`server`]: wiring it all together for `agent-sandbox serve`.
+//! - [`config`]: settings; [`server`]: wiring it all together for `agent-sandbox serve`;
+//!   [`doctor`]: the start-up checks `agent-sandbox doctor` prints and `serve` logs.
 //!
 //! Data flows one way: the API and folders write the store; the controller reads the store and
 //! writes Docker and status; exec and file calls go straight to a sandbox's container.
@@ -26,6 +27,7 @@ pub mod config;
 pub mod controller;
 pub mod dataplane;
 pub mod docker;
+pub mod doctor;
 pub mod helper_binary;
 pub mod helper_protocol;
 pub mod resource;

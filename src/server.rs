@@ -112,10 +112,60 @@ pub async fn run(
             address: address.to_string(),
             source,
         })?;
-    tracing::info!(%address, data_dir = %settings.data_dir.display(), "agent-sandbox listening");
+    let bound = listener.local_addr().unwrap_or(address);
+    tracing::info!(address = %bound, data_dir = %settings.data_dir.display(), "agent-sandbox listening");
+    crate::cli::emit(&format!("{}\n", ready_line(&settings, bound)));
+    let _checks = AbortOnDrop(tokio::spawn(log_start_checks(Arc::clone(&settings))));
     api::http::serve(listener, api::router(state), shutdown).await;
     tracing::info!("shut down");
     Ok(())
+}
+
+/// The one line a person acts on once the server listens: where it is, where the key is, and a
+/// command that creates a first sandbox.
+pub fn ready_line(settings: &Settings, bound: std::net::SocketAddr) -> String {
+    let host = match bound.ip() {
+        ip if ip.is_unspecified() && ip.is_ipv4() => "127.0.0.1".to_string(),
+        ip if ip.is_unspecified() => "[::1]".to_string(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    };
+    let url = format!("http://{host}:{}", bound.port());
+    let (key, header) = if settings.insecure_no_auth {
+        (
+            "no API key (authentication is off)".to_string(),
+            String::new(),
+        )
+    } else if !settings.api_keys.is_empty() {
+        (
+            "API key: one of AGENT_SANDBOX_API_KEYS".to_string(),
+            "-H \"Authorization: Bearer $AGENT_SANDBOX_API_KEY\" ".to_string(),
+        )
+    } else {
+        let path = settings.data_dir.join(crate::api::auth::KEY_FILE);
+        (
+            format!("API key in {}", path.display()),
+            format!("-H \"Authorization: Bearer $(cat {})\" ", path.display()),
+        )
+    };
+    format!(
+        "agent-sandbox {} ready at {url} ({key}); first sandbox: curl -s {header}-H \
+         'Content-Type: application/json' -d '{{}}' {url}/v1/sandboxes",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// Runs `agent-sandbox doctor`'s checks once the server listens and logs each warning and
+/// failure as one line; the server serves meanwhile (a missing default image, say, only stops
+/// the sandboxes that need it).
+async fn log_start_checks(settings: Arc<Settings>) {
+    for finding in crate::doctor::run(&settings, crate::doctor::Occasion::Serve).await {
+        match finding.verdict {
+            crate::doctor::Verdict::Ok => tracing::debug!(check = finding.check, "{finding}"),
+            crate::doctor::Verdict::Warn => tracing::warn!(check = finding.check, "{finding}"),
+            crate::doctor::Verdict::Fail => tracing::error!(check = finding.check, "{finding}"),
+        }
+    }
 }
 
 /// The identity of this data directory's server, created once and kept in `<data>/server-id`.

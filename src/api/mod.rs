@@ -10,6 +10,7 @@ pub mod health;
 pub mod http;
 pub mod openapi;
 pub mod resources;
+pub mod root;
 pub mod v1;
 
 use std::sync::{Arc, OnceLock};
@@ -43,7 +44,7 @@ pub struct AppState {
 }
 
 /// The whole HTTP API. Routing comes first (unknown path 404, wrong method 405, both without a
-/// key, as the reference does), then authentication for everything but `/healthz` and
+/// key, as the reference does), then authentication for everything but `/`, `/healthz` and
 /// `/openapi.json`, then the handler.
 pub fn router(state: AppState) -> Router {
     let protected = Router::new()
@@ -54,6 +55,7 @@ pub fn router(state: AppState) -> Router {
             auth::require_key,
         ));
     Router::new()
+        .route("/", get(root::index))
         .route("/healthz", get(health::healthz))
         .route("/openapi.json", get(openapi_json))
         .merge(protected)
@@ -211,6 +213,15 @@ where
 /// Every documented route: health, the OpenAPI document itself, the resource API and `/v1`.
 pub fn operations() -> Vec<Operation> {
     let mut ops = vec![
+        Operation::new(
+            Method::GET,
+            "/",
+            "apiRoots",
+            "Where the APIs of this server are",
+        )
+        .public()
+        .tag("health")
+        .json::<root::ApiRoots>(200, "The API roots"),
         Operation::new(
             Method::GET,
             "/healthz",

@@ -50,6 +50,13 @@ pub enum Command {
     ///
     /// Example: AGENT_SANDBOX_DATA_DIR=./data agent-sandbox serve --watch ./manifests
     Serve(Box<Settings>),
+    /// Check that this machine can run the server, one line each with a fix: Docker and its
+    /// release, the runtime, the default image, the data directory, the key file, the port.
+    ///
+    /// Takes the same settings as `serve`; exits 1 when a check fails.
+    ///
+    /// Example: AGENT_SANDBOX_DOCKER_RUNTIME=runsc agent-sandbox doctor
+    Doctor(Box<Settings>),
     /// Write the JSON Schemas of every kind into a folder.
     ///
     /// Example: agent-sandbox schemas schemas/
@@ -122,6 +129,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(settings) => crate::server::run_blocking(*settings),
+        Command::Doctor(settings) => doctor(*settings),
         Command::Openapi { path } => {
             let document = crate::api::openapi_document();
             match path {
@@ -146,6 +154,43 @@ pub fn main() -> ExitCode {
             }
         },
         other => run_client(other),
+    }
+}
+
+/// `agent-sandbox doctor`: every check, one line each; exit 1 when one fails.
+fn doctor(settings: Settings) -> ExitCode {
+    if let Err(e) = settings.validate() {
+        emit_err(&format!("FAIL  settings   {e}"));
+        return ExitCode::FAILURE;
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            emit_err(&format!("error: cannot start: {e}"));
+            return ExitCode::FAILURE;
+        }
+    };
+    let findings = runtime.block_on(crate::doctor::run(
+        &settings,
+        crate::doctor::Occasion::Doctor,
+    ));
+    let failed = findings
+        .iter()
+        .filter(|f| f.verdict == crate::doctor::Verdict::Fail)
+        .count();
+    let mut text: String = findings.iter().map(|f| format!("{f}\n")).collect();
+    text.push_str(&match failed {
+        0 => "no check failed\n".to_string(),
+        n => format!("{n} check(s) failed\n"),
+    });
+    emit(&text);
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 
@@ -191,9 +236,10 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
         Command::Fork(args) => ops::fork(args).await,
         Command::Timeout(args) => ops::timeout(args).await,
         Command::Mcp(args) => mcp::mcp(args).await,
-        Command::Serve(_) | Command::Schemas { .. } | Command::Openapi { .. } => {
-            Err(CliError::Usage("not a client command".into()))
-        }
+        Command::Serve(_)
+        | Command::Doctor(_)
+        | Command::Schemas { .. }
+        | Command::Openapi { .. } => Err(CliError::Usage("not a client command".into())),
     }
 }
 

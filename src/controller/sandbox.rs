@@ -101,7 +101,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         Ok(retired) => retired,
         Err(ReconcileError::Engine(EngineError::ImageMissing(image))) => {
             status.phase = SandboxPhase::Failed;
-            let message = format!("image {image} is not present on the docker host");
+            let message = EngineError::ImageMissing(image).to_string();
             ready(
                 &mut status,
                 ConditionStatus::False,

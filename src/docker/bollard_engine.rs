@@ -18,12 +18,14 @@
 //! copy of the volume is verifiably the container's, the controller sets the owner there itself
 //! and needs no archive call at all.)
 
+mod daemon;
 mod dataplane;
 mod events;
 mod freezer;
 mod helper;
 mod plan;
 
+pub use daemon::DaemonReport;
 pub use plan::RUNSC_PIDS_HEADROOM;
 mod tarball;
 

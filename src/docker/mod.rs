@@ -18,7 +18,7 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 use tokio::io::AsyncWrite;
 
-pub use bollard_engine::{BollardEngine, RUNSC_PIDS_HEADROOM};
+pub use bollard_engine::{BollardEngine, DaemonReport, RUNSC_PIDS_HEADROOM};
 
 /// Label on every container and volume this server manages.
 pub const LABEL_MANAGED: &str = "io.agent-sandbox.managed";
@@ -54,7 +54,12 @@ pub enum EngineError {
     NotFound { what: String },
     #[error("{what} already exists")]
     Conflict { what: String },
-    #[error("image {0} is not present on the docker host (no registry pulls are made)")]
+    #[error(
+        "image {0} is not present on the docker host, and no image is pulled: load it there \
+         (`docker pull {0}` where a registry is reachable, or `docker load`), or use another \
+         (AGENT_SANDBOX_DEFAULT_IMAGE sets the default; `scripts/build-test-images.sh` in the \
+         source tree builds a small offline one); `agent-sandbox doctor` checks this"
+    )]
     ImageMissing(String),
     #[error("docker refused {operation}: {message}")]
     Docker { operation: String, message: String },

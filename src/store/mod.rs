@@ -20,6 +20,7 @@ mod api;
 mod atomic;
 mod folders;
 mod index;
+pub mod inspect;
 mod state;
 #[cfg(test)]
 mod tests;
