@@ -257,3 +257,47 @@ fn a_missing_default_image_is_explained_at_start_and_in_the_first_answer() {
     assert!(message.contains("AGENT_SANDBOX_DEFAULT_IMAGE"), "{message}");
     assert!(message.contains("agent-sandbox doctor"), "{message}");
 }
+
+#[test]
+fn the_systemd_unit_verifies_and_keeps_its_hardening() {
+    // The unit as shipped, pointed at the binary under test (verify needs ExecStart to exist).
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/agent-sandbox.service"
+    ))
+    .unwrap();
+    for line in [
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "CapabilityBoundingSet=CAP_CHOWN CAP_DAC_OVERRIDE CAP_DAC_READ_SEARCH CAP_FOWNER CAP_FSETID CAP_SYS_PTRACE",
+        "StateDirectoryMode=0700",
+        "Environment=AGENT_SANDBOX_DATA_DIR=/var/lib/agent-sandbox",
+    ] {
+        assert!(shipped.lines().any(|l| l == line), "the unit lost `{line}`");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let unit = tmp.path().join("agent-sandbox.service");
+    std::fs::write(&unit, shipped.replace("/usr/local/bin/agent-sandbox", BIN)).unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&unit)
+        .output()
+        .expect("systemd-analyze (Debian's systemd package) runs");
+    let said =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    // verify exits 0 on unknown keys and bad values, and says so: it must say nothing.
+    assert!(said.trim().is_empty(), "{said}");
+    // The exposure score runs 0 (hardened) to 10 (none); the threshold is in tenths.
+    let out = Command::new("systemd-analyze")
+        .args(["security", "--offline=yes", "--threshold=30"])
+        .arg(&unit)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "exposure above 3.0: {}",
+        said.lines().last().unwrap_or_default()
+    );
+}
