@@ -155,8 +155,8 @@ pub fn always_different(options: &ExportOptions) -> Vec<String> {
              set the kubelet's podPidsLimit.",
             options.defaults.pids_limit
         ),
-        "/tmp is a memory-backed emptyDir bounded by its sizeLimit, mounted without the noexec, \
-         nosuid and nodev options of the Docker tmpfs."
+        "/tmp is a memory-backed emptyDir bounded by its sizeLimit; Kubernetes takes no mount \
+         options for it, so the noexec of the Docker tmpfs cannot be asked for."
             .into(),
         "The in-sandbox helper is not mounted: the pod idles in /bin/sh (the image needs one), \
          and commands and files go through the pods/exec subresource."
@@ -469,8 +469,12 @@ fn pool(
     vec![template, warm_pool]
 }
 
-fn compact(value: &impl serde::Serialize) -> String {
-    serde_json::to_string(value).unwrap_or_default()
+/// What a resource left out whole declares (labels and annotations included), so that the
+/// comment block holds all of it.
+fn declared(resource: AnyResource) -> String {
+    let json = resource.declaration().to_json();
+    let what = json!({ "metadata": json["metadata"], "spec": json["spec"] });
+    serde_json::to_string(&what).unwrap_or_default()
 }
 
 fn snapshot(s: &Snapshot, object: &str) -> Gap {
@@ -481,8 +485,8 @@ fn snapshot(s: &Snapshot, object: &str) -> Gap {
         reason: format!(
             "not exported: a snapshot is a tar of a workspace that the server keeps; no \
              agents.x-k8s.io kind holds one (a CSI VolumeSnapshot of the workspace claim is the \
-             nearest; see docs/scale-out.md) (spec {})",
-            compact(&s.spec)
+             nearest; see docs/scale-out.md); it declares {}",
+            declared(s.clone().into())
         ),
     }
 }
@@ -494,8 +498,8 @@ fn fork(f: &Fork, object: &str) -> Gap {
         kind: GapKind::NotExpressed,
         reason: format!(
             "not exported: a fork starts sandboxes from a snapshot's workspace, which needs the \
-             server (spec {})",
-            compact(&f.spec)
+             server; it declares {}",
+            declared(f.clone().into())
         ),
     }
 }

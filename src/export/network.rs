@@ -161,7 +161,14 @@ mod tests {
     #[test]
     fn denied_means_both_directions_without_rules() {
         let mut gaps = Vec::new();
-        let p = network_policy("a-network", None, "a", &Egress::Denied, "sandbox/a", &mut gaps);
+        let p = network_policy(
+            "a-network",
+            None,
+            "a",
+            &Egress::Denied,
+            "sandbox/a",
+            &mut gaps,
+        );
         assert_eq!(p["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
         assert!(p["spec"].get("egress").is_none());
         assert!(p["spec"].get("ingress").is_none());
@@ -175,7 +182,14 @@ mod tests {
     #[test]
     fn open_restricts_ingress_only() {
         let mut gaps = Vec::new();
-        let p = network_policy("a-network", Some("ns"), "a", &Egress::Open, "sandbox/a", &mut gaps);
+        let p = network_policy(
+            "a-network",
+            Some("ns"),
+            "a",
+            &Egress::Open,
+            "sandbox/a",
+            &mut gaps,
+        );
         assert_eq!(p["spec"]["policyTypes"], json!(["Ingress"]));
         assert_eq!(p["metadata"]["namespace"], "ns");
         assert_eq!(
