@@ -240,17 +240,26 @@ pub fn metadata_maps(
                 reason: "not a valid Kubernetes label key".into(),
             });
         } else if !names::is_label_value(value) {
+            let (kind, reason) = if out_annotations.contains_key(key) {
+                (
+                    GapKind::NotExpressed,
+                    "the value is not a valid Kubernetes label value, and an annotation of the \
+                     same key is declared too",
+                )
+            } else {
+                out_annotations.insert(key.clone(), value.clone());
+                (
+                    GapKind::Differs,
+                    "the value is not a valid Kubernetes label value; it is written as an \
+                     annotation",
+                )
+            };
             gaps.push(Gap {
                 object: object.to_string(),
                 field: Some(format!("metadata.labels.{key}")),
-                kind: GapKind::Differs,
-                reason: "the value is not a valid Kubernetes label value; it is written as an \
-                         annotation"
-                    .into(),
+                kind,
+                reason: reason.into(),
             });
-            out_annotations
-                .entry(key.clone())
-                .or_insert_with(|| value.clone());
         } else {
             out_labels.insert(key.clone(), value.clone());
         }
@@ -261,6 +270,28 @@ pub fn metadata_maps(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn labels_kubernetes_refuses_are_moved_or_reported() {
+        let labels = BTreeMap::from([
+            ("team".to_string(), "research".to_string()),
+            ("note".to_string(), "two words".to_string()),
+            ("clash".to_string(), "a b".to_string()),
+            ("bad key!".to_string(), "x".to_string()),
+        ]);
+        let annotations = BTreeMap::from([("clash".to_string(), "kept".to_string())]);
+        let mut gaps = Vec::new();
+        let (l, a) = metadata_maps("sandbox/x", &labels, &annotations, &mut gaps);
+        assert_eq!(l, BTreeMap::from([("team".into(), "research".into())]));
+        assert_eq!(a.get("note").map(String::as_str), Some("two words"));
+        assert_eq!(a.get("clash").map(String::as_str), Some("kept"));
+        let lost: Vec<_> = gaps
+            .iter()
+            .filter(|g| g.kind == GapKind::NotExpressed)
+            .filter_map(|g| g.field.as_deref())
+            .collect();
+        assert_eq!(lost, ["metadata.labels.bad key!", "metadata.labels.clash"]);
+    }
 
     #[test]
     fn cpu_quantities() {
