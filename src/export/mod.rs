@@ -170,7 +170,9 @@ pub fn always_different(options: &ExportOptions) -> Vec<String> {
             options.workspace_size
         ),
         format!(
-            "shutdownTime is absolute: ttlSeconds are counted from {}.",
+            "shutdownTime is absolute: ttlSeconds are counted from {}. An expired Sandbox is \
+             kept (shutdownPolicy Retain) and its pod removed, but its workspace claim stays \
+             until the Sandbox is deleted (the Docker mode removes the workspace).",
             rfc3339(options.start_time)
         ),
     ]
@@ -387,8 +389,9 @@ fn sandbox(
     });
     if let Some(at) = shutdown {
         k8s_spec["shutdownTime"] = json!(rfc3339(at));
-        // The Docker mode removes an expired sandbox's container and workspace.
-        k8s_spec["shutdownPolicy"] = json!("Delete");
+        // Kept when it expires, as the Docker mode keeps a sandbox a watched folder declares:
+        // deleting it would let a GitOps tool create it again, expired at once.
+        k8s_spec["shutdownPolicy"] = json!("Retain");
     }
     let cr = json!({
         "apiVersion": SANDBOX_API_VERSION,
