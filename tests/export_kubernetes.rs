@@ -1006,6 +1006,7 @@ fn from_server_exports_what_a_running_server_holds() {
         ])
         .env("AGENT_SANDBOX_API_KEY", &server.key)
         .env("AGENT_SANDBOX_DEFAULT_IMAGE", common::TEST_IMAGE)
+        .env("AGENT_SANDBOX_DOCKER_RUNTIME", common::test_runtime())
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -1024,6 +1025,12 @@ fn from_server_exports_what_a_running_server_holds() {
         "{at} not in {stdout}"
     );
     assert!(!stdout.contains("spec.ttlSeconds: a lifetime"), "{stdout}");
+    // The server's runtime, told to the export as to the server: gVisor's RuntimeClass.
+    assert_eq!(
+        stdout.contains("runtimeClassName: gvisor"),
+        common::test_runtime() == "runsc",
+        "{stdout}"
+    );
 
     let (status, _) = server.request("DELETE", &format!("{}/sandboxes/{name}", common::API), None);
     assert!(status < 300);
