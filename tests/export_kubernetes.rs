@@ -713,6 +713,9 @@ fn check_hardening(object: &Value, runtime: &str, problems: &mut Vec<String>) {
     match runtime {
         "runsc" if class != Some("gvisor") => bad(format!("runsc but runtimeClassName {class:?}")),
         "" if class.is_some() => bad(format!("default runtime but runtimeClassName {class:?}")),
+        other if !other.is_empty() && other != "runsc" && class != Some(other) => {
+            bad(format!("runtime {other} but runtimeClassName {class:?}"))
+        }
         _ => {}
     }
 }
@@ -747,11 +750,7 @@ fn random_specs_never_lose_the_hardening() {
                 }
                 _ => o.docker_runtime.clone(),
             };
-            check_hardening(
-                object,
-                if runtime == "kata" { "kata" } else { &runtime },
-                &mut problems,
-            );
+            check_hardening(object, &runtime, &mut problems);
         }
         // Every exported sandbox has a NetworkPolicy, denying egress exactly when it has no network.
         for s in resources.iter().filter_map(AnyResource::as_sandbox) {

@@ -115,6 +115,19 @@ impl ServerDefaults {
         if !(self.default_cpus.is_finite() && self.default_cpus > 0.0) {
             return Err(CliError::Usage("--default-cpus must be > 0".into()));
         }
+        if !is_quantity(&args.workspace_size) {
+            return Err(CliError::Usage(format!(
+                "--workspace-size {:?}: expected a Kubernetes quantity such as 1Gi or 500M",
+                args.workspace_size
+            )));
+        }
+        if let Some(ns) = &args.namespace {
+            if !export::names::is_dns_label(ns) {
+                return Err(CliError::Usage(format!(
+                    "--namespace {ns:?}: expected a DNS label (lower-case letters, digits, '-')"
+                )));
+            }
+        }
         if self.tmp_size_mb == 0 {
             return Err(CliError::Usage("--tmp-size-mb must be at least 1".into()));
         }
@@ -136,6 +149,24 @@ impl ServerDefaults {
             storage_class: args.storage_class.clone(),
         })
     }
+}
+
+/// Whether `text` is a plain storage quantity: digits, an optional fraction and a unit suffix.
+fn is_quantity(text: &str) -> bool {
+    const SUFFIXES: [&str; 13] = [
+        "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E", "",
+    ];
+    SUFFIXES.iter().any(|suffix| {
+        text.strip_suffix(suffix).is_some_and(|number| {
+            let (whole, fraction) = number.split_once('.').unwrap_or((number, "0"));
+            !whole.is_empty()
+                && !fraction.is_empty()
+                && whole
+                    .bytes()
+                    .chain(fraction.bytes())
+                    .all(|b| b.is_ascii_digit())
+        })
+    })
 }
 
 pub async fn export(args: ExportArgs) -> Result<ExitCode, CliError> {
@@ -239,6 +270,16 @@ mod tests {
     struct Wrapper {
         #[command(flatten)]
         defaults: ServerDefaults,
+    }
+
+    #[test]
+    fn quantities() {
+        for good in ["1Gi", "500M", "1.5Gi", "1024"] {
+            assert!(is_quantity(good), "{good}");
+        }
+        for bad in ["", "Gi", "1 Gi", "1GB", "-1Gi", "1.Gi", "abc"] {
+            assert!(!is_quantity(bad), "{bad}");
+        }
     }
 
     #[test]
