@@ -9,6 +9,9 @@
 //! reproducible and golden-tested. It never reads files, parses YAML (manifests come parsed from
 //! `resource`; [`Export::render`] writes through `resource::yaml`), talks to a server or to a
 //! cluster.
+//!
+//! Our kinds have no template yet, so each `SandboxPool` yields a `SandboxTemplate` of its own
+//! (same name) beside its `SandboxWarmPool`.
 
 pub mod names;
 pub mod network;
