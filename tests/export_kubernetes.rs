@@ -4,7 +4,7 @@
 //! specs, and the command itself (`--strict`, `--from-server` against a real server).
 //!
 //! Regenerate the golden files after an intended change of the output with
-//! `AGENT_SANDBOX_UPDATE_GOLDEN=1 cargo test --test export_kubernetes golden` and review the diff.
+//! `AGENT_SANDBOX_UPDATE_GOLDEN=1 cargo test --test export_kubernetes golden_outputs` and review the diff.
 
 mod common;
 
@@ -125,7 +125,7 @@ fn golden_outputs_match_every_example() {
     assert!(
         stale.is_empty(),
         "golden outputs are stale: {stale:?}; regenerate with \
-         {UPDATE}=1 cargo test --test export_kubernetes golden, and review the diff"
+         {UPDATE}=1 cargo test --test export_kubernetes golden_outputs, and review the diff"
     );
 }
 

@@ -444,8 +444,8 @@ fn pool(
         object: object.to_string(),
         field: None,
         kind: GapKind::Differs,
-        reason: "warm pods keep the template's default limits: a claim cannot change a pod's \
-                 CPU, memory or env, which the Docker mode sets when a sandbox claims a member"
+        reason: "warm pods have the default CPU and memory limits, and a SandboxClaim cannot \
+                 change them, where the Docker mode applies the claiming sandbox's limits"
             .into(),
     });
     let egress = Egress::from_network(spec.network.unwrap_or(false));
