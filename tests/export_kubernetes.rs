@@ -4,7 +4,8 @@
 //! specs, and the command itself (`--strict`, `--from-server` against a real server).
 //!
 //! Regenerate the golden files after an intended change of the output with
-//! `AGENT_SANDBOX_UPDATE_GOLDEN=1 cargo test --test export_kubernetes golden_outputs` and review the diff.
+//! `AGENT_SANDBOX_UPDATE_GOLDEN=1 cargo test --test export_kubernetes golden_outputs` and review
+//! the diff.
 
 mod common;
 
