@@ -13,6 +13,8 @@
 //!   ([`helper_protocol`] is the wire format; the helper itself lives in `helper/`).
 //! - [`archive`]: validation of snapshot tars before anything is restored.
 //! - [`api`]: the HTTP server: the resource API, the `/v1` wire contract, health and OpenAPI.
+//! - [`export`]: the same resources as Kubernetes objects for the kubernetes-sigs/agent-sandbox
+//!   controllers (`agent-sandbox export --to kubernetes`), with what does not carry over.
 //! - [`cli`]: the command line (`serve`, kubectl-style client commands, `mcp`).
 //! - [`config`]: settings; [`server`]: wiring it all together for `agent-sandbox serve`;
 //!   [`doctor`]: the start-up checks `agent-sandbox doctor` prints and `serve` logs.
@@ -28,6 +30,7 @@ pub mod controller;
 pub mod dataplane;
 pub mod docker;
 pub mod doctor;
+pub mod export;
 pub mod helper_binary;
 pub mod helper_protocol;
 pub mod resource;

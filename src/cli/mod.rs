@@ -1,5 +1,5 @@
 //! The command line. `serve` runs the server; `schemas` and `openapi` regenerate committed
-//! contracts; `validate` checks manifests offline; every other command is a kubectl-style client
+//! contracts; `validate` checks manifests offline; `export` translates them for Kubernetes; every other command is a kubectl-style client
 //! of a running server over HTTP (`AGENT_SANDBOX_URL`, `AGENT_SANDBOX_API_KEY`), and `mcp` is an
 //! MCP server over stdio backed by that same client.
 //!
@@ -11,6 +11,7 @@ pub mod client;
 mod describe;
 mod diff;
 mod exec;
+mod export;
 mod get;
 mod manifests;
 pub mod mcp;
@@ -80,6 +81,8 @@ pub enum Command {
     Diff(diff::DiffArgs),
     /// Check manifests against the schemas, offline.
     Validate(validate::ValidateArgs),
+    /// Print the Kubernetes objects that run the same sandboxes on a cluster.
+    Export(export::ExportArgs),
     /// Run a command in a sandbox, streaming its output.
     Exec(exec::ExecArgs),
     /// Copy a file into or out of a sandbox.
@@ -228,6 +231,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
         Command::Describe(args) => describe::describe(args).await,
         Command::Diff(args) => diff::diff(args).await,
         Command::Validate(args) => validate::validate(args),
+        Command::Export(args) => export::export(args).await,
         Command::Exec(args) => exec::exec(args).await,
         Command::Cp(args) => exec::cp(args).await,
         Command::Wait(args) => ops::wait(args).await,
