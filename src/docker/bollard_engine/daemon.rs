@@ -1,12 +1,15 @@
 //! What `agent-sandbox doctor` (and `serve` at start) asks the daemon about itself: its release,
 //! the API version agreed on, the runtimes it has registered, and whether a runtime really starts
 //! a hardened container. Read-only except for the one short-lived, labeled container that
-//! [`BollardEngine::try_runtime`] starts and removes.
+//! [`BollardEngine::try_runtime`] starts and removes (and such containers that a killed process
+//! left behind).
 
 use std::time::{Duration, Instant};
 
 use bollard::models::{ContainerCreateBody, HostConfig};
-use bollard::query_parameters::{CreateContainerOptions, RemoveContainerOptions};
+use bollard::query_parameters::{
+    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
+};
 use futures::StreamExt;
 
 use super::helper::FILLER_IMAGE;
@@ -20,6 +23,8 @@ use crate::docker::{
 pub const ROLE_RUNTIME_CHECK: &str = "runtime-check";
 /// How long a runtime may take to run the helper's `--version`.
 const TRY_TIMEOUT: Duration = Duration::from_secs(60);
+/// A runtime-check container older than this was left by a process that died mid-check.
+const STALE_AFTER: Duration = Duration::from_secs(120);
 
 /// The daemon, as it describes itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +76,7 @@ impl BollardEngine {
         helper_volume: &str,
         user: &str,
     ) -> EngineResult<Duration> {
+        self.remove_stale_checks().await;
         let started = Instant::now();
         let name = format!(
             "agent-sandbox-runtime-check-{}",
@@ -128,6 +134,39 @@ impl BollardEngine {
                 operation: format!("run a container with runtime {runtime:?}"),
                 message: format!("it did not exit within {TRY_TIMEOUT:?}"),
             }),
+        }
+    }
+
+    /// Removes runtime-check containers that a killed process left behind (best effort: a
+    /// failure here must not fail the check).
+    async fn remove_stale_checks(&self) {
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(
+                [(
+                    "label".to_string(),
+                    vec![format!("{LABEL_ROLE}={ROLE_RUNTIME_CHECK}")],
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let Ok(found) = self.docker.list_containers(Some(options)).await else {
+            return;
+        };
+        let now = chrono::Utc::now().timestamp();
+        let stale = found.into_iter().filter(|c| {
+            c.created
+                .is_some_and(|created| now - created > STALE_AFTER.as_secs() as i64)
+        });
+        for container in stale {
+            if let Some(id) = container.id {
+                let options = RemoveContainerOptions {
+                    force: true,
+                    ..Default::default()
+                };
+                let _ = self.docker.remove_container(&id, Some(options)).await;
+            }
         }
     }
 
