@@ -3,8 +3,9 @@
 //! the default image, the data directory, the key file, the port, how workspaces are reached —
 //! and says in one line what it found and, when something is wrong, the fix.
 //!
-//! Checks only look. The one thing they start is a short-lived, labeled container that proves
-//! the configured runtime runs a hardened container (see `docker::BollardEngine::try_runtime`).
+//! Checks only look. The one thing `doctor` starts is a short-lived, labeled container that proves
+//! the configured runtime runs a hardened container (see `docker::BollardEngine::try_runtime`);
+//! `serve` skips it, as its first sandbox proves the same.
 //! Docker is reached only through the `docker` module and the data directory only through
 //! `store::inspect`.
 
@@ -81,7 +82,8 @@ impl fmt::Display for Finding {
     }
 }
 
-/// Which checks to run: `serve` skips the port (its own bind says it) .
+/// Which checks to run: `serve` skips the port (its own bind says it) and proves the runtime
+/// with its first sandbox instead of a trial container.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Occasion {
     /// `agent-sandbox doctor`: everything.
@@ -127,7 +129,7 @@ pub async fn run(settings: &Settings, occasion: Occasion) -> Vec<Finding> {
         ),
     ));
     findings.extend(known_problems(&report.server_version));
-    findings.push(runtime(&engine, settings, &report).await);
+    findings.push(runtime(&engine, settings, &report, occasion).await);
     findings.push(image(&engine, settings).await);
     findings.push(workspace_access(settings, &report));
     findings
@@ -309,7 +311,12 @@ fn known_problems(server_version: &str) -> Option<Finding> {
 }
 
 /// The configured runtime is registered and starts a hardened container.
-async fn runtime(engine: &BollardEngine, settings: &Settings, report: &DaemonReport) -> Finding {
+async fn runtime(
+    engine: &BollardEngine,
+    settings: &Settings,
+    report: &DaemonReport,
+    occasion: Occasion,
+) -> Finding {
     let configured = settings.docker_runtime.trim();
     let name = if configured.is_empty() {
         report.default_runtime.as_str()
@@ -345,8 +352,13 @@ async fn runtime(engine: &BollardEngine, settings: &Settings, report: &DaemonRep
             "build with the helper (`AGENT_SANDBOX_REQUIRE_HELPER=1 cargo build`) for fast exec",
         );
     };
+    if occasion == Occasion::Serve {
+        // The server's first sandbox proves the runtime; a trial container beside every start
+        // would only add Docker work (and a container a killed start leaves behind).
+        return Finding::ok("runtime", format!("runtime {name:?} is registered"));
+    }
     let volume = crate::docker::helper_volume_name(binary);
-    let tried = match engine.ensure_helper_volume(&volume, binary).await {
+    let tried = match fill_helper_volume(engine, &volume, binary).await {
         Ok(()) => {
             engine
                 .try_runtime(configured, &volume, &settings.sandbox_user)
@@ -372,6 +384,22 @@ async fn runtime(engine: &BollardEngine, settings: &Settings, report: &DaemonRep
                 "see the daemon's log (`journalctl -u docker`)"
             },
         ),
+    }
+}
+
+/// Fills the helper volume, waiting out another process that is filling it (or a filler a killed
+/// process left, which the engine removes once it is stale).
+async fn fill_helper_volume(
+    engine: &BollardEngine,
+    volume: &str,
+    binary: &[u8],
+) -> Result<(), crate::docker::EngineError> {
+    let mut attempts = 0;
+    loop {
+        match engine.ensure_helper_volume(volume, binary).await {
+            Err(crate::docker::EngineError::Conflict { .. }) if attempts < 3 => attempts += 1,
+            other => return other,
+        }
     }
 }
 
