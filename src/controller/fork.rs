@@ -8,13 +8,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
-
+use super::status::{generation, set_ready, write_status};
 use super::{Controller, Outcome, ReconcileError};
 use crate::resource::{
-    is_valid_name, set_condition, AnyResource, Condition, ConditionStatus, Fork, ForkPhase,
-    ForkStatus, Kind, OwnerReference, Sandbox, SandboxPhase, SandboxSource, SandboxSpec,
-    SnapshotPhase, API_VERSION,
+    is_valid_name, AnyResource, ConditionStatus, Fork, ForkPhase, ForkStatus, Kind, OwnerReference,
+    Sandbox, SandboxPhase, SandboxSource, SandboxSpec, SnapshotPhase, API_VERSION,
 };
 use crate::store::{StoreError, WriteOptions};
 
@@ -36,7 +34,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         return delete(ctl, &fork, &children);
     }
 
-    let generation = fork.metadata.generation.unwrap_or(1);
+    let generation = generation(&fork.metadata);
     let mut status = fork.status.clone().unwrap_or_default();
     status.observed_generation = Some(generation);
 
@@ -139,17 +137,13 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         )
     };
     status.phase = phase;
-    status.message = message.clone();
-    set_condition(
+    status.message.clone_from(&message);
+    set_ready(
         &mut status.conditions,
-        Condition {
-            type_: "Ready".into(),
-            status: verdict,
-            reason: reason.into(),
-            message,
-            last_transition_time: Utc::now(),
-            observed_generation: Some(generation),
-        },
+        verdict,
+        reason,
+        &message,
+        generation,
     );
     let progressing = status.phase == ForkPhase::Progressing;
     if progressing && only_progress_changed(fork.status.as_ref(), &status) {
@@ -157,7 +151,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
             return Ok(Outcome::after(wait));
         }
     }
-    write_status(ctl, &fork, status).await?;
+    write_status(&ctl.store, &fork, &status).await?;
     if progressing {
         ctl.fork_progress.wrote(name);
     } else {
@@ -338,9 +332,7 @@ async fn create_children(
     let owner = owner_reference(fork);
     let store = Arc::clone(&ctl.store);
     let created =
-        tokio::task::spawn_blocking(move || store.create_all_owned(children, vec![owner]))
-            .await
-            .map_err(|e| ReconcileError::Other(e.to_string()))?;
+        tokio::task::spawn_blocking(move || store.create_all_owned(children, vec![owner])).await?;
     for result in created {
         match result {
             Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
@@ -387,16 +379,6 @@ fn delete(ctl: &Controller, fork: &Fork, children: &[Sandbox]) -> Result<Outcome
     }
     // Each child's removal requeues this fork too; the timer is a safety net.
     Ok(Outcome::after(WAIT))
-}
-
-async fn write_status(
-    ctl: &Controller,
-    fork: &Fork,
-    status: ForkStatus,
-) -> Result<(), ReconcileError> {
-    let name = &fork.metadata.name;
-    super::write_status_if_changed(&ctl.store, Kind::Fork, name, fork.status.as_ref(), &status)
-        .await
 }
 
 #[cfg(test)]

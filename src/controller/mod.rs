@@ -7,16 +7,26 @@
 //! after a crash at any point, converges to the same result. This module never parses documents
 //! and never serves HTTP; it talks to Docker only through [`Engine`].
 
+// The vocabulary every reconciler speaks; none of these uses a reconciler.
+mod container;
+mod content;
+mod error;
+mod names;
+mod status;
+mod tracker;
+mod workspace;
+
+// The reconcilers, one per kind, and what only they use.
 mod fork;
 mod gc;
 mod pool;
 pub mod queue;
-pub mod restore;
+mod replace;
+mod restore;
 mod sandbox;
 mod snapshot;
 #[cfg(test)]
 mod tests;
-mod workspace;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,32 +37,18 @@ use futures::StreamExt;
 use tokio::task::JoinSet;
 
 use crate::config::Settings;
-use crate::docker::{container_name, Engine, EngineError};
-use crate::resource::{Kind, SandboxDefaults};
-use crate::store::{Store, StoreError};
+use crate::docker::Engine;
+use crate::resource::Kind;
+use crate::store::Store;
+use container::Containers;
+pub use error::ReconcileError;
+use names::container_name;
+use pool::Pools;
 use queue::{Backoff, WorkQueue};
+use workspace::Workspaces;
 
 /// What the queue holds: one resource.
 pub type Key = (Kind, String);
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    #[error("docker: {0}")]
-    Engine(#[from] EngineError),
-    #[error("store: {0}")]
-    Store(#[from] StoreError),
-    #[error("{0}")]
-    Other(String),
-}
-
-impl From<restore::RestoreError> for ReconcileError {
-    fn from(error: restore::RestoreError) -> ReconcileError {
-        match error {
-            restore::RestoreError::Engine(e) => ReconcileError::Engine(e),
-            other => ReconcileError::Other(other.to_string()),
-        }
-    }
-}
 
 /// What a successful reconcile asks for next.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -79,55 +75,21 @@ impl Outcome {
     }
 }
 
-/// Writes `new` as the status of `kind`/`name` unless it equals `old`, so that a reconcile that
-/// observed nothing new writes nothing (an idle resync costs no writes). A resource deleted
-/// meanwhile is not an error: the next reconcile sees that.
-///
-/// The write waits for its fsyncs on a blocking thread: the async workers are few (one per core)
-/// and a burst of reconciles (a Fork's children) would otherwise queue behind each other's disk
-/// flushes.
-async fn write_status_if_changed<S: serde::Serialize + PartialEq>(
-    store: &Arc<Store>,
-    kind: Kind,
-    name: &str,
-    old: Option<&S>,
-    new: &S,
-) -> Result<(), ReconcileError> {
-    if old == Some(new) {
-        return Ok(());
-    }
-    let value = serde_json::to_value(new).map_err(|e| ReconcileError::Other(e.to_string()))?;
-    let store = Arc::clone(store);
-    let name = name.to_string();
-    let written = tokio::task::spawn_blocking(move || store.update_status(kind, &name, value))
-        .await
-        .map_err(|e| ReconcileError::Other(format!("status write failed: {e}")))?;
-    match written {
-        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
 pub struct Controller {
     store: Arc<Store>,
     engine: Arc<dyn Engine>,
     settings: Arc<Settings>,
     queue: Arc<WorkQueue<Key>>,
-    /// This server's identity, labeled on every object it creates; garbage collection only
-    /// touches objects carrying it.
-    server_id: String,
-    /// The helper binary to install in the shared helper volume, when this build carries one.
-    helper_binary: Option<&'static [u8]>,
-    /// Name of the helper volume once it is known to be ready.
-    helper_volume: tokio::sync::Mutex<Option<String>>,
+    /// Plans, swaps and removals of the sandboxes' Docker objects.
+    containers: Arc<Containers>,
+    /// Making workspaces ready, and what this host has shown about doing it directly.
+    workspaces: Workspaces,
+    /// The warm pools, and the members handed out lately (see `pool/claims.rs`).
+    pools: Pools,
     /// Snapshots in progress: which containers they hold paused, which files they write.
-    snapshots: Arc<snapshot::Tracker>,
-    /// Pool members handed out lately, so that no member is handed out twice (see `pool.rs`).
-    pool_claims: pool::HandedOut,
-    /// Whether workspaces can be used on this host, as learned so far.
-    host_access: workspace::HostAccess,
-    /// Snapshot files validated lately (see `restore.rs`).
-    validated_files: restore::ValidatedFiles,
+    snapshots: Arc<tracker::Tracker>,
+    /// Snapshot files validated lately (see `content.rs`).
+    validated_files: content::ValidatedFiles,
     /// When progressing forks last wrote their progress (see `fork.rs`).
     fork_progress: fork::ProgressWrites,
 }
@@ -140,17 +102,26 @@ impl Controller {
         server_id: String,
         helper_binary: Option<&'static [u8]>,
     ) -> Arc<Controller> {
-        Arc::new(Controller {
+        let queue = WorkQueue::new(Backoff::default());
+        let containers = Arc::new(Containers::new(
+            Arc::clone(&engine),
+            Arc::clone(&settings),
             server_id,
+            helper_binary,
+        ));
+        Arc::new(Controller {
+            workspaces: Workspaces::new(Arc::clone(&engine), Arc::clone(&settings)),
+            pools: Pools::new(
+                Arc::clone(&store),
+                Arc::clone(&containers),
+                Arc::clone(&queue),
+            ),
             store,
             engine,
             settings,
-            queue: WorkQueue::new(Backoff::default()),
-            helper_binary,
-            helper_volume: tokio::sync::Mutex::new(None),
+            queue,
+            containers,
             snapshots: Arc::default(),
-            pool_claims: pool::HandedOut::default(),
-            host_access: workspace::HostAccess::default(),
             validated_files: Default::default(),
             fork_progress: Default::default(),
         })
@@ -158,15 +129,6 @@ impl Controller {
 
     pub fn queue(&self) -> &Arc<WorkQueue<Key>> {
         &self.queue
-    }
-
-    fn defaults(&self) -> SandboxDefaults {
-        SandboxDefaults {
-            image: self.settings.default_image.clone(),
-            cpus: self.settings.default_cpus,
-            memory_mb: self.settings.default_memory_mb,
-            pids_limit: self.settings.default_pids_limit,
-        }
     }
 
     /// Queues every resource the store knows.
@@ -286,7 +248,7 @@ impl Controller {
                         .as_sandbox()
                         .and_then(|s| s.status.as_ref()?.claimed_from.clone())
                     {
-                        self.recount_pool(pool);
+                        self.pools.recount(pool);
                     }
                     // A snapshot or fork may be waiting for the sandbox it names.
                     if let Some(owner) = resource.metadata().owner_references.first() {
@@ -314,7 +276,11 @@ impl Controller {
                     Ok(event) => {
                         // Another server's object is not ours to reconcile (volume events carry
                         // no labels, so they name no server and are looked at).
-                        if event.server.as_ref().is_some_and(|s| *s != self.server_id) {
+                        if event
+                            .server
+                            .as_ref()
+                            .is_some_and(|s| *s != self.containers.server_id)
+                        {
                             continue;
                         }
                         if let Some(sandbox) = event.sandbox {

@@ -228,7 +228,7 @@ async fn a_swap_moves_a_leftover_retired_container_out_of_the_way() {
         .await
         .unwrap();
 
-    let retired = super::restore::swap_in(&ctl, "a", &new).await.unwrap();
+    let retired = ctl.containers.swap_in("a", &new).await.unwrap();
     assert_eq!(retired.as_deref(), Some("agent-sandbox-a.retired"));
     let names: std::collections::BTreeMap<String, String> = engine
         .containers()
@@ -277,7 +277,7 @@ async fn a_failing_rollback_removes_what_an_interrupted_attempt_left() {
     super::sandbox::reconcile(&ctl, "a").await.unwrap();
     let current = engine.container_of("a").unwrap();
     let mut plan = current.plan.clone();
-    plan.name = Some(super::restore::staging_container_name("a"));
+    plan.name = Some(super::names::staging_container_name("a"));
     plan.workspace_volume = "agent-sandbox-a-workspace-31c1e607".into();
     engine.create_container(&plan).await.unwrap();
 
@@ -329,7 +329,7 @@ async fn a_restore_into_a_directory_that_fails_the_proof_fails_and_gives_up_the_
     // root shows no such directory at /workspace.
     let named = tempfile::tempdir().unwrap();
     engine.set_host_workspace(named.path().to_path_buf(), i64::from(std::process::id()));
-    ctl.host_access.learn("", true);
+    ctl.workspaces.host_access.learn("", true);
 
     let tar_path = dir.path().join("s.tar");
     let mut builder = tar::Builder::new(std::fs::File::create(&tar_path).unwrap());
@@ -341,7 +341,7 @@ async fn a_restore_into_a_directory_that_fails_the_proof_fails_and_gives_up_the_
         .append_data(&mut header, "hello.txt", &b"hi\n"[..])
         .unwrap();
     builder.into_inner().unwrap().sync_all().unwrap();
-    let snapshot = super::restore::Validated {
+    let snapshot = super::content::Validated {
         name: "s".into(),
         path: tar_path,
     };
@@ -352,8 +352,10 @@ async fn a_restore_into_a_directory_that_fails_the_proof_fails_and_gives_up_the_
             ..SandboxSpec::default()
         },
     );
-    let effective = sandbox.spec.effective(&ctl.defaults());
-    let plan = super::sandbox::plan_for(&ctl, &sandbox, &effective, "agent-sandbox-a-workspace")
+    let effective = sandbox.spec.effective(&ctl.containers.defaults());
+    let plan = ctl
+        .containers
+        .plan_for(&sandbox, &effective, "agent-sandbox-a-workspace")
         .await
         .unwrap();
 
@@ -368,7 +370,7 @@ async fn a_restore_into_a_directory_that_fails_the_proof_fails_and_gives_up_the_
     assert!(engine.containers().is_empty(), "the container is discarded");
     assert!(engine.volumes().is_empty(), "the volume is discarded");
     assert_eq!(
-        ctl.host_access.get(""),
+        ctl.workspaces.host_access.get(""),
         Some(false),
         "the host path is given up"
     );

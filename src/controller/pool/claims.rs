@@ -1,36 +1,24 @@
-//! Reconciling one `SandboxPool`, and claiming from it.
-//!
-//! A pool member is an ordinary hardened container and workspace volume whose `io.agent-sandbox.id`
-//! is `pool.<pool>.<random>` (a dot never occurs in a sandbox name, so members and sandboxes cannot
-//! collide). It is created with the server's default limits and started, its workspace already
-//! owned by the sandbox user. A sandbox whose immutable properties match claims a member by
-//! renaming it to its own container name, then gets its limits applied live. Claims run in
-//! parallel; [`HandedOut`] makes sure no two take the same member. The pool refills in the
-//! background, once claims have paused for a moment (at most a second), so that starting new
-//! members does not slow down the operations that just claimed.
+//! Claiming a warm pool member for a sandbox: finding the pool whose members fit, taking one
+//! member that no other claim takes ([`HandedOut`]), renaming it to the name the sandbox wants
+//! and giving it the sandbox's limits. The pool's own reconcile (`pool/mod.rs`) makes and
+//! counts members; this module only hands them out.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use futures::future::join_all;
 
-use super::sandbox::ready_condition;
-use super::{Controller, Outcome, ReconcileError};
-use crate::docker::{
-    container_name, ContainerPlan, EngineError, ManagedContainer, LABEL_SERVER, LABEL_SPEC_HASH,
-};
-use crate::resource::{
-    AppliedLimits, ConditionStatus, EffectiveSandbox, Kind, SandboxPool, SandboxPoolStatus,
-    SandboxStatus,
-};
-
-/// Prefix of a pool member's `io.agent-sandbox.id`.
-pub(super) const MEMBER_PREFIX: &str = "pool.";
+use super::super::container::{limits_for, Containers};
+use super::super::names::{self, container_name, member_prefix};
+use super::super::queue::WorkQueue;
+use super::super::{Key, ReconcileError};
+use crate::docker::ManagedContainer;
+use crate::resource::{AppliedLimits, EffectiveSandbox, Kind, SandboxPool, SandboxStatus};
+use crate::store::Store;
 
 /// A claimed member, as the sandbox reconcile records it.
-pub(super) struct Claimed {
+pub(in crate::controller) struct Claimed {
     pub pool: String,
     pub container_id: String,
     pub volume: String,
@@ -39,7 +27,11 @@ pub(super) struct Claimed {
 
 impl Claimed {
     /// Makes `status` describe this claimed, running member as the sandbox's container.
-    pub(super) fn record(self, status: &mut SandboxStatus, effective: &EffectiveSandbox) {
+    pub(in crate::controller) fn record(
+        self,
+        status: &mut SandboxStatus,
+        effective: &EffectiveSandbox,
+    ) {
         status.container_id = Some(self.container_id);
         status.workspace_volume = Some(self.volume);
         status.applied_limits = Some(self.limits);
@@ -72,7 +64,7 @@ const REFILL_MAX_WAIT: Duration = Duration::from_secs(1);
 ///
 /// [`refill_wait`]: HandedOut::refill_wait
 #[derive(Default)]
-pub(super) struct HandedOut {
+pub(in crate::controller) struct HandedOut {
     state: Mutex<Handed>,
 }
 
@@ -92,7 +84,7 @@ impl HandedOut {
     }
 
     /// Records the ready members `pool`'s reconcile saw (an empty list for a pool that is gone).
-    fn publish(&self, pool: &str, members: Vec<ManagedContainer>) {
+    pub(super) fn publish(&self, pool: &str, members: Vec<ManagedContainer>) {
         let mut state = self.lock();
         if members.is_empty() {
             state.published.remove(pool);
@@ -125,7 +117,7 @@ impl HandedOut {
     }
 
     /// How long `pool` should wait before starting new members, if at all.
-    fn refill_wait(&self, pool: &str) -> Option<Duration> {
+    pub(super) fn refill_wait(&self, pool: &str) -> Option<Duration> {
         let mut state = self.lock();
         let quiet_left = state
             .last_claim
@@ -147,17 +139,6 @@ impl HandedOut {
     }
 }
 
-/// The pool a member id (`pool.<pool>.<random>`) belongs to.
-pub(super) fn pool_of_member(id: &str) -> Option<&str> {
-    id.strip_prefix(MEMBER_PREFIX)?
-        .rsplit_once('.')
-        .map(|(pool, _)| pool)
-}
-
-fn member_volume(member: &str) -> String {
-    format!("agent-sandbox-{member}-workspace")
-}
-
 /// Hash of what makes members interchangeable: image, root filesystem mode, network, runtime.
 fn pool_key(image: &str, read_only_rootfs: bool, network: bool, runtime: &str) -> String {
     use sha2::{Digest, Sha256};
@@ -167,32 +148,59 @@ fn pool_key(image: &str, read_only_rootfs: bool, network: bool, runtime: &str) -
     format!("pool-{}", hex::encode(&digest[..8]))
 }
 
-impl Controller {
-    fn pool_runtime(&self, pool: &SandboxPool) -> String {
+/// The warm pools as claims and the pool reconcile see them: which members exist, which were
+/// handed out, and how to hand one out.
+pub(in crate::controller) struct Pools {
+    store: Arc<Store>,
+    containers: Arc<Containers>,
+    queue: Arc<WorkQueue<Key>>,
+    /// Pool members handed out lately, so that no member is handed out twice.
+    pub(super) handed_out: HandedOut,
+}
+
+impl Pools {
+    pub(in crate::controller) fn new(
+        store: Arc<Store>,
+        containers: Arc<Containers>,
+        queue: Arc<WorkQueue<Key>>,
+    ) -> Pools {
+        Pools {
+            store,
+            containers,
+            queue,
+            handed_out: HandedOut::default(),
+        }
+    }
+
+    pub(super) fn runtime_of(&self, pool: &SandboxPool) -> String {
         pool.spec
             .runtime
             .clone()
-            .unwrap_or_else(|| self.settings.docker_runtime.clone())
+            .unwrap_or_else(|| self.containers.settings.docker_runtime.clone())
     }
 
-    fn pool_key_of(&self, pool: &SandboxPool) -> String {
+    pub(super) fn key_of(&self, pool: &SandboxPool) -> String {
         pool_key(
             &pool.spec.image,
             pool.spec.read_only_rootfs.unwrap_or(true),
             pool.spec.network.unwrap_or(false),
-            &self.pool_runtime(pool),
+            &self.runtime_of(pool),
         )
     }
 
     /// Unclaimed members of `pool` (still under their pool name), running or not.
-    async fn members(&self, pool: &str) -> Result<Vec<ManagedContainer>, ReconcileError> {
-        let prefix = format!("{MEMBER_PREFIX}{pool}.");
+    pub(super) async fn members(
+        &self,
+        pool: &str,
+    ) -> Result<Vec<ManagedContainer>, ReconcileError> {
+        let prefix = member_prefix(pool);
         Ok(self
+            .containers
             .engine
             .list_containers()
             .await?
             .into_iter()
-            .filter(|c| c.labels.get(LABEL_SERVER) == Some(&self.server_id))
+            .filter(|c| self.containers.is_ours(&c.labels))
             .filter(|c| c.sandbox().is_some_and(|id| id.starts_with(&prefix)))
             .filter(|c| c.sandbox().is_some_and(|id| c.name == container_name(id)))
             .collect())
@@ -200,7 +208,7 @@ impl Controller {
 
     /// Claims a running member of a pool matching `effective` for sandbox `name`, if there is one,
     /// renaming it to the sandbox's container name.
-    pub(super) async fn claim_from_pool(
+    pub(in crate::controller) async fn claim(
         &self,
         name: &str,
         effective: &EffectiveSandbox,
@@ -210,13 +218,13 @@ impl Controller {
 
     /// Claims a running member for sandbox `name` under the container name `as_name`. Whatever
     /// held that name before is removed: the caller found nothing there worth keeping.
-    pub(super) async fn claim_as(
+    pub(in crate::controller) async fn claim_as(
         &self,
         name: &str,
         effective: &EffectiveSandbox,
         as_name: &str,
     ) -> Result<Option<Claimed>, ReconcileError> {
-        let runtime = self.settings.docker_runtime.clone();
+        let runtime = self.containers.settings.docker_runtime.clone();
         let wanted = pool_key(
             &effective.image,
             effective.read_only_rootfs,
@@ -229,18 +237,14 @@ impl Controller {
             .into_iter()
             .find_map(|e| {
                 let pool = e.resource.as_pool()?.clone();
-                (pool.metadata.deletion_timestamp.is_none() && self.pool_key_of(&pool) == wanted)
+                (pool.metadata.deletion_timestamp.is_none() && self.key_of(&pool) == wanted)
                     .then_some(pool)
             })
         else {
             return Ok(None);
         };
-        let limits = AppliedLimits {
-            cpus: effective.cpus,
-            memory_mb: effective.memory_mb,
-            pids_limit: effective.pids_limit,
-        };
-        let defaults = self.defaults();
+        let limits = limits_for(effective);
+        let defaults = self.containers.defaults();
         let default_limits = limits.cpus == defaults.cpus
             && limits.memory_mb == defaults.memory_mb
             && limits.pids_limit == defaults.pids_limit;
@@ -255,14 +259,14 @@ impl Controller {
         let mut attempts = 0;
         let member = loop {
             attempts += 1;
-            let candidates = match self.pool_claims.published(&pool_name) {
+            let candidates = match self.handed_out.published(&pool_name) {
                 Some(members) if !listed => members,
                 _ => {
                     listed = true;
                     self.members(&pool_name).await?
                 }
             };
-            let Some(member) = self.pool_claims.take(candidates) else {
+            let Some(member) = self.handed_out.take(candidates) else {
                 if !listed {
                     listed = true;
                     continue;
@@ -270,28 +274,30 @@ impl Controller {
                 self.queue.add((Kind::SandboxPool, pool_name));
                 return Ok(None);
             };
-            match self.take_name(&member.id, as_name).await {
+            match self.containers.take_name(&member.id, as_name).await {
                 Ok(()) => break member,
                 Err(error) if error.is_not_found() && attempts < 3 => listed = true,
                 Err(error) => {
                     // Still under its pool name, as far as anyone knows: a later claim may try.
-                    self.pool_claims.release(&member.id);
+                    self.handed_out.release(&member.id);
                     return Err(error.into());
                 }
             }
         };
         let member_id = member.sandbox().unwrap_or_default().to_string();
-        self.recount_pool(pool_name.clone());
+        self.recount(pool_name.clone());
         if !default_limits {
             if let Err(error) = self
+                .containers
                 .engine
                 .update_limits(&member.id, limits.cpus, limits.memory_mb, limits.pids_limit)
                 .await
             {
                 tracing::warn!(sandbox = name, %error, "claimed container rejected its limits; creating one instead");
-                self.engine.remove_container(&member.id).await?;
-                self.engine
-                    .remove_volume(&member_volume(&member_id))
+                self.containers.engine.remove_container(&member.id).await?;
+                self.containers
+                    .engine
+                    .remove_volume(&names::member_volume(&member_id))
                     .await?;
                 return Ok(None);
             }
@@ -300,206 +306,22 @@ impl Controller {
         Ok(Some(Claimed {
             pool: pool_name,
             container_id: member.id,
-            volume: member_volume(&member_id),
+            volume: names::member_volume(&member_id),
             limits,
         }))
     }
-}
 
-impl Controller {
     /// Has pool `name` recount its members and claims soon (see [`RECOUNT_DELAY`]).
-    pub(super) fn recount_pool(&self, name: String) {
+    pub(in crate::controller) fn recount(&self, name: String) {
         self.queue
             .add_soon((Kind::SandboxPool, name), RECOUNT_DELAY);
     }
-
-    /// Renames the container `id` to `as_name`; whatever held that name before is removed (the
-    /// caller found nothing there worth keeping).
-    async fn take_name(&self, id: &str, as_name: &str) -> Result<(), EngineError> {
-        match self.engine.rename_container(id, as_name).await {
-            Err(EngineError::Conflict { .. }) => {
-                self.engine.remove_container(as_name).await?;
-                self.engine.rename_container(id, as_name).await
-            }
-            other => other,
-        }
-    }
-}
-
-pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, ReconcileError> {
-    let entry = ctl.store.get(Kind::SandboxPool, name);
-    let pool = entry.as_ref().and_then(|e| e.resource.as_pool().cloned());
-    let members = ctl.members(name).await?;
-    let Some(pool) = pool.filter(|p| p.metadata.deletion_timestamp.is_none()) else {
-        // Gone or going: drain every unclaimed member, then let the document go.
-        ctl.pool_claims.publish(name, Vec::new());
-        remove_members(ctl, &members).await?;
-        if entry.is_some() {
-            ctl.store.finalize(Kind::SandboxPool, name)?;
-        }
-        return Ok(Outcome::done());
-    };
-    let key = ctl.pool_key_of(&pool);
-    // Members are made (created, started, prepared) within this reconcile, and one reconcile of
-    // a pool runs at a time: a member not running now was left half made by a crash, or stopped
-    // by a hand. It would hold a place in the pool and never be claimed.
-    let (usable, stale): (Vec<_>, Vec<_>) = members
-        .into_iter()
-        .partition(|c| c.labels.get(LABEL_SPEC_HASH) == Some(&key) && c.is_running());
-    remove_members(ctl, &stale).await?;
-    let size = pool.spec.size as usize;
-    let mut message = String::new();
-    let mut deferred = None;
-    let mut created = false;
-    if usable.len() > size {
-        remove_members(ctl, &usable[size..]).await?;
-    } else if usable.len() < size {
-        if let Some(wait) = ctl.pool_claims.refill_wait(name) {
-            deferred = Some(wait);
-        } else {
-            let missing = size - usable.len();
-            let results = join_all((0..missing).map(|_| create_member(ctl, &pool, &key))).await;
-            if let Some(Err(error)) = results.into_iter().find(|r| r.is_err()) {
-                message = format!("cannot create pool containers: {error}");
-            }
-            created = true;
-        }
-    }
-    // A second listing only when this reconcile made members: otherwise the first one is current.
-    let ready_members: Vec<ManagedContainer> = if created {
-        ctl.members(name)
-            .await?
-            .into_iter()
-            .filter(|c| c.is_running() && c.labels.get(LABEL_SPEC_HASH) == Some(&key))
-            .collect()
-    } else {
-        usable.into_iter().take(size).collect()
-    };
-    let ready = ready_members.len() as u32;
-    ctl.pool_claims.publish(name, ready_members);
-    let claimed = ctl
-        .store
-        .list(Kind::Sandbox)
-        .iter()
-        .filter_map(|e| e.resource.as_sandbox()?.status.as_ref())
-        .filter(|s| s.claimed_from.as_deref() == Some(name) && s.container_id.is_some())
-        .count() as u32;
-    let generation = pool.metadata.generation.unwrap_or(1);
-    let mut status = pool.status.clone().unwrap_or_default();
-    let full = ready as usize >= size;
-    let (verdict, reason) = if full {
-        (ConditionStatus::True, "Full")
-    } else if message.is_empty() {
-        (ConditionStatus::False, "Filling")
-    } else {
-        (ConditionStatus::False, "CreateFailed")
-    };
-    let mut conditions = status.conditions.clone();
-    crate::resource::set_condition(
-        &mut conditions,
-        ready_condition(verdict, reason, &message, generation),
-    );
-    status = SandboxPoolStatus {
-        observed_generation: Some(generation),
-        conditions,
-        ready_replicas: ready,
-        claimed,
-        message: message.clone(),
-    };
-    super::write_status_if_changed(
-        &ctl.store,
-        Kind::SandboxPool,
-        name,
-        pool.status.as_ref(),
-        &status,
-    )
-    .await?;
-    if !message.is_empty() {
-        return Err(ReconcileError::Other(message));
-    }
-    Ok(if full {
-        Outcome::done()
-    } else {
-        Outcome::after(deferred.unwrap_or(Duration::from_millis(500)))
-    })
-}
-
-async fn create_member(
-    ctl: &Controller,
-    pool: &SandboxPool,
-    key: &str,
-) -> Result<(), ReconcileError> {
-    if !ctl.engine.image_exists(&pool.spec.image).await? {
-        return Err(crate::docker::EngineError::ImageMissing(pool.spec.image.clone()).into());
-    }
-    let member = format!(
-        "{MEMBER_PREFIX}{}.{:08x}",
-        pool.metadata.name,
-        rand::random::<u32>()
-    );
-    let uid = pool.metadata.uid.clone().unwrap_or_default();
-    // The create makes the member's workspace volume, labeled for the member.
-    let volume = member_volume(&member);
-    let network = if pool.spec.network.unwrap_or(false) {
-        ctl.engine
-            .ensure_network(&ctl.settings.network_name)
-            .await?;
-        Some(ctl.settings.network_name.clone())
-    } else {
-        None
-    };
-    let defaults = ctl.defaults();
-    let runtime = ctl.pool_runtime(pool);
-    let plan = ContainerPlan {
-        sandbox: member.clone(),
-        name: None,
-        uid,
-        server: ctl.server_id.clone(),
-        image: pool.spec.image.clone(),
-        cpus: defaults.cpus,
-        memory_mb: defaults.memory_mb,
-        pids_limit: defaults.pids_limit,
-        network,
-        read_only_rootfs: pool.spec.read_only_rootfs.unwrap_or(true),
-        env: BTreeMap::new(),
-        tmp_size_mb: ctl.settings.tmp_size_mb,
-        user: ctl.settings.sandbox_user.clone(),
-        runtime: (!runtime.is_empty()).then_some(runtime),
-        spec_hash: key.to_string(),
-        helper_volume: ctl.helper_volume().await?,
-        workspace_volume: volume.clone(),
-    };
-    let created = async {
-        let id = ctl.engine.create_container(&plan).await?;
-        let runtime = plan.runtime.clone().unwrap_or_default();
-        ctl.start_with_workspace(&id, &runtime, None).await?;
-        Ok::<_, ReconcileError>(())
-    }
-    .await;
-    if let Err(error) = created {
-        let _ = ctl.engine.remove_container(&container_name(&member)).await;
-        let _ = ctl.engine.remove_volume(&volume).await;
-        return Err(error);
-    }
-    tracing::debug!(pool = %pool.metadata.name, member, at = %Utc::now(), "pool container ready");
-    Ok(())
-}
-
-async fn remove_members(
-    ctl: &Controller,
-    members: &[ManagedContainer],
-) -> Result<(), ReconcileError> {
-    for member in members {
-        ctl.engine.remove_container(&member.id).await?;
-        if let Some(id) = member.sandbox() {
-            ctl.engine.remove_volume(&member_volume(id)).await?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     fn member(id: &str, state: &str) -> ManagedContainer {
