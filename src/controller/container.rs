@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::error::ReconcileError;
 use super::names::{self, container_name, volume_name};
-use super::ReconcileError;
 use crate::config::Settings;
 use crate::docker::{ContainerPlan, Engine, EngineError, LABEL_SERVER};
 use crate::resource::{AppliedLimits, EffectiveSandbox, Sandbox, SandboxDefaults, SandboxPool};

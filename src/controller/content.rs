@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
-use super::ReconcileError;
+use super::error::ReconcileError;
 use crate::archive::{self, ArchiveError, Limits, Policy};
 use crate::config::Settings;
 use crate::resource::{Kind, SnapshotPhase};

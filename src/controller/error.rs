@@ -1,7 +1,8 @@
 //! What can go wrong in a reconcile: one typed error for every kind, each variant saying what
 //! failed (Docker, the store, a snapshot's content, this host's copy of a workspace…) and keeping
 //! its cause. The reconcilers return these and never report them; the error policy
-//! (`policy.rs`) decides which condition reports each one and when to try again.
+//! (`policy.rs`) decides which condition reports each one and when to try again. There is
+//! no catch-all variant: a new way to fail is a new variant.
 
 use crate::archive::ArchiveError;
 use crate::config::SettingsError;
@@ -54,6 +55,12 @@ pub enum ReconcileError {
     /// Some pool members could not be created.
     #[error("cannot create pool containers: {0}")]
     MembersNotCreated(Box<ReconcileError>),
+    /// A sandbox's first workspace could not be built from its `spec.source`.
+    #[error(transparent)]
+    Source(Box<ReconcileError>),
+    /// Docker could not export a workspace for a snapshot.
+    #[error("{0}")]
+    Export(EngineError),
     /// A rollback request failed; the sandbox runs on as it was.
     #[error("rollback {request:?} failed: {error}")]
     RollbackFailed {

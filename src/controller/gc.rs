@@ -12,12 +12,13 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use super::context::GcContext;
+use super::error::ReconcileError;
 use super::names::{container_name, is_member, pool_of_member, sandbox_of, staging_of};
-use super::{Controller, ReconcileError};
 use crate::docker::{LABEL_ROLE, LABEL_UID};
 use crate::resource::{Kind, SandboxPhase};
 
-pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, ReconcileError> {
+pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, ReconcileError> {
     if !ctl.store.is_fully_loaded() {
         tracing::debug!("store not fully loaded yet; garbage collection waits");
         return Ok(0);

@@ -8,10 +8,13 @@
 //! and never serves HTTP; it talks to Docker only through [`Engine`].
 
 // The vocabulary every reconciler speaks; none of these uses a reconciler.
+mod claims;
 mod container;
 mod content;
+mod context;
 mod error;
 mod names;
+mod policy;
 mod status;
 mod tracker;
 mod workspace;
@@ -32,7 +35,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use futures::StreamExt;
 use tokio::task::JoinSet;
 
@@ -40,40 +43,15 @@ use crate::config::Settings;
 use crate::docker::Engine;
 use crate::resource::Kind;
 use crate::store::Store;
+use claims::Pools;
 use container::Containers;
+use context::{ForkContext, GcContext, PoolContext, SandboxContext, SnapshotContext};
 pub use error::ReconcileError;
 use names::container_name;
-use pool::Pools;
+pub use policy::Outcome;
+pub use queue::Key;
 use queue::{Backoff, WorkQueue};
 use workspace::Workspaces;
-
-/// What the queue holds: one resource.
-pub type Key = (Kind, String);
-
-/// What a successful reconcile asks for next.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Outcome {
-    /// Run again after this long (an expiry deadline, a wait for something external).
-    pub requeue_after: Option<Duration>,
-}
-
-impl Outcome {
-    pub fn done() -> Outcome {
-        Outcome::default()
-    }
-
-    pub fn after(delay: Duration) -> Outcome {
-        Outcome {
-            requeue_after: Some(delay),
-        }
-    }
-
-    pub fn at(deadline: Option<DateTime<Utc>>) -> Outcome {
-        Outcome {
-            requeue_after: deadline.map(|at| (at - Utc::now()).to_std().unwrap_or(Duration::ZERO)),
-        }
-    }
-}
 
 pub struct Controller {
     store: Arc<Store>,
@@ -84,14 +62,14 @@ pub struct Controller {
     containers: Arc<Containers>,
     /// Making workspaces ready, and what this host has shown about doing it directly.
     workspaces: Workspaces,
-    /// The warm pools, and the members handed out lately (see `pool/claims.rs`).
+    /// The warm pools, and the members handed out lately (see `claims.rs`).
     pools: Pools,
     /// Snapshots in progress: which containers they hold paused, which files they write.
     snapshots: Arc<tracker::Tracker>,
     /// Snapshot files validated lately (see `content.rs`).
     validated_files: content::ValidatedFiles,
     /// When progressing forks last wrote their progress (see `fork.rs`).
-    fork_progress: fork::ProgressWrites,
+    fork_progress: status::ProgressWrites,
 }
 
 impl Controller {
@@ -225,13 +203,74 @@ impl Controller {
         }
     }
 
-    /// Runs the reconcile function of the key's kind once.
+    /// Runs the reconcile function of the key's kind once, against that kind's context; a
+    /// failure goes through the error policy.
     pub async fn reconcile(&self, key: &Key) -> Result<Outcome, ReconcileError> {
+        let name = key.1.as_str();
+        let containers = self.containers.as_ref();
         match key.0 {
-            Kind::Sandbox => sandbox::reconcile(self, &key.1).await,
-            Kind::Snapshot => snapshot::reconcile(self, &key.1).await,
-            Kind::Fork => fork::reconcile(self, &key.1).await,
-            Kind::SandboxPool => pool::reconcile(self, &key.1).await,
+            Kind::Sandbox => match sandbox::reconcile(&self.sandbox_context(), name).await {
+                Ok(outcome) => Ok(outcome),
+                Err(failure) => policy::handle(&self.store, containers, failure).await,
+            },
+            Kind::Snapshot => match snapshot::reconcile(&self.snapshot_context(), name).await {
+                Ok(outcome) => Ok(outcome),
+                Err(failure) => policy::handle(&self.store, containers, failure).await,
+            },
+            Kind::Fork => fork::reconcile(&self.fork_context(), name).await,
+            Kind::SandboxPool => match pool::reconcile(&self.pool_context(), name).await {
+                Ok(outcome) => Ok(outcome),
+                Err(failure) => policy::handle(&self.store, containers, failure).await,
+            },
+        }
+    }
+
+    fn sandbox_context(&self) -> SandboxContext<'_> {
+        SandboxContext {
+            store: &self.store,
+            engine: &self.engine,
+            settings: &self.settings,
+            containers: &self.containers,
+            workspaces: &self.workspaces,
+            pools: &self.pools,
+            snapshots: &self.snapshots,
+            validated_files: &self.validated_files,
+        }
+    }
+
+    fn snapshot_context(&self) -> SnapshotContext<'_> {
+        SnapshotContext {
+            store: &self.store,
+            engine: &self.engine,
+            settings: &self.settings,
+            containers: &self.containers,
+            snapshots: &self.snapshots,
+            queue: &self.queue,
+        }
+    }
+
+    fn fork_context(&self) -> ForkContext<'_> {
+        ForkContext {
+            store: &self.store,
+            fork_progress: &self.fork_progress,
+        }
+    }
+
+    fn pool_context(&self) -> PoolContext<'_> {
+        PoolContext {
+            store: &self.store,
+            engine: &self.engine,
+            containers: &self.containers,
+            workspaces: &self.workspaces,
+            pools: &self.pools,
+        }
+    }
+
+    fn gc_context(&self) -> GcContext<'_> {
+        GcContext {
+            store: &self.store,
+            engine: &self.engine,
+            containers: &self.containers,
         }
     }
 
@@ -306,10 +345,10 @@ impl Controller {
         loop {
             tick.tick().await;
             self.enqueue_drifted().await;
-            if let Err(error) = gc::collect_garbage(&self).await {
+            if let Err(error) = gc::collect_garbage(&self.gc_context()).await {
                 tracing::warn!(%error, "garbage collection failed");
             }
-            snapshot::collect_data(&self);
+            snapshot::collect_data(&self.store, &self.snapshots);
         }
     }
 

@@ -6,9 +6,10 @@
 //! workspace as well.
 
 use super::container::Replaced;
+use super::context::SandboxContext;
+use super::error::ReconcileError;
 use super::names::staging_container_name;
 use super::workspace::open_host_root;
-use super::{Controller, ReconcileError};
 use crate::archive;
 use crate::docker::{ContainerDetails, ContainerPlan};
 use crate::resource::{EffectiveSandbox, SandboxStatus};
@@ -18,7 +19,7 @@ use crate::resource::{EffectiveSandbox, SandboxStatus};
 /// name while the old one keeps serving (on the same workspace), then the names are swapped.
 /// Returns the new container and the old one, to remove once the status names the new one.
 pub(super) async fn with_new(
-    ctl: &Controller,
+    ctl: &SandboxContext<'_>,
     name: &str,
     plan: &mut ContainerPlan,
     old: &str,
@@ -53,7 +54,7 @@ pub(super) async fn with_new(
 /// a new container instead. On success `status` describes the member and the returned
 /// leftovers (the old container and workspace) go once it is written.
 pub(super) async fn from_pool(
-    ctl: &Controller,
+    ctl: &SandboxContext<'_>,
     name: &str,
     effective: &EffectiveSandbox,
     old: &ContainerDetails,

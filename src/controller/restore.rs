@@ -15,26 +15,28 @@
 
 use chrono::Utc;
 
+use super::claims::Claimed;
 use super::container::limits_of;
+use super::container::Replaced;
 use super::content::{self, Validated};
+use super::context::SandboxContext;
+use super::error::ReconcileError;
 use super::names::{self, container_name, staging_container_name, volume_name};
-use super::pool::Claimed;
 use super::status::{clear_condition, note_immutable};
 use super::workspace::Prepare;
-use super::{container::Replaced, Controller, ReconcileError};
 use crate::docker::ContainerPlan;
 use crate::resource::{EffectiveSandbox, RollbackRecord, Sandbox, SandboxStatus};
 
 /// The snapshot `name`, validated, from the store.
-async fn validated(ctl: &Controller, name: &str) -> Result<Validated, ReconcileError> {
-    content::validated(&ctl.store, &ctl.settings, &ctl.validated_files, name).await
+async fn validated(ctl: &SandboxContext<'_>, name: &str) -> Result<Validated, ReconcileError> {
+    content::validated(ctl.store, ctl.settings, ctl.validated_files, name).await
 }
 
 /// Makes `plan.workspace_volume` a new volume holding the snapshot, mounted by a newly created
 /// and started container of `plan`, whose ID is returned. The container's name must be free.
 /// On error both are removed again.
 pub(super) async fn populate_volume(
-    ctl: &Controller,
+    ctl: &SandboxContext<'_>,
     plan: &ContainerPlan,
     snapshot: &Validated,
 ) -> Result<String, ReconcileError> {
@@ -67,7 +69,7 @@ pub(super) async fn populate_volume(
 /// running container of `effective` that `status` then names; returns whether it did so now.
 /// Later changes of `spec.source` never rebuild anything; they are reported in a condition.
 pub(super) async fn ensure_source(
-    ctl: &Controller,
+    ctl: &SandboxContext<'_>,
     sandbox: &Sandbox,
     effective: &EffectiveSandbox,
     status: &mut SandboxStatus,
@@ -137,7 +139,7 @@ fn note_source_change(status: &mut SandboxStatus, sandbox: &Sandbox, wanted: &st
 /// volume; either way it is filled while running under a staging name, and the old container
 /// keeps serving until the two names are swapped, so the sandbox is never down.
 pub(super) async fn ensure_rollback(
-    ctl: &Controller,
+    ctl: &SandboxContext<'_>,
     sandbox: &Sandbox,
     effective: &EffectiveSandbox,
     status: &mut SandboxStatus,
@@ -188,7 +190,7 @@ pub(super) async fn ensure_rollback(
 /// Claims a warm pool member as `as_name` and fills its (running) workspace with the snapshot.
 /// `None` when no pool has a member ready. On a failed fill the member is removed again.
 async fn claim_filled(
-    ctl: &Controller,
+    ctl: &SandboxContext<'_>,
     sandbox: &Sandbox,
     effective: &EffectiveSandbox,
     as_name: &str,

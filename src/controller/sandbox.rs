@@ -1,27 +1,27 @@
 //! Reconciling one `Sandbox`: its workspace volume and hardened container, expiry, deletion, and
 //! the status that reports all of it.
 
-use std::time::Duration;
-
 use chrono::Utc;
 
 use super::container::{limits_for, Replaced};
+use super::context::SandboxContext;
+use super::error::ReconcileError;
 use super::names::{self, container_name, volume_name};
+use super::policy::{Cleanup, Failure, Outcome};
 use super::status::{generation, set_ready, write_status};
-use super::{replace, restore, Controller, Outcome, ReconcileError};
-use crate::docker::{EngineError, LABEL_SPEC_HASH, LABEL_UID};
+use super::{replace, restore};
+use crate::docker::{LABEL_SPEC_HASH, LABEL_UID};
 use crate::resource::{
     ConditionStatus, EffectiveSandbox, Kind, Sandbox, SandboxPhase, SandboxStatus,
 };
 use crate::store::Entry;
 
-/// How long to wait before looking again at a sandbox that cannot start for a reason outside our
-/// control (a missing image, say).
-const EXTERNAL_RETRY: Duration = Duration::from_secs(30);
-/// How often a sandbox waiting for its source snapshot to become ready looks again.
-const SNAPSHOT_WAIT: Duration = Duration::from_secs(1);
-
-pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, ReconcileError> {
+/// Reconciles sandbox `name`. A failure to report leaves with the status observed so far; the
+/// error policy reports it.
+pub(super) async fn reconcile(
+    ctl: &SandboxContext<'_>,
+    name: &str,
+) -> Result<Outcome, Failure<Sandbox>> {
     if names::is_member(name) {
         // A warm-pool member: its pool looks after it.
         if let Some(pool) = names::pool_of_member(name) {
@@ -38,7 +38,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         return Ok(Outcome::done());
     };
     if sandbox.metadata.deletion_timestamp.is_some() {
-        return delete(ctl, &sandbox).await;
+        return Ok(delete(ctl, &sandbox).await?);
     }
 
     let mut status = sandbox.status.clone().unwrap_or_default();
@@ -61,7 +61,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     let expires_at = sandbox.spec.expires_at(anchor);
     status.expires_at = expires_at;
     if expires_at.is_some_and(|at| at <= now) {
-        return expire(ctl, &entry, &sandbox, status).await;
+        return Ok(expire(ctl, &entry, &sandbox, status).await?);
     }
 
     let effective = sandbox.spec.effective(&ctl.containers.defaults());
@@ -69,7 +69,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     // A sandbox started from a snapshot gets its first workspace from it before anything runs.
     let built = match restore::ensure_source(ctl, &sandbox, &effective, &mut status).await {
         Ok(built) => built,
-        Err(error) => return source_failed(ctl, &sandbox, status, error).await,
+        Err(error) => return Err(source_failed(&sandbox, status, error)),
     };
 
     // A new rollback request. Its status write is the commit point, so it happens at once; a
@@ -80,7 +80,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     let rollback_error =
         match restore::ensure_rollback(ctl, &sandbox, &effective, &mut status).await {
             Ok(Some(leftovers)) => {
-                write_status(&ctl.store, &sandbox, &status).await?;
+                write_status(ctl.store, &sandbox, &status).await?;
                 replaced = Some(leftovers);
                 None
             }
@@ -97,34 +97,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     };
     let retired = match ensured {
         Ok(retired) => retired,
-        Err(ReconcileError::Engine(EngineError::ImageMissing(image))) => {
-            status.phase = SandboxPhase::Failed;
-            let message = format!("image {image} is not present on the docker host");
-            set_ready(
-                &mut status.conditions,
-                ConditionStatus::False,
-                "ImageMissing",
-                &message,
-                generation,
-            );
-            status.message = message;
-            status.observed_generation = Some(generation);
-            write_status(&ctl.store, &sandbox, &status).await?;
-            return Ok(Outcome::after(EXTERNAL_RETRY));
-        }
-        Err(error) => {
-            status.phase = SandboxPhase::Failed;
-            status.message = error.to_string();
-            set_ready(
-                &mut status.conditions,
-                ConditionStatus::False,
-                "ReconcileError",
-                &error.to_string(),
-                generation,
-            );
-            write_status(&ctl.store, &sandbox, &status).await?;
-            return Err(error);
-        }
+        Err(error) => return Err(Failure::reported(error, &sandbox, status)),
     };
     status.phase = SandboxPhase::Running;
     status.message.clear();
@@ -139,33 +112,21 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
             .as_ref()
             .map(|r| r.request_id.clone())
             .unwrap_or_default();
-        let reason = match error {
-            ReconcileError::SnapshotNotReady(_) => "WaitingForSnapshot",
-            _ => "RollbackFailed",
-        };
         let error = ReconcileError::RollbackFailed {
             request,
             error: Box::new(error),
         };
-        let message = error.to_string();
-        set_ready(
-            &mut status.conditions,
-            ConditionStatus::False,
-            reason,
-            &message,
-            generation,
-        );
-        status.message = message.clone();
-        write_status(&ctl.store, &sandbox, &status).await?;
-        retired.remove(ctl.engine.as_ref()).await;
+        let mut failure =
+            Failure::reported(error, &sandbox, status).then(Cleanup::Replaced(retired));
         // An attempt interrupted earlier (a crash mid-restore) may have left a staging container
         // and volume; a request that now fails (its snapshot deleted since) would keep them.
-        if let Some(current) = &current_volume {
-            if let Err(error) = ctl.containers.discard_attempts(name, current).await {
-                tracing::warn!(sandbox = name, %error, "removing an interrupted rollback failed");
-            }
+        if let Some(current) = current_volume {
+            failure = failure.then(Cleanup::Attempts {
+                sandbox: name.to_string(),
+                current,
+            });
         }
-        return Err(error);
+        return Err(failure);
     }
     set_ready(
         &mut status.conditions,
@@ -174,7 +135,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         "",
         generation,
     );
-    write_status(&ctl.store, &sandbox, &status).await?;
+    write_status(ctl.store, &sandbox, &status).await?;
     retired.remove(ctl.engine.as_ref()).await;
     if let Some(leftovers) = replaced {
         leftovers.remove(ctl.engine.as_ref()).await;
@@ -187,49 +148,30 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     Ok(Outcome::at(expires_at))
 }
 
-/// Reports a `spec.source` that could not be built: waiting for its snapshot, or failed (then
-/// whatever an interrupted attempt left goes).
-async fn source_failed(
-    ctl: &Controller,
+/// A `spec.source` that could not be built: waiting for its snapshot, or failed (then whatever an
+/// interrupted attempt left goes once that is reported).
+fn source_failed(
     sandbox: &Sandbox,
-    mut status: SandboxStatus,
+    status: SandboxStatus,
     error: ReconcileError,
-) -> Result<Outcome, ReconcileError> {
-    let name = sandbox.metadata.name.as_str();
-    let generation = generation(&sandbox.metadata);
+) -> Failure<Sandbox> {
     let waiting = matches!(error, ReconcileError::SnapshotNotReady(_));
-    status.phase = if waiting {
-        SandboxPhase::Pending
-    } else {
-        SandboxPhase::Failed
-    };
-    let message = error.to_string();
-    set_ready(
-        &mut status.conditions,
-        ConditionStatus::False,
-        error.restore_reason(),
-        &message,
-        generation,
-    );
-    status.message = message.clone();
-    status.observed_generation = Some(generation);
     let unbuilt = status.workspace_volume.is_none();
-    write_status(&ctl.store, sandbox, &status).await?;
-    if waiting {
-        return Ok(Outcome::after(SNAPSHOT_WAIT));
+    let failure = Failure::reported(ReconcileError::Source(Box::new(error)), sandbox, status);
+    if waiting || !unbuilt {
+        return failure;
     }
-    if unbuilt {
-        // Whatever an attempt interrupted by a crash left (a container, a volume) belongs to
-        // a workspace that was never recorded and now cannot be built.
-        ctl.containers.remove_all_of(name).await?;
-    }
-    Err(error)
+    // Whatever an attempt interrupted by a crash left (a container, a volume) belongs to a
+    // workspace that was never recorded and now cannot be built.
+    failure.then(Cleanup::Everything {
+        sandbox: sandbox.metadata.name.clone(),
+    })
 }
 
 /// Makes the volume and a running container that matches `effective` exist. Returns what a
 /// replacement retired, to remove once the status names its successor.
 async fn ensure_running(
-    ctl: &Controller,
+    ctl: &SandboxContext<'_>,
     sandbox: &Sandbox,
     effective: &EffectiveSandbox,
     status: &mut SandboxStatus,
@@ -350,7 +292,7 @@ async fn ensure_running(
 }
 
 async fn expire(
-    ctl: &Controller,
+    ctl: &SandboxContext<'_>,
     entry: &Entry,
     sandbox: &Sandbox,
     mut status: SandboxStatus,
@@ -382,11 +324,11 @@ async fn expire(
         generation,
     );
     status.message = message.into();
-    write_status(&ctl.store, sandbox, &status).await?;
+    write_status(ctl.store, sandbox, &status).await?;
     Ok(Outcome::done())
 }
 
-async fn delete(ctl: &Controller, sandbox: &Sandbox) -> Result<Outcome, ReconcileError> {
+async fn delete(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Result<Outcome, ReconcileError> {
     let name = sandbox.metadata.name.as_str();
     let mut status = sandbox.status.clone().unwrap_or_default();
     if status.phase != SandboxPhase::Terminating {
@@ -399,7 +341,7 @@ async fn delete(ctl: &Controller, sandbox: &Sandbox) -> Result<Outcome, Reconcil
             "",
             generation,
         );
-        write_status(&ctl.store, sandbox, &status).await?;
+        write_status(ctl.store, sandbox, &status).await?;
     }
     // The resource is ours, so its container names are too: remove by name, no lookups (a
     // container being built or retired may still mount the workspace). Volumes are removed by

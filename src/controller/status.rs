@@ -3,12 +3,14 @@
 //! the one write of a status, made only when it changed (an idle resync writes nothing). This
 //! module decides no phase and no reason; the reconcilers and the error policy do.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use serde::Serialize;
 
-use super::ReconcileError;
+use super::error::ReconcileError;
 use crate::resource::{
     set_condition, Condition, ConditionStatus, Fork, ForkStatus, Kind, ObjectMeta, Sandbox,
     SandboxPool, SandboxPoolStatus, SandboxStatus, Snapshot, SnapshotStatus,
@@ -146,5 +148,60 @@ async fn write_if_changed<S: Serialize + PartialEq>(
     match written {
         Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// How often a fork whose children are still starting writes how many run.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
+
+/// When each progressing fork last wrote its progress. Every child's status change wakes its
+/// fork; writing each count would put one more fsync beside the children's own Docker calls and
+/// status writes, for a number nobody needs to the millisecond. So a count is written at most
+/// every [`PROGRESS_INTERVAL`] (the fork is woken again when it is due); reaching Ready, failing,
+/// or any other change is written at once.
+#[derive(Default)]
+pub(super) struct ProgressWrites {
+    written: Mutex<HashMap<String, Instant>>,
+}
+
+impl ProgressWrites {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.written.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long fork `name` must wait before writing its progress again, if at all.
+    pub(super) fn wait(&self, name: &str) -> Option<Duration> {
+        let since = self.lock().get(name)?.elapsed();
+        PROGRESS_INTERVAL
+            .checked_sub(since)
+            .filter(|d| !d.is_zero())
+    }
+
+    pub(super) fn wrote(&self, name: &str) {
+        self.lock().insert(name.to_string(), Instant::now());
+    }
+
+    pub(super) fn forget(&self, name: &str) {
+        self.lock().remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_is_written_at_most_every_interval() {
+        let writes = ProgressWrites::default();
+        assert_eq!(writes.wait("f"), None, "a first count is written at once");
+        writes.wrote("f");
+        let wait = writes.wait("f").expect("a second count waits");
+        assert!(
+            wait <= PROGRESS_INTERVAL && wait > PROGRESS_INTERVAL / 2,
+            "{wait:?}"
+        );
+        assert_eq!(writes.wait("g"), None, "forks do not hold each other back");
+        writes.forget("f");
+        assert_eq!(writes.wait("f"), None);
     }
 }

@@ -34,7 +34,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use std::sync::Arc;
 
 use super::content::{restore_policy, Validated};
-use super::ReconcileError;
+use super::error::ReconcileError;
 use crate::archive::{self, ArchiveError, ChannelWriter};
 use crate::config::Settings;
 use crate::docker::{ContainerDetails, Engine};

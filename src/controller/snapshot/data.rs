@@ -5,8 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::super::{Controller, ReconcileError};
+use super::super::error::ReconcileError;
+use super::super::tracker::Tracker;
 use crate::resource::Kind;
+use crate::store::Store;
 
 const TEMP_MARKER: &str = ".tar.tmp-";
 
@@ -43,11 +45,11 @@ pub(super) fn remove_data(path: &Path) -> Result<(), ReconcileError> {
 
 /// Removes `<data>/snapshots/*.tar` files no Snapshot resource claims and temp files no snapshot
 /// is writing. Waits for a complete load of desired state: a partial view deletes nothing.
-pub(in crate::controller) fn collect_data(ctl: &Controller) -> usize {
-    if !ctl.store.is_fully_loaded() {
+pub(in crate::controller) fn collect_data(store: &Store, snapshots: &Tracker) -> usize {
+    if !store.is_fully_loaded() {
         return 0;
     }
-    let probe = ctl.store.snapshot_path("probe");
+    let probe = store.snapshot_path("probe");
     let Some(dir) = probe.parent() else {
         return 0;
     };
@@ -62,11 +64,11 @@ pub(in crate::controller) fn collect_data(ctl: &Controller) -> usize {
         };
         let orphan = if let Some(rest) = file_name.strip_prefix('.') {
             match rest.split_once(TEMP_MARKER) {
-                Some((snapshot, _)) => !ctl.snapshots.is_writing(snapshot),
+                Some((snapshot, _)) => !snapshots.is_writing(snapshot),
                 None => false,
             }
         } else if let Some(snapshot) = file_name.strip_suffix(".tar") {
-            ctl.store.get(Kind::Snapshot, snapshot).is_none()
+            store.get(Kind::Snapshot, snapshot).is_none()
         } else {
             false
         };

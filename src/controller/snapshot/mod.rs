@@ -34,8 +34,10 @@ use std::time::Duration;
 
 use chrono::Utc;
 
+use super::context::SnapshotContext;
+use super::error::ReconcileError;
+use super::policy::{Failure, Outcome};
 use super::status::{clear_condition, generation, note_immutable, set_ready, write_status};
-use super::{Controller, Outcome, ReconcileError};
 use crate::archive::{self, ArchiveError};
 use crate::resource::{
     ConditionStatus, Kind, SandboxPhase, SandboxSpec, Snapshot, SnapshotPhase, SnapshotStatus,
@@ -47,7 +49,12 @@ use export::{export, ExportError, PauseGuard};
 /// How long a snapshot waits for a sandbox that is still being created.
 const SANDBOX_START_GRACE: Duration = Duration::from_secs(60);
 
-pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, ReconcileError> {
+/// Reconciles snapshot `name`. An export Docker failed leaves with the status observed so far;
+/// the error policy reports it.
+pub(super) async fn reconcile(
+    ctl: &SnapshotContext<'_>,
+    name: &str,
+) -> Result<Outcome, Failure<Snapshot>> {
     let Some(entry) = ctl.store.get(Kind::Snapshot, name) else {
         // Its data, if any, goes with the next data collection.
         return Ok(Outcome::done());
@@ -70,22 +77,22 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
                 fail(&mut status, &snapshot, "DataMissing", &message);
             }
             note_spec_change(&mut status, &snapshot);
-            write_status(&ctl.store, &snapshot, &status).await?;
+            write_status(ctl.store, &snapshot, &status).await?;
             Ok(Outcome::done())
         }
         SnapshotPhase::Failed => {
             note_spec_change(&mut status, &snapshot);
-            write_status(&ctl.store, &snapshot, &status).await?;
+            write_status(ctl.store, &snapshot, &status).await?;
             Ok(Outcome::done())
         }
     }
 }
 
 async fn take(
-    ctl: &Controller,
+    ctl: &SnapshotContext<'_>,
     snapshot: &Snapshot,
     mut status: SnapshotStatus,
-) -> Result<Outcome, ReconcileError> {
+) -> Result<Outcome, Failure<Snapshot>> {
     let name = snapshot.metadata.name.as_str();
     let sandbox_name = snapshot.spec.sandbox.as_str();
     let generation = generation(&snapshot.metadata);
@@ -138,14 +145,14 @@ async fn take(
         Ok(Ok(sandbox))
     };
     if let Err(outcome) = check(&mut status)? {
-        write_status(&ctl.store, snapshot, &status).await?;
+        write_status(ctl.store, snapshot, &status).await?;
         return Ok(outcome);
     }
     let _sandbox_lock = ctl.snapshots.lock(sandbox_name).await;
     let sandbox = match check(&mut status)? {
         Ok(sandbox) => sandbox,
         Err(outcome) => {
-            write_status(&ctl.store, snapshot, &status).await?;
+            write_status(ctl.store, snapshot, &status).await?;
             return Ok(outcome);
         }
     };
@@ -158,7 +165,7 @@ async fn take(
     let Some(details) = details.filter(|d| d.running || d.paused) else {
         let message = format!("sandbox {sandbox_name:?} has no running container");
         fail(&mut status, snapshot, "SandboxNotRunning", &message);
-        write_status(&ctl.store, snapshot, &status).await?;
+        write_status(ctl.store, snapshot, &status).await?;
         return Ok(Outcome::done());
     };
 
@@ -175,7 +182,7 @@ async fn take(
         let _paused_mark = ctl.snapshots.hold_paused(sandbox_name);
         // Armed before pausing: a dropped future must not leave the container frozen.
         let mut unpause = PauseGuard {
-            engine: Arc::clone(&ctl.engine),
+            engine: Arc::clone(ctl.engine),
             container: Some(details.id.clone()),
         };
         if !details.paused {
@@ -228,21 +235,13 @@ async fn take(
                 ),
                 ExportError::Engine(error) => {
                     // Docker may come back: stay Pending and retry.
-                    set_ready(
-                        &mut status.conditions,
-                        ConditionStatus::False,
-                        "ExportFailed",
-                        &error.to_string(),
-                        generation,
-                    );
-                    status.message = error.to_string();
-                    write_status(&ctl.store, snapshot, &status).await?;
-                    return Err(error.into());
+                    let error = ReconcileError::Export(error);
+                    return Err(Failure::reported(error, snapshot, status));
                 }
                 other => ("ExportFailed", other.to_string()),
             };
             fail(&mut status, snapshot, reason, &message);
-            write_status(&ctl.store, snapshot, &status).await?;
+            write_status(ctl.store, snapshot, &status).await?;
             return Ok(Outcome::done());
         }
     };
@@ -250,7 +249,7 @@ async fn take(
         let _ = std::fs::remove_file(&temp);
         let message = format!("storing the snapshot failed: {error}");
         fail(&mut status, snapshot, "ExportFailed", &message);
-        write_status(&ctl.store, snapshot, &status).await?;
+        write_status(ctl.store, snapshot, &status).await?;
         return Ok(Outcome::done());
     }
 
@@ -279,7 +278,7 @@ async fn take(
         &message,
         generation,
     );
-    write_status(&ctl.store, snapshot, &status).await?;
+    write_status(ctl.store, snapshot, &status).await?;
     Ok(Outcome::done())
 }
 

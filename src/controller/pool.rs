@@ -1,31 +1,34 @@
-//! Reconciling one `SandboxPool`, and claiming from it.
+//! Reconciling one `SandboxPool`: making, counting and draining its warm members. Claiming a
+//! member for a sandbox is `claims.rs`.
 //!
 //! A pool member is an ordinary hardened container and workspace volume whose `io.agent-sandbox.id`
 //! is `pool.<pool>.<random>` (a dot never occurs in a sandbox name, so members and sandboxes cannot
 //! collide). It is created with the server's default limits and started, its workspace already
 //! owned by the sandbox user. A sandbox whose immutable properties match claims a member by
 //! renaming it to its own container name, then gets its limits applied live. Claims run in
-//! parallel; [`HandedOut`] makes sure no two take the same member. The pool refills in the
+//! parallel; `HandedOut` (in `claims.rs`) makes sure no two take the same member. The pool refills in the
 //! background, once claims have paused for a moment (at most a second), so that starting new
 //! members does not slow down the operations that just claimed.
-//!
-//! [`HandedOut`]: claims::HandedOut
-
-mod claims;
 
 use std::time::Duration;
 
 use chrono::Utc;
 use futures::future::join_all;
 
+use super::context::PoolContext;
+use super::error::ReconcileError;
 use super::names;
+use super::policy::{Failure, Outcome};
 use super::status::{self, generation, write_status};
-use super::{Controller, Outcome, ReconcileError};
 use crate::docker::{ManagedContainer, LABEL_SPEC_HASH};
 use crate::resource::{ConditionStatus, Kind, SandboxPool, SandboxPoolStatus};
-pub(super) use claims::{Claimed, Pools};
 
-pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, ReconcileError> {
+/// Reconciles pool `name`. Members that could not be made are a failure, reported (by the error
+/// policy) in the status that counts the others.
+pub(super) async fn reconcile(
+    ctl: &PoolContext<'_>,
+    name: &str,
+) -> Result<Outcome, Failure<SandboxPool>> {
     let entry = ctl.store.get(Kind::SandboxPool, name);
     let pool = entry.as_ref().and_then(|e| e.resource.as_pool().cloned());
     let members = ctl.pools.members(name).await?;
@@ -85,29 +88,25 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         .filter(|s| s.claimed_from.as_deref() == Some(name) && s.container_id.is_some())
         .count() as u32;
     let generation = generation(&pool.metadata);
-    let message = failure.as_ref().map(|e| e.to_string()).unwrap_or_default();
-    let mut status = pool.status.clone().unwrap_or_default();
     let full = ready as usize >= size;
     let (verdict, reason) = if full {
         (ConditionStatus::True, "Full")
-    } else if message.is_empty() {
-        (ConditionStatus::False, "Filling")
     } else {
-        (ConditionStatus::False, "CreateFailed")
+        (ConditionStatus::False, "Filling")
     };
-    let mut conditions = status.conditions.clone();
-    status::set_ready(&mut conditions, verdict, reason, &message, generation);
-    status = SandboxPoolStatus {
+    let mut conditions = pool.status.clone().unwrap_or_default().conditions;
+    status::set_ready(&mut conditions, verdict, reason, "", generation);
+    let status = SandboxPoolStatus {
         observed_generation: Some(generation),
         conditions,
         ready_replicas: ready,
         claimed,
-        message: message.clone(),
+        message: String::new(),
     };
-    write_status(&ctl.store, &pool, &status).await?;
     if let Some(error) = failure {
-        return Err(error);
+        return Err(Failure::reported(error, &pool, status));
     }
+    write_status(ctl.store, &pool, &status).await?;
     Ok(if full {
         Outcome::done()
     } else {
@@ -116,7 +115,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
 }
 
 async fn create_member(
-    ctl: &Controller,
+    ctl: &PoolContext<'_>,
     pool: &SandboxPool,
     key: &str,
 ) -> Result<(), ReconcileError> {
@@ -146,7 +145,7 @@ async fn create_member(
 }
 
 async fn remove_members(
-    ctl: &Controller,
+    ctl: &PoolContext<'_>,
     members: &[ManagedContainer],
 ) -> Result<(), ReconcileError> {
     for member in members {

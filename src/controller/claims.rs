@@ -1,6 +1,6 @@
 //! Claiming a warm pool member for a sandbox: finding the pool whose members fit, taking one
 //! member that no other claim takes ([`HandedOut`]), renaming it to the name the sandbox wants
-//! and giving it the sandbox's limits. The pool's own reconcile (`pool/mod.rs`) makes and
+//! and giving it the sandbox's limits. The pool's own reconcile (`pool.rs`) makes and
 //! counts members; this module only hands them out.
 
 use std::collections::HashMap;
@@ -9,16 +9,16 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 
-use super::super::container::{limits_for, Containers};
-use super::super::names::{self, container_name, member_prefix};
-use super::super::queue::WorkQueue;
-use super::super::{Key, ReconcileError};
+use super::container::{limits_for, Containers};
+use super::error::ReconcileError;
+use super::names::{self, container_name, member_prefix};
+use super::queue::{Key, WorkQueue};
 use crate::docker::ManagedContainer;
 use crate::resource::{AppliedLimits, EffectiveSandbox, Kind, SandboxPool, SandboxStatus};
 use crate::store::Store;
 
 /// A claimed member, as the sandbox reconcile records it.
-pub(in crate::controller) struct Claimed {
+pub(super) struct Claimed {
     pub pool: String,
     pub container_id: String,
     pub volume: String,
@@ -27,11 +27,7 @@ pub(in crate::controller) struct Claimed {
 
 impl Claimed {
     /// Makes `status` describe this claimed, running member as the sandbox's container.
-    pub(in crate::controller) fn record(
-        self,
-        status: &mut SandboxStatus,
-        effective: &EffectiveSandbox,
-    ) {
+    pub(super) fn record(self, status: &mut SandboxStatus, effective: &EffectiveSandbox) {
         status.container_id = Some(self.container_id);
         status.workspace_volume = Some(self.volume);
         status.applied_limits = Some(self.limits);
@@ -64,7 +60,7 @@ const REFILL_MAX_WAIT: Duration = Duration::from_secs(1);
 ///
 /// [`refill_wait`]: HandedOut::refill_wait
 #[derive(Default)]
-pub(in crate::controller) struct HandedOut {
+pub(super) struct HandedOut {
     state: Mutex<Handed>,
 }
 
@@ -150,7 +146,7 @@ fn pool_key(image: &str, read_only_rootfs: bool, network: bool, runtime: &str) -
 
 /// The warm pools as claims and the pool reconcile see them: which members exist, which were
 /// handed out, and how to hand one out.
-pub(in crate::controller) struct Pools {
+pub(super) struct Pools {
     store: Arc<Store>,
     containers: Arc<Containers>,
     queue: Arc<WorkQueue<Key>>,
@@ -159,7 +155,7 @@ pub(in crate::controller) struct Pools {
 }
 
 impl Pools {
-    pub(in crate::controller) fn new(
+    pub(super) fn new(
         store: Arc<Store>,
         containers: Arc<Containers>,
         queue: Arc<WorkQueue<Key>>,
@@ -208,7 +204,7 @@ impl Pools {
 
     /// Claims a running member of a pool matching `effective` for sandbox `name`, if there is one,
     /// renaming it to the sandbox's container name.
-    pub(in crate::controller) async fn claim(
+    pub(super) async fn claim(
         &self,
         name: &str,
         effective: &EffectiveSandbox,
@@ -218,7 +214,7 @@ impl Pools {
 
     /// Claims a running member for sandbox `name` under the container name `as_name`. Whatever
     /// held that name before is removed: the caller found nothing there worth keeping.
-    pub(in crate::controller) async fn claim_as(
+    pub(super) async fn claim_as(
         &self,
         name: &str,
         effective: &EffectiveSandbox,
@@ -312,7 +308,7 @@ impl Pools {
     }
 
     /// Has pool `name` recount its members and claims soon (see [`RECOUNT_DELAY`]).
-    pub(in crate::controller) fn recount(&self, name: String) {
+    pub(super) fn recount(&self, name: String) {
         self.queue
             .add_soon((Kind::SandboxPool, name), RECOUNT_DELAY);
     }
