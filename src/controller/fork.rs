@@ -4,7 +4,6 @@
 //! indices; deleting the Fork deletes its children first. This module only writes desired state:
 //! the children's own reconciles (run by the workers in parallel) build their containers.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::context::ForkContext;
@@ -33,7 +32,7 @@ pub(super) async fn reconcile(
     };
     let children = children_of(ctl, &fork);
     if fork.metadata.deletion_timestamp.is_some() {
-        return delete(ctl, &fork, &children);
+        return delete(ctl, &fork, &children).await;
     }
 
     let generation = generation(&fork.metadata);
@@ -46,7 +45,7 @@ pub(super) async fn reconcile(
         if index_of(name, &child.metadata.name).is_none_or(|i| i >= replicas)
             && child.metadata.deletion_timestamp.is_none()
         {
-            delete_child(ctl, &child.metadata.name)?;
+            delete_child(ctl, &child.metadata.name).await?;
         }
     }
 
@@ -79,7 +78,7 @@ pub(super) async fn reconcile(
                         .as_sandbox()
                         .is_some_and(|s| &s.spec != template)
                     {
-                        update_child(ctl, &child_name, template)?;
+                        update_child(ctl, &child_name, template).await?;
                     }
                 }
             }
@@ -300,9 +299,10 @@ async fn create_children(
         })
         .collect();
     let owner = owner_reference(fork);
-    let store = Arc::clone(ctl.store);
-    let created =
-        tokio::task::spawn_blocking(move || store.create_all_owned(children, vec![owner])).await?;
+    let created = ctl
+        .store
+        .write(move |store| Ok(store.create_all_owned(children, vec![owner])))
+        .await?;
     for result in created {
         match result {
             Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
@@ -312,47 +312,58 @@ async fn create_children(
     Ok(())
 }
 
-fn update_child(
+async fn update_child(
     ctl: &ForkContext<'_>,
     name: &str,
     spec: &SandboxSpec,
 ) -> Result<(), ReconcileError> {
-    let result = ctl.store.update(Kind::Sandbox, name, |resource| {
-        if let AnyResource::Sandbox(sandbox) = resource {
-            sandbox.spec = spec.clone();
-        }
-        Ok(())
-    });
+    let (name, spec) = (name.to_string(), spec.clone());
+    let result = ctl
+        .store
+        .write(move |store| {
+            store.update(Kind::Sandbox, &name, |resource| {
+                if let AnyResource::Sandbox(sandbox) = resource {
+                    sandbox.spec = spec.clone();
+                }
+                Ok(())
+            })
+        })
+        .await;
     match result {
         Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Terminating { .. }) => Ok(()),
         Err(e) => Err(e.into()),
     }
 }
 
-fn delete_child(ctl: &ForkContext<'_>, name: &str) -> Result<(), ReconcileError> {
-    match ctl
+async fn delete_child(ctl: &ForkContext<'_>, name: &str) -> Result<(), ReconcileError> {
+    let name = name.to_string();
+    let deleted = ctl
         .store
-        .delete(Kind::Sandbox, name, WriteOptions::default())
-    {
+        .write(move |store| store.delete(Kind::Sandbox, &name, WriteOptions::default()))
+        .await;
+    match deleted {
         Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Terminating { .. }) => Ok(()),
         Err(e) => Err(e.into()),
     }
 }
 
 /// Deletes every child, waits until they are gone, then drops the Fork.
-fn delete(
+async fn delete(
     ctl: &ForkContext<'_>,
     fork: &Fork,
     children: &[Sandbox],
 ) -> Result<Outcome, ReconcileError> {
     ctl.fork_progress.forget(&fork.metadata.name);
     if children.is_empty() {
-        ctl.store.finalize(Kind::Fork, &fork.metadata.name)?;
+        let name = fork.metadata.name.clone();
+        ctl.store
+            .write(move |store| store.finalize(Kind::Fork, &name))
+            .await?;
         return Ok(Outcome::done());
     }
     for child in children {
         if child.metadata.deletion_timestamp.is_none() {
-            delete_child(ctl, &child.metadata.name)?;
+            delete_child(ctl, &child.metadata.name).await?;
         }
     }
     // Each child's removal requeues this fork too; the timer is a safety net.

@@ -348,7 +348,7 @@ impl Controller {
             if let Err(error) = gc::collect_garbage(&self.gc_context()).await {
                 tracing::warn!(%error, "garbage collection failed");
             }
-            snapshot::collect_data(&self.store, &self.snapshots);
+            self.store.collect_snapshot_data().await;
         }
     }
 

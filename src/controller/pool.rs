@@ -37,7 +37,10 @@ pub(super) async fn reconcile(
         ctl.pools.handed_out.publish(name, Vec::new());
         remove_members(ctl, &members).await?;
         if entry.is_some() {
-            ctl.store.finalize(Kind::SandboxPool, name)?;
+            let name = name.to_string();
+            ctl.store
+                .write(move |store| store.finalize(Kind::SandboxPool, &name))
+                .await?;
         }
         return Ok(Outcome::done());
     };

@@ -300,7 +300,10 @@ async fn expire(
     let name = sandbox.metadata.name.as_str();
     if entry.origin.is_writable() {
         tracing::info!(sandbox = name, "sandbox expired; deleting it");
-        ctl.store.delete(Kind::Sandbox, name, Default::default())?;
+        let name = name.to_string();
+        ctl.store
+            .write(move |store| store.delete(Kind::Sandbox, &name, Default::default()))
+            .await?;
         return Ok(Outcome::done());
     }
     tracing::info!(
@@ -360,6 +363,9 @@ async fn delete(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Result<Outcome, 
     if rolled_back {
         ctl.containers.remove_all_of(name).await?;
     }
-    ctl.store.finalize(Kind::Sandbox, name)?;
+    let name = name.to_string();
+    ctl.store
+        .write(move |store| store.finalize(Kind::Sandbox, &name))
+        .await?;
     Ok(Outcome::done())
 }

@@ -125,11 +125,8 @@ pub(super) async fn write_status<R: Reported>(
     .await
 }
 
-/// The write of [`write_status`], for a status read from a resource of `kind` named `name`.
-///
-/// The write waits for its fsyncs on a blocking thread: the async workers are few (one per core)
-/// and a burst of reconciles (a Fork's children) would otherwise queue behind each other's disk
-/// flushes.
+/// The write of [`write_status`], for a status read from a resource of `kind` named `name`. The
+/// store waits for its fsyncs off the async workers.
 async fn write_if_changed<S: Serialize + PartialEq>(
     store: &Arc<Store>,
     kind: Kind,
@@ -141,10 +138,10 @@ async fn write_if_changed<S: Serialize + PartialEq>(
         return Ok(());
     }
     let value = serde_json::to_value(new)?;
-    let store = Arc::clone(store);
     let name = name.to_string();
-    let written =
-        tokio::task::spawn_blocking(move || store.update_status(kind, &name, value)).await?;
+    let written = store
+        .write(move |store| store.update_status(kind, &name, value))
+        .await;
     match written {
         Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
         Err(e) => Err(e.into()),

@@ -1,8 +1,8 @@
 //! In-memory coordination between snapshots and the sandbox reconcile: one lock per sandbox
 //! (a snapshot and a rollback or container replacement of one sandbox take turns), which
 //! sandboxes a snapshot holds paused (the sandbox reconcile leaves those paused and unpauses any
-//! other paused container, e.g. one left by a crash), and which snapshots are writing their data.
-//! It holds no Docker object and no file; it only says who is busy with what.
+//! other paused container, e.g. one left by a crash). It holds no Docker object and no file; it
+//! only says who is busy with what.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -14,8 +14,6 @@ pub(super) struct Tracker {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Sandboxes whose container a snapshot paused and will unpause.
     paused: Mutex<HashSet<String>>,
-    /// Snapshots whose temp file is being written.
-    writing: Mutex<HashSet<String>>,
 }
 
 impl Tracker {
@@ -37,10 +35,6 @@ impl Tracker {
     /// Whether a snapshot paused this sandbox's container on purpose.
     pub(super) fn holds_paused(&self, sandbox: &str) -> bool {
         lock(&self.paused).contains(sandbox)
-    }
-
-    pub(super) fn is_writing(&self, snapshot: &str) -> bool {
-        lock(&self.writing).contains(snapshot)
     }
 }
 
@@ -92,10 +86,5 @@ impl Tracker {
     /// Marks the sandbox's container as held paused by a snapshot, until the mark is dropped.
     pub(super) fn hold_paused(&self, sandbox: &str) -> Mark<'_> {
         Mark::new(&self.paused, sandbox)
-    }
-
-    /// Marks the snapshot's data as being written, until the mark is dropped.
-    pub(super) fn writing(&self, snapshot: &str) -> Mark<'_> {
-        Mark::new(&self.writing, snapshot)
     }
 }

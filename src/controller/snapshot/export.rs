@@ -1,4 +1,5 @@
-//! Exporting a paused sandbox's `/workspace` into a snapshot's temp file, through the export
+//! Exporting a paused sandbox's `/workspace` into a snapshot's data file (the store's
+//! [`SnapshotWrite`]), through the export
 //! policy of [`crate::archive`]: from this host's copy of the volume when it is verifiably the
 //! container's (read with [`HostTar`]), else through Docker's archive API; hashed as it is
 //! written, its disk writes started as it goes ([`Writeback`]). See the module documentation of
@@ -6,7 +7,6 @@
 //! snapshot's status and publishes nothing.
 
 use std::io::Write;
-use std::path::Path;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -14,6 +14,7 @@ use futures::StreamExt;
 use super::super::workspace::{open_host_root, WORKSPACE};
 use crate::archive::{self, ArchiveError, ChannelReader, HashedWriter, HostTar, Limits, Policy};
 use crate::docker::{Engine, EngineError};
+use crate::store::SnapshotWrite;
 
 /// The first name of the entries of the exported directory's archive.
 const ROOT_NAME: &str = "workspace";
@@ -66,18 +67,18 @@ pub(super) async fn export(
     limit: u64,
     container: &str,
     host: Option<&crate::docker::ContainerDetails>,
-    temp: &Path,
+    data: &SnapshotWrite,
     owner: (u32, u32),
 ) -> Result<(Exported, std::fs::File), ExportError> {
     let policy = Policy::export(ROOT_NAME, owner, Limits::with_max_bytes(limit));
     if let Some(details) = host {
-        let host_temp = temp.to_path_buf();
+        let file = data.create().await.map_err(ExportError::Io)?;
         let policy = policy.clone();
         let details = details.clone();
         let result = tokio::task::spawn_blocking(move || {
             let root =
                 open_host_root(&details).map_err(|e| ExportError::HostUnavailable(e.reason))?;
-            write_tar(HostTar::new(root, ROOT_NAME), &host_temp, limit, &policy)
+            write_tar(HostTar::new(root, ROOT_NAME), file, limit, &policy)
         })
         .await
         .map_err(|e| ExportError::Io(std::io::Error::other(e.to_string())))?;
@@ -88,20 +89,21 @@ pub(super) async fn export(
                 | ArchiveError::Truncated(reason)
                 | ArchiveError::Malformed(reason),
             )) => {
+                // What was written goes: the Docker path creates the file anew.
                 tracing::debug!(container, %reason, "reading the workspace through Docker instead");
-                let _ = std::fs::remove_file(temp);
             }
             other => return other,
         }
     }
-    export_docker(engine, container, temp, limit, policy).await
+    export_docker(engine, container, data, limit, policy).await
 }
 
-/// Streams Docker's tar of `/workspace` into `temp`, through a blocking writer thread.
+/// Streams Docker's tar of `/workspace` into the snapshot's data, through a blocking writer
+/// thread.
 async fn export_docker(
     engine: &dyn Engine,
     container: &str,
-    temp: &Path,
+    data: &SnapshotWrite,
     limit: u64,
     policy: Policy,
 ) -> Result<(Exported, std::fs::File), ExportError> {
@@ -109,9 +111,9 @@ async fn export_docker(
         .archive_get(container, WORKSPACE)
         .await
         .map_err(ExportError::Engine)?;
+    let file = data.create().await.map_err(ExportError::Io)?;
     let (tx, reader) = ChannelReader::new(64);
-    let temp = temp.to_path_buf();
-    let writer = tokio::task::spawn_blocking(move || write_tar(reader, &temp, limit, &policy));
+    let writer = tokio::task::spawn_blocking(move || write_tar(reader, file, limit, &policy));
     let mut engine_error = None;
     while let Some(chunk) = stream.next().await {
         let item = chunk.map_err(|e| {
@@ -135,19 +137,14 @@ async fn export_docker(
     }
 }
 
-/// Runs the export policy over `input` into a new file at `temp`, hashing what is written.
+/// Runs the export policy over `input` into `file` (new and empty), hashing what is written.
 /// Blocking.
 fn write_tar<R: std::io::Read>(
     input: R,
-    temp: &Path,
+    file: std::fs::File,
     limit: u64,
     policy: &Policy,
 ) -> Result<(Exported, std::fs::File), ExportError> {
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(temp)
-        .map_err(ExportError::Io)?;
     let out = HashedWriter::new(Writeback::new(file), limit).map_err(ExportError::Io)?;
     let (summary, out) = archive::transform(input, out, policy).map_err(ExportError::Archive)?;
     let size = out.written();

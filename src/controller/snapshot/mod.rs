@@ -1,14 +1,13 @@
 //! Reconciling one `Snapshot`: taking it once (the sandbox's `/workspace` exported by Docker,
 //! normalized by [`crate::archive`] into `<data>/snapshots/<name>.tar`), keeping its data honest
-//! (a Ready snapshot without data becomes Failed), deleting the data with the resource, and
-//! collecting data files that belong to no resource.
+//! (a Ready snapshot without data becomes Failed), and deleting the data with the resource.
 //!
 //! A snapshot pauses its sandbox's container while exporting, so the tar is one instant of the
 //! workspace, and always unpauses it. The tracker (`tracker.rs`) is the in-memory record of that: which sandboxes
 //! a snapshot is holding (the sandbox reconcile leaves those paused and unpauses any other paused
 //! container, e.g. one left by a crash) and which temp files are being written. This module never
-//! restores anything; see `restore.rs`. Its parts: `export.rs` writes the tar, `data.rs` keeps
-//! the data files.
+//! restores anything; see `restore.rs`. `export.rs` writes the tar; the store keeps the data
+//! files (`store/snapshots.rs`).
 //!
 //! Where the tar comes from: Docker's archive API is the reference, and always works (remote
 //! daemons, gVisor, a server that is not root), but it streams the whole workspace through the
@@ -25,10 +24,8 @@
 //! (the data is complete by then; only durability is still pending, and the snapshot is not
 //! published before it).
 
-mod data;
 mod export;
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,8 +39,6 @@ use crate::archive::{self, ArchiveError};
 use crate::resource::{
     ConditionStatus, Kind, SandboxPhase, SandboxSpec, Snapshot, SnapshotPhase, SnapshotStatus,
 };
-pub(super) use data::collect_data;
-use data::{publish, remove_data, temp_path};
 use export::{export, ExportError, PauseGuard};
 
 /// How long a snapshot waits for a sandbox that is still being created.
@@ -63,16 +58,19 @@ pub(super) async fn reconcile(
         return Ok(Outcome::done());
     };
     if snapshot.metadata.deletion_timestamp.is_some() {
-        remove_data(&ctl.store.snapshot_path(name))?;
-        ctl.store.finalize(Kind::Snapshot, name)?;
+        ctl.store.remove_snapshot_data(name).await?;
+        let name = name.to_string();
+        ctl.store
+            .write(move |store| store.finalize(Kind::Snapshot, &name))
+            .await?;
         return Ok(Outcome::done());
     }
     let mut status = snapshot.status.clone().unwrap_or_default();
     match status.phase {
         SnapshotPhase::Pending => take(ctl, &snapshot, status).await,
         SnapshotPhase::Ready => {
-            let path = ctl.store.snapshot_path(name);
-            if !path.exists() {
+            if !ctl.store.has_snapshot_data(name).await {
+                let path = ctl.store.snapshot_path(name);
                 let message = format!("the snapshot's data file {} is missing", path.display());
                 fail(&mut status, &snapshot, "DataMissing", &message);
             }
@@ -170,13 +168,7 @@ async fn take(
     };
 
     let owner = ctl.settings.sandbox_uid_gid()?;
-    let final_path = ctl.store.snapshot_path(name);
-    let dir = final_path
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
-    let temp = temp_path(&dir, name);
-    let _writing = ctl.snapshots.writing(name);
+    let data = ctl.store.begin_snapshot(name);
 
     let exported = {
         let _paused_mark = ctl.snapshots.hold_paused(sandbox_name);
@@ -194,7 +186,7 @@ async fn take(
             ctl.settings.max_snapshot_bytes,
             &details.id,
             host,
-            &temp,
+            &data,
             owner,
         )
         .await;
@@ -202,13 +194,11 @@ async fn take(
         // Everything is read: the sandbox may run again while the data reaches the disk.
         let synced = async {
             match exported {
-                Ok((exported, file)) => {
-                    let synced = tokio::task::spawn_blocking(move || file.sync_all())
-                        .await
-                        .map_err(|e| std::io::Error::other(e.to_string()))
-                        .and_then(|r| r);
-                    synced.map(|()| exported).map_err(ExportError::Io)
-                }
+                Ok((exported, file)) => data
+                    .sync(file)
+                    .await
+                    .map(|()| exported)
+                    .map_err(ExportError::Io),
                 Err(error) => Err(error),
             }
         };
@@ -224,7 +214,7 @@ async fn take(
     let exported = match exported {
         Ok(exported) => exported,
         Err(error) => {
-            let _ = std::fs::remove_file(&temp);
+            data.discard().await;
             let (reason, message) = match error {
                 ExportError::Archive(ArchiveError::TooLarge { limit }) => (
                     "TooLarge",
@@ -245,8 +235,7 @@ async fn take(
             return Ok(Outcome::done());
         }
     };
-    if let Err(error) = publish(&temp, &final_path, &dir) {
-        let _ = std::fs::remove_file(&temp);
+    if let Err(error) = data.publish().await {
         let message = format!("storing the snapshot failed: {error}");
         fail(&mut status, snapshot, "ExportFailed", &message);
         write_status(ctl.store, snapshot, &status).await?;
