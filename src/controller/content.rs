@@ -12,7 +12,7 @@ use super::error::ReconcileError;
 use crate::archive::{self, ArchiveError, Limits, Policy};
 use crate::config::Settings;
 use crate::resource::{Kind, SnapshotPhase};
-use crate::store::Store;
+use crate::store::{DataStamp, Store};
 
 /// A snapshot whose data passed validation.
 pub struct Validated {
@@ -50,14 +50,13 @@ pub(super) async fn validated(
         SnapshotPhase::Ready => {}
     }
     let path = store.snapshot_path(name);
-    if !path.is_file() {
+    let Some(before) = store.snapshot_stamp(name).await else {
         return Err(ReconcileError::DataMissing {
             name: name.to_string(),
             path: path.display().to_string(),
         });
-    }
-    let before = FileStamp::of(&path);
-    if before.is_some_and(|stamp| files.holds(&path, stamp)) {
+    };
+    if files.holds(&path, before) {
         return Ok(Validated {
             name: name.to_string(),
             path,
@@ -76,8 +75,8 @@ pub(super) async fn validated(
         error,
     })?;
     // Only a file that did not change while it was read counts as validated.
-    if let Some(stamp) = before.filter(|stamp| FileStamp::of(&path) == Some(*stamp)) {
-        files.remember(&path, stamp);
+    if store.snapshot_stamp(name).await == Some(before) {
+        files.remember(&path, before);
     }
     Ok(Validated {
         name: name.to_string(),
@@ -102,50 +101,26 @@ pub(super) fn restore_policy(settings: &Settings) -> Result<Policy, ReconcileErr
 /// rules a second time whatever this says, and it always fills a new workspace, so even a
 /// change this missed could only make a restore fail, never let through what the rules refuse.
 #[derive(Default)]
-pub(super) struct ValidatedFiles(std::sync::Mutex<HashMap<PathBuf, FileStamp>>);
+pub(super) struct ValidatedFiles(std::sync::Mutex<HashMap<PathBuf, DataStamp>>);
 
 /// How many validated files are remembered; past it the memory starts over.
 const VALIDATED_FILES: usize = 256;
 
 impl ValidatedFiles {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, FileStamp>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, DataStamp>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(super) fn holds(&self, path: &Path, stamp: FileStamp) -> bool {
+    pub(super) fn holds(&self, path: &Path, stamp: DataStamp) -> bool {
         self.lock().get(path) == Some(&stamp)
     }
 
-    pub(super) fn remember(&self, path: &Path, stamp: FileStamp) {
+    pub(super) fn remember(&self, path: &Path, stamp: DataStamp) {
         let mut files = self.lock();
         if files.len() >= VALIDATED_FILES {
             files.clear();
         }
         files.insert(path.to_path_buf(), stamp);
-    }
-}
-
-/// What identifies a file's content without reading it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct FileStamp {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
-impl FileStamp {
-    pub(super) fn of(path: &Path) -> Option<FileStamp> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::symlink_metadata(path).ok()?;
-        meta.is_file().then(|| FileStamp {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime: (meta.mtime(), meta.mtime_nsec()),
-            ctime: (meta.ctime(), meta.ctime_nsec()),
-        })
     }
 }
 
@@ -159,24 +134,24 @@ mod tests {
         let path = dir.path().join("s.tar");
         std::fs::write(&path, b"one").unwrap();
         let files = ValidatedFiles::default();
-        let stamp = FileStamp::of(&path).unwrap();
+        let stamp = DataStamp::of(&path).unwrap();
         assert!(!files.holds(&path, stamp));
         files.remember(&path, stamp);
-        assert!(files.holds(&path, FileStamp::of(&path).unwrap()));
+        assert!(files.holds(&path, DataStamp::of(&path).unwrap()));
 
         // Same size, new content: ctime and mtime move (past the clock's coarse tick).
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(&path, b"two").unwrap();
-        assert!(!files.holds(&path, FileStamp::of(&path).unwrap()));
+        assert!(!files.holds(&path, DataStamp::of(&path).unwrap()));
 
         // Replaced by another file renamed over it: another inode.
-        files.remember(&path, FileStamp::of(&path).unwrap());
+        files.remember(&path, DataStamp::of(&path).unwrap());
         let other = dir.path().join("other");
         std::fs::write(&other, b"two").unwrap();
         std::fs::rename(&other, &path).unwrap();
-        assert!(!files.holds(&path, FileStamp::of(&path).unwrap()));
+        assert!(!files.holds(&path, DataStamp::of(&path).unwrap()));
         assert_eq!(
-            FileStamp::of(dir.path()),
+            DataStamp::of(dir.path()),
             None,
             "directories are not snapshot files"
         );

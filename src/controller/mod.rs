@@ -6,6 +6,32 @@
 //! the desired document and the labeled Docker objects as they are now, so running one twice, or
 //! after a crash at any point, converges to the same result. This module never parses documents
 //! and never serves HTTP; it talks to Docker only through [`Engine`].
+//!
+//! Each kind reconciles against a narrow context (`context.rs`) holding only what it needs, and
+//! returns a typed failure; the one error policy (`policy.rs`) reports it in the resource's status
+//! and decides when to try again.
+//!
+//! Where things are. The reconcilers, one per kind:
+//!
+//! - `sandbox.rs`: a `Sandbox`: expiry, deletion, its container kept running as the spec says.
+//! - `restore.rs`: a sandbox's first workspace from `spec.source`, and rollbacks
+//!   (`spec.rollback`: `ensure_rollback`).
+//! - `replace.rs`: replacing a sandbox's container without taking it down.
+//! - `snapshot/`: a `Snapshot`: taking it (`mod.rs`) and exporting the workspace (`export.rs`).
+//! - `fork.rs`: a `Fork`'s children. `pool.rs`: a `SandboxPool`'s warm members.
+//! - `gc.rs`: garbage collection of Docker objects that belong to no resource.
+//!
+//! The vocabulary they share, which uses none of them:
+//!
+//! - `names.rs`: every Docker name a container, volume or pool member gets.
+//! - `container.rs`: container plans, the swap of a container into a sandbox's name, removals.
+//! - `claims.rs`: claiming a warm pool member for a sandbox.
+//! - `workspace.rs`: making a `/workspace` ready, on this host or through Docker.
+//! - `content.rs`: validated snapshot content, the input of every restore.
+//! - `status.rs`: status and conditions, and the one status write.
+//! - `tracker.rs`: which sandboxes snapshots hold locked or paused.
+//! - `error.rs`, `policy.rs`, `context.rs`, `queue.rs`: failures, what becomes of them, what each
+//!   kind sees, and the work queue.
 
 // The vocabulary every reconciler speaks; none of these uses a reconciler.
 mod claims;

@@ -91,13 +91,9 @@ pub(super) async fn from_pool(
     let carried = async {
         ctl.engine.pause(&old.id).await?;
         let member = ctl
-            .engine
-            .inspect_container(&claimed.container_id)
-            .await?
-            .ok_or_else(|| ReconcileError::Vanished {
-                container: claimed.container_id.clone(),
-                when: " after its claim",
-            })?;
+            .workspaces
+            .inspect_present(&claimed.container_id, " after its claim")
+            .await?;
         let to =
             open_host_root(&member).map_err(|e| ReconcileError::HostUnavailable(e.to_string()))?;
         let count = tokio::task::spawn_blocking(move || archive::link_tree(from, to))

@@ -173,6 +173,22 @@ impl Workspaces {
         }
     }
 
+    /// The details of container `id`, which must be there (`when` says, for the error, when it
+    /// was found gone).
+    pub(super) async fn inspect_present(
+        &self,
+        id: &str,
+        when: &'static str,
+    ) -> Result<ContainerDetails, ReconcileError> {
+        self.engine
+            .inspect_container(id)
+            .await?
+            .ok_or_else(|| ReconcileError::Vanished {
+                container: id.to_string(),
+                when,
+            })
+    }
+
     /// Whether a workspace may be carried on this host under the runtime `runtime`, as far as
     /// is known: allowed, and not shown to fail.
     pub(super) fn may_use_host(&self, runtime: &str) -> bool {
@@ -226,14 +242,7 @@ impl Workspaces {
         id: &str,
         runtime: &str,
     ) -> Result<Option<File>, ReconcileError> {
-        let created =
-            self.engine
-                .inspect_container(id)
-                .await?
-                .ok_or_else(|| ReconcileError::Vanished {
-                    container: id.to_string(),
-                    when: "",
-                })?;
+        let created = self.inspect_present(id, "").await?;
         match open_host_source(&created) {
             Ok(root) => Ok(Some(root)),
             Err(error) => {
@@ -265,14 +274,7 @@ impl Workspaces {
             self.ready_on_host(written, Prepare::Workspace, Some(content)),
         );
         started?;
-        let running =
-            self.engine
-                .inspect_container(id)
-                .await?
-                .ok_or_else(|| ReconcileError::Vanished {
-                    container: id.to_string(),
-                    when: " while starting",
-                })?;
+        let running = self.inspect_present(id, " while starting").await?;
         if let Err(error) = prove_container_root(&root, &running) {
             if error.lasting {
                 self.host_access.learn(runtime, false);
@@ -296,12 +298,9 @@ impl Workspaces {
         content: Option<&Validated>,
     ) -> Result<(), ReconcileError> {
         if self.may_use_host(runtime) {
-            let details = self.engine.inspect_container(id).await?.ok_or_else(|| {
-                ReconcileError::Vanished {
-                    container: id.to_string(),
-                    when: " before its workspace was ready",
-                }
-            })?;
+            let details = self
+                .inspect_present(id, " before its workspace was ready")
+                .await?;
             match open_host_root(&details) {
                 Ok(root) => {
                     let written = self.ready_on_host(root, prepare, content).await;

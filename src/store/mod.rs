@@ -43,7 +43,7 @@ use index::{Inner, Source};
 
 pub use atomic::write_atomic;
 pub use identity::{read_or_create_private, PrivateFile};
-pub use snapshots::SnapshotWrite;
+pub use snapshots::{DataStamp, SnapshotWrite};
 
 /// Which source declares a resource.
 #[derive(Clone, Debug, PartialEq, Eq)]

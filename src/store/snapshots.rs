@@ -33,10 +33,17 @@ impl Store {
         self.data_dir().join("snapshots")
     }
 
-    /// Whether snapshot `name` has its data file.
+    /// Whether snapshot `name` has its data file (of any kind: a directory there is not taken
+    /// for missing data).
     pub async fn has_snapshot_data(&self, name: &str) -> bool {
         let path = self.snapshot_path(name);
         self.offload(move || path.exists()).await.unwrap_or(false)
+    }
+
+    /// What snapshot `name`'s data file is now, if it has one.
+    pub async fn snapshot_stamp(&self, name: &str) -> Option<DataStamp> {
+        let path = self.snapshot_path(name);
+        self.offload(move || DataStamp::of(&path)).await.ok()?
     }
 
     /// Starts writing snapshot `name`'s data. Nothing is on disk until [`SnapshotWrite::create`];
@@ -205,5 +212,31 @@ impl Drop for SnapshotWrite {
             }
         }
         self.store.snapshot_writes.lock().remove(&self.name);
+    }
+}
+
+/// What identifies a data file's content without reading it: any write, truncation or
+/// replacement changes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl DataStamp {
+    /// The stamp of the regular file at `path`; `None` for anything else or nothing.
+    pub fn of(path: &Path) -> Option<DataStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::symlink_metadata(path).ok()?;
+        meta.is_file().then(|| DataStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        })
     }
 }
