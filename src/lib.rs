@@ -5,9 +5,12 @@
 //!
 //! - [`resource`]: the `Sandbox`, `Snapshot`, `Fork` and `SandboxPool` documents, their schemas,
 //!   and YAML (the only place YAML is parsed).
-//! - [`store`]: desired state on disk (the data directory and watched folders) and change events.
+//! - [`store`]: desired state on disk (the data directory and watched folders) and change events;
+//!   the only code that touches the data directory. A folder manifest that disappears is pruned
+//!   in `store/index.rs`; snapshot data files live in `store/snapshots.rs`.
 //! - [`controller`]: the reconcile loop that drives Docker to match the store, and writes status:
-//!   one reconcile function per kind, a work queue, garbage collection.
+//!   one reconcile function per kind, a work queue, garbage collection. Its module doc maps every
+//!   file: a rollback is `controller/restore.rs`, a pool claim `controller/claims.rs`.
 //! - [`docker`]: the only code that talks to Docker, behind the [`docker::Engine`] trait.
 //! - [`dataplane`]: exec and file I/O against a running sandbox, through the in-sandbox helper
 //!   ([`helper_protocol`] is the wire format; the helper itself lives in `helper/`).

@@ -91,7 +91,7 @@ pub async fn run(
         Arc::clone(&store),
         Arc::clone(&engine),
         Arc::clone(&settings),
-        load_or_create_server_id(&settings.data_dir)?,
+        store.server_id()?,
         crate::helper_binary::helper_binary(),
     );
     let _watchers = AbortOnDrop(store.spawn_watchers());
@@ -166,25 +166,6 @@ async fn log_start_checks(settings: Arc<Settings>) {
             crate::doctor::Verdict::Fail => tracing::error!(check = finding.check, "{finding}"),
         }
     }
-}
-
-/// The identity of this data directory's server, created once and kept in `<data>/server-id`.
-fn load_or_create_server_id(data_dir: &std::path::Path) -> Result<String, StartError> {
-    let path = data_dir.join("server-id");
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        let id = text.trim();
-        if !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
-            return Ok(id.to_string());
-        }
-    }
-    let id = format!("{:016x}", rand::random::<u64>());
-    crate::store::write_atomic(&path, format!("{id}\n").as_bytes()).map_err(|source| {
-        StartError::Store(crate::store::StoreError::Io {
-            path: path.clone(),
-            source,
-        })
-    })?;
-    Ok(id)
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

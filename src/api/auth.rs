@@ -1,12 +1,11 @@
 //! API keys: where they come from (settings, or a key generated once and kept in the data
-//! directory), how a request presents one (`Authorization: Bearer` first, then `X-API-Key`, as the
+//! directory, whose file the store keeps), how a request presents one (`Authorization: Bearer` first, then `X-API-Key`, as the
 //! reference server does), and the middleware that refuses everything else with 401.
 //!
 //! Keys are secrets: this module never logs a key, and it compares them in constant time against
 //! SHA-256 digests so that neither a matching prefix nor a length difference changes the timing.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -18,6 +17,7 @@ use subtle::{Choice, ConstantTimeEq};
 
 use super::error::ApiError;
 use crate::config::Settings;
+use crate::store::{read_or_create_private, PrivateFile, StoreError};
 
 /// Name of the generated key's file inside the data directory.
 pub const KEY_FILE: &str = "api-key";
@@ -141,13 +141,6 @@ pub enum AuthError {
     BadKeyFile { path: PathBuf, problem: String },
 }
 
-fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> AuthError + '_ {
-    move |source| AuthError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 /// The keys the server accepts: `AGENT_SANDBOX_API_KEYS` when set; none at all with
 /// `AGENT_SANDBOX_INSECURE_NO_AUTH=true`; else the key in `<data>/api-key`, generated on first
 /// start. Logs where a generated key is, never the key.
@@ -163,8 +156,18 @@ pub fn load_or_create_keys(settings: &Settings) -> Result<ApiKeys, AuthError> {
     if configured.digests.as_ref().is_some_and(|d| !d.is_empty()) {
         return Ok(configured);
     }
-    let path = settings.data_dir.join(KEY_FILE);
-    let (key, created) = read_or_create_key_file(&path)?;
+    let file = read_or_create_private(&settings.data_dir, KEY_FILE, || {
+        format!("{}\n", hex::encode(rand::random::<[u8; 32]>()))
+    })
+    .map_err(|error| match error {
+        StoreError::Io { path, source } => AuthError::Io { path, source },
+        other => AuthError::Io {
+            path: settings.data_dir.join(KEY_FILE),
+            source: std::io::Error::other(other.to_string()),
+        },
+    })?;
+    let key = check_key_file(&file)?;
+    let (path, created) = (file.path, file.created);
     if created {
         tracing::info!(
             path = %path.display(),
@@ -177,58 +180,13 @@ pub fn load_or_create_keys(settings: &Settings) -> Result<ApiKeys, AuthError> {
     Ok(ApiKeys::new([key]))
 }
 
-/// Reads the key file, or creates it (mode 0600, atomically, never replacing an existing one).
-/// Returns the key and whether it was created now.
-fn read_or_create_key_file(path: &Path) -> Result<(String, bool), AuthError> {
-    match std::fs::read(path) {
-        Ok(bytes) => return Ok((check_key_file(path, &bytes)?, false)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_error(path)(e)),
-    }
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io_error(dir))?;
-    let key = hex::encode(rand::random::<[u8; 32]>());
-    let tmp = dir.join(format!(
-        ".{KEY_FILE}.{}.tmp",
-        hex::encode(rand::random::<[u8; 8]>())
-    ));
-    let written = write_private(&tmp, format!("{key}\n").as_bytes());
-    let linked = written.and_then(|()| std::fs::hard_link(&tmp, path));
-    let _ = std::fs::remove_file(&tmp);
-    match linked {
-        Ok(()) => {
-            if let Ok(d) = std::fs::File::open(dir) {
-                let _ = d.sync_all();
-            }
-            Ok((key, true))
-        }
-        // Someone else created it first: theirs is the key.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let bytes = std::fs::read(path).map_err(io_error(path))?;
-            Ok((check_key_file(path, &bytes)?, false))
-        }
-        Err(e) => Err(io_error(path)(e)),
-    }
-}
-
-/// Creates `path` (which must not exist) readable and writable by its owner only.
-fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    file.write_all(contents)?;
-    file.sync_all()
-}
-
-fn check_key_file(path: &Path, bytes: &[u8]) -> Result<String, AuthError> {
+/// The key a key file holds, if it is one; warns when others may read it.
+fn check_key_file(file: &PrivateFile) -> Result<String, AuthError> {
     let bad = |problem: &str| AuthError::BadKeyFile {
-        path: path.to_path_buf(),
+        path: file.path.clone(),
         problem: problem.into(),
     };
-    let text = std::str::from_utf8(bytes).map_err(|_| bad("not UTF-8 text"))?;
+    let text = std::str::from_utf8(&file.contents).map_err(|_| bad("not UTF-8 text"))?;
     let key = text.trim();
     if key.len() < 16 {
         return Err(bad("shorter than 16 characters"));
@@ -236,14 +194,11 @@ fn check_key_file(path: &Path, bytes: &[u8]) -> Result<String, AuthError> {
     if key.contains(char::is_whitespace) {
         return Err(bad("not a single key"));
     }
-    use std::os::unix::fs::PermissionsExt;
-    if let Ok(meta) = std::fs::metadata(path) {
-        if meta.permissions().mode() & 0o077 != 0 {
-            tracing::warn!(
-                path = %path.display(),
-                "the API key file is readable by other users; `chmod 600` it"
-            );
-        }
+    if file.shared {
+        tracing::warn!(
+            path = %file.path.display(),
+            "the API key file is readable by other users; `chmod 600` it"
+        );
     }
     Ok(key.to_string())
 }

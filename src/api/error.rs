@@ -129,6 +129,7 @@ impl From<crate::store::StoreError> for ApiError {
                 tracing::error!(path = %path.display(), error = %source, "store I/O failed");
                 ApiError::Internal(format!("the server could not write its data: {source}"))
             }
+            S::Interrupted(_) => ApiError::Internal(e.to_string()),
         }
     }
 }

@@ -193,23 +193,6 @@ fn keep_headers(old: &mut axum::http::HeaderMap, fresh: &mut Response) {
     }
 }
 
-/// Runs the store write `write` on a blocking thread: it waits for its fsyncs, and the async
-/// workers (one per core) serve every other request meanwhile. `refusal` says a refused write in
-/// the caller's API's words.
-pub(crate) async fn store_write<T, F>(
-    write: F,
-    refusal: fn(crate::store::StoreError) -> error::ApiError,
-) -> Result<T, error::ApiError>
-where
-    F: FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
-    T: Send + 'static,
-{
-    tokio::task::spawn_blocking(write)
-        .await
-        .map_err(|e| error::ApiError::Internal(format!("store task failed: {e}")))?
-        .map_err(refusal)
-}
-
 /// Every documented route: health, the OpenAPI document itself, the resource API and `/v1`.
 pub fn operations() -> Vec<Operation> {
     let mut ops = vec![

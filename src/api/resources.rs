@@ -84,15 +84,6 @@ fn selector(params: &HashMap<String, String>) -> Result<LabelSelector, ApiError>
     .map_err(ApiError::InvalidRequest)
 }
 
-/// Runs a store write off the async workers ([`super::store_write`]), refusals as [`ApiError`]s.
-async fn blocking<T, F>(f: F) -> Result<T, ApiError>
-where
-    F: FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
-    T: Send + 'static,
-{
-    super::store_write(f, ApiError::from).await
-}
-
 /// Parses a request body as a document of `kind`, JSON or YAML by `Content-Type`.
 fn parse(headers: &HeaderMap, bytes: &[u8], kind: Kind) -> Result<AnyResource, ApiError> {
     let declared_json = request_format(headers)? == Some(Format::Json);
@@ -252,8 +243,10 @@ async fn create(
         resource.metadata_mut().name = generated_name(kind);
     }
     check_name(resource.name())?;
-    let store = state.store.clone();
-    let created = blocking(move || store.create(resource, opts)).await?;
+    let created = state
+        .store
+        .write(move |store| store.create(resource, opts))
+        .await?;
     respond(StatusCode::CREATED, &created, response_format(&headers))
 }
 
@@ -291,8 +284,10 @@ async fn replace(
             resource.name()
         )));
     }
-    let store = state.store.clone();
-    let replaced = blocking(move || store.replace(resource, opts)).await?;
+    let replaced = state
+        .store
+        .write(move |store| store.replace(resource, opts))
+        .await?;
     respond(StatusCode::OK, &replaced, response_format(&headers))
 }
 
@@ -304,8 +299,10 @@ async fn delete(
 ) -> Result<Response, ApiError> {
     let kind = kind_of(&plural)?;
     let opts = dry_run(&params)?;
-    let store = state.store.clone();
-    let deleted = blocking(move || store.delete(kind, &name, opts)).await?;
+    let deleted = state
+        .store
+        .write(move |store| store.delete(kind, &name, opts))
+        .await?;
     // Deletion finishes asynchronously: the controller removes what the resource owns first.
     respond(StatusCode::ACCEPTED, &deleted, response_format(&headers))
 }

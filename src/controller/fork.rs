@@ -4,27 +4,26 @@
 //! indices; deleting the Fork deletes its children first. This module only writes desired state:
 //! the children's own reconciles (run by the workers in parallel) build their containers.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use chrono::Utc;
-
-use super::{Controller, Outcome, ReconcileError};
+use super::context::ForkContext;
+use super::error::ReconcileError;
+use super::policy::Outcome;
+use super::status::{generation, set_ready, write_status};
 use crate::resource::{
-    is_valid_name, set_condition, AnyResource, Condition, ConditionStatus, Fork, ForkPhase,
-    ForkStatus, Kind, OwnerReference, Sandbox, SandboxPhase, SandboxSource, SandboxSpec,
-    SnapshotPhase, API_VERSION,
+    is_valid_name, AnyResource, ConditionStatus, Fork, ForkPhase, ForkStatus, Kind, OwnerReference,
+    Sandbox, SandboxPhase, SandboxSource, SandboxSpec, SnapshotPhase, API_VERSION,
 };
 use crate::store::{StoreError, WriteOptions};
 
 /// How often a fork waiting for its snapshot, or for children to go, looks again.
 const WAIT: Duration = Duration::from_secs(1);
 const MISSING_RETRY: Duration = Duration::from_secs(10);
-/// How often a fork whose children are still starting writes how many run.
-const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
 
-pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, ReconcileError> {
+pub(super) async fn reconcile(
+    ctl: &ForkContext<'_>,
+    name: &str,
+) -> Result<Outcome, ReconcileError> {
     let Some(entry) = ctl.store.get(Kind::Fork, name) else {
         return Ok(Outcome::done());
     };
@@ -33,10 +32,10 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
     };
     let children = children_of(ctl, &fork);
     if fork.metadata.deletion_timestamp.is_some() {
-        return delete(ctl, &fork, &children);
+        return delete(ctl, &fork, &children).await;
     }
 
-    let generation = fork.metadata.generation.unwrap_or(1);
+    let generation = generation(&fork.metadata);
     let mut status = fork.status.clone().unwrap_or_default();
     status.observed_generation = Some(generation);
 
@@ -46,7 +45,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         if index_of(name, &child.metadata.name).is_none_or(|i| i >= replicas)
             && child.metadata.deletion_timestamp.is_none()
         {
-            delete_child(ctl, &child.metadata.name)?;
+            delete_child(ctl, &child.metadata.name).await?;
         }
     }
 
@@ -79,7 +78,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
                         .as_sandbox()
                         .is_some_and(|s| &s.spec != template)
                     {
-                        update_child(ctl, &child_name, template)?;
+                        update_child(ctl, &child_name, template).await?;
                     }
                 }
             }
@@ -139,17 +138,13 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
         )
     };
     status.phase = phase;
-    status.message = message.clone();
-    set_condition(
+    status.message.clone_from(&message);
+    set_ready(
         &mut status.conditions,
-        Condition {
-            type_: "Ready".into(),
-            status: verdict,
-            reason: reason.into(),
-            message,
-            last_transition_time: Utc::now(),
-            observed_generation: Some(generation),
-        },
+        verdict,
+        reason,
+        &message,
+        generation,
     );
     let progressing = status.phase == ForkPhase::Progressing;
     if progressing && only_progress_changed(fork.status.as_ref(), &status) {
@@ -157,7 +152,7 @@ pub(super) async fn reconcile(ctl: &Controller, name: &str) -> Result<Outcome, R
             return Ok(Outcome::after(wait));
         }
     }
-    write_status(ctl, &fork, status).await?;
+    write_status(ctl.store, &fork, &status).await?;
     if progressing {
         ctl.fork_progress.wrote(name);
     } else {
@@ -177,38 +172,6 @@ fn only_progress_changed(old: Option<&ForkStatus>, new: &ForkStatus) -> bool {
     })
 }
 
-/// When each progressing fork last wrote its progress. Every child's status change wakes its
-/// fork; writing each count would put one more fsync beside the children's own Docker calls and
-/// status writes, for a number nobody needs to the millisecond. So a count is written at most
-/// every [`PROGRESS_INTERVAL`] (the fork is woken again when it is due); reaching Ready, failing,
-/// or any other change is written at once.
-#[derive(Default)]
-pub(super) struct ProgressWrites {
-    written: Mutex<HashMap<String, Instant>>,
-}
-
-impl ProgressWrites {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
-        self.written.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// How long fork `name` must wait before writing its progress again, if at all.
-    fn wait(&self, name: &str) -> Option<Duration> {
-        let since = self.lock().get(name)?.elapsed();
-        PROGRESS_INTERVAL
-            .checked_sub(since)
-            .filter(|d| !d.is_zero())
-    }
-
-    fn wrote(&self, name: &str) {
-        self.lock().insert(name.to_string(), Instant::now());
-    }
-
-    fn forget(&self, name: &str) {
-        self.lock().remove(name);
-    }
-}
-
 struct Problem {
     phase: ForkPhase,
     reason: &'static str,
@@ -217,7 +180,7 @@ struct Problem {
 }
 
 /// The spec every child gets: the snapshot's captured spec, the overrides, the snapshot as source.
-fn template(ctl: &Controller, fork: &Fork) -> Result<SandboxSpec, Problem> {
+fn template(ctl: &ForkContext<'_>, fork: &Fork) -> Result<SandboxSpec, Problem> {
     let snapshot_name = &fork.spec.snapshot;
     let snapshot = ctl
         .store
@@ -299,7 +262,7 @@ fn is_owned_by(sandbox: &Sandbox, fork: &Fork) -> bool {
 }
 
 /// This fork's children, by owner reference, in index order.
-fn children_of(ctl: &Controller, fork: &Fork) -> Vec<Sandbox> {
+fn children_of(ctl: &ForkContext<'_>, fork: &Fork) -> Vec<Sandbox> {
     let mut children: Vec<Sandbox> = ctl
         .store
         .list(Kind::Sandbox)
@@ -319,7 +282,7 @@ fn children_of(ctl: &Controller, fork: &Fork) -> Vec<Sandbox> {
 /// Creates the children `names` together, off the async workers: one round of fsyncs for all of
 /// them instead of one each, which would compete with the Docker calls of the first ones claimed.
 async fn create_children(
-    ctl: &Controller,
+    ctl: &ForkContext<'_>,
     fork: &Fork,
     names: Vec<String>,
     spec: &SandboxSpec,
@@ -336,11 +299,10 @@ async fn create_children(
         })
         .collect();
     let owner = owner_reference(fork);
-    let store = Arc::clone(&ctl.store);
-    let created =
-        tokio::task::spawn_blocking(move || store.create_all_owned(children, vec![owner]))
-            .await
-            .map_err(|e| ReconcileError::Other(e.to_string()))?;
+    let created = ctl
+        .store
+        .write(move |store| Ok(store.create_all_owned(children, vec![owner])))
+        .await?;
     for result in created {
         match result {
             Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
@@ -350,53 +312,62 @@ async fn create_children(
     Ok(())
 }
 
-fn update_child(ctl: &Controller, name: &str, spec: &SandboxSpec) -> Result<(), ReconcileError> {
-    let result = ctl.store.update(Kind::Sandbox, name, |resource| {
-        if let AnyResource::Sandbox(sandbox) = resource {
-            sandbox.spec = spec.clone();
-        }
-        Ok(())
-    });
+async fn update_child(
+    ctl: &ForkContext<'_>,
+    name: &str,
+    spec: &SandboxSpec,
+) -> Result<(), ReconcileError> {
+    let (name, spec) = (name.to_string(), spec.clone());
+    let result = ctl
+        .store
+        .write(move |store| {
+            store.update(Kind::Sandbox, &name, |resource| {
+                if let AnyResource::Sandbox(sandbox) = resource {
+                    sandbox.spec = spec.clone();
+                }
+                Ok(())
+            })
+        })
+        .await;
     match result {
         Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Terminating { .. }) => Ok(()),
         Err(e) => Err(e.into()),
     }
 }
 
-fn delete_child(ctl: &Controller, name: &str) -> Result<(), ReconcileError> {
-    match ctl
+async fn delete_child(ctl: &ForkContext<'_>, name: &str) -> Result<(), ReconcileError> {
+    let name = name.to_string();
+    let deleted = ctl
         .store
-        .delete(Kind::Sandbox, name, WriteOptions::default())
-    {
+        .write(move |store| store.delete(Kind::Sandbox, &name, WriteOptions::default()))
+        .await;
+    match deleted {
         Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Terminating { .. }) => Ok(()),
         Err(e) => Err(e.into()),
     }
 }
 
 /// Deletes every child, waits until they are gone, then drops the Fork.
-fn delete(ctl: &Controller, fork: &Fork, children: &[Sandbox]) -> Result<Outcome, ReconcileError> {
+async fn delete(
+    ctl: &ForkContext<'_>,
+    fork: &Fork,
+    children: &[Sandbox],
+) -> Result<Outcome, ReconcileError> {
     ctl.fork_progress.forget(&fork.metadata.name);
     if children.is_empty() {
-        ctl.store.finalize(Kind::Fork, &fork.metadata.name)?;
+        let name = fork.metadata.name.clone();
+        ctl.store
+            .write(move |store| store.finalize(Kind::Fork, &name))
+            .await?;
         return Ok(Outcome::done());
     }
     for child in children {
         if child.metadata.deletion_timestamp.is_none() {
-            delete_child(ctl, &child.metadata.name)?;
+            delete_child(ctl, &child.metadata.name).await?;
         }
     }
     // Each child's removal requeues this fork too; the timer is a safety net.
     Ok(Outcome::after(WAIT))
-}
-
-async fn write_status(
-    ctl: &Controller,
-    fork: &Fork,
-    status: ForkStatus,
-) -> Result<(), ReconcileError> {
-    let name = &fork.metadata.name;
-    super::write_status_if_changed(&ctl.store, Kind::Fork, name, fork.status.as_ref(), &status)
-        .await
 }
 
 #[cfg(test)]
@@ -436,21 +407,6 @@ mod tests {
         };
         assert!(!only_progress_changed(Some(&old), &ready));
         assert!(!only_progress_changed(Some(&ready), &old));
-    }
-
-    #[test]
-    fn progress_is_written_at_most_every_interval() {
-        let writes = ProgressWrites::default();
-        assert_eq!(writes.wait("f"), None, "a first count is written at once");
-        writes.wrote("f");
-        let wait = writes.wait("f").expect("a second count waits");
-        assert!(
-            wait <= PROGRESS_INTERVAL && wait > PROGRESS_INTERVAL / 2,
-            "{wait:?}"
-        );
-        assert_eq!(writes.wait("g"), None, "forks do not hold each other back");
-        writes.forget("f");
-        assert_eq!(writes.wait("f"), None);
     }
 
     #[test]

@@ -12,13 +12,13 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::pool::{pool_of_member, MEMBER_PREFIX};
-use super::restore::STAGING_SUFFIX;
-use super::{Controller, ReconcileError};
-use crate::docker::{container_name, LABEL_ROLE, LABEL_SERVER, LABEL_UID};
+use super::context::GcContext;
+use super::error::ReconcileError;
+use super::names::{container_name, is_member, pool_of_member, sandbox_of, staging_of};
+use crate::docker::{LABEL_ROLE, LABEL_UID};
 use crate::resource::{Kind, SandboxPhase};
 
-pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, ReconcileError> {
+pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, ReconcileError> {
     if !ctl.store.is_fully_loaded() {
         tracing::debug!("store not fully loaded yet; garbage collection waits");
         return Ok(0);
@@ -91,14 +91,14 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
             .is_some_and(|p| pools.contains(p))
     };
     // Objects of other servers sharing this daemon are not ours to judge.
-    let ours = |labels: &BTreeMap<String, String>| labels.get(LABEL_SERVER) == Some(&ctl.server_id);
+    let ours = |labels: &BTreeMap<String, String>| ctl.containers.is_ours(labels);
 
     let mut removed = 0;
     let unclaimed_members: HashSet<String> = containers
         .iter()
         .filter_map(|c| {
             let id = c.sandbox()?;
-            (id.starts_with(MEMBER_PREFIX) && c.name == container_name(id)).then(|| id.to_string())
+            (is_member(id) && c.name == container_name(id)).then(|| id.to_string())
         })
         .collect();
     for container in &containers {
@@ -108,13 +108,10 @@ pub(super) async fn collect_garbage(ctl: &Controller) -> Result<usize, Reconcile
         let id = container.sandbox();
         // A pool container just claimed carries its sandbox's name (or, while a rollback fills
         // it or a replacement builds it, the sandbox's staging name) before the status names it.
-        let named_for_live = container
-            .name
-            .strip_prefix("agent-sandbox-")
-            .is_some_and(|n| match n.strip_suffix(STAGING_SUFFIX) {
-                Some(sandbox) => rebuilding.contains(sandbox),
-                None => live.contains_key(n),
-            });
+        let named_for_live = match staging_of(&container.name) {
+            Some(sandbox) => rebuilding.contains(sandbox),
+            None => sandbox_of(&container.name).is_some_and(|n| live.contains_key(n)),
+        };
         // A container replaced by a rollback keeps its labels but loses its name: only a
         // container under its sandbox's name is that sandbox's by its labels.
         let under_own_name = id.is_some_and(|id| container.name == container_name(id));

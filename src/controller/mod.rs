@@ -6,130 +6,96 @@
 //! the desired document and the labeled Docker objects as they are now, so running one twice, or
 //! after a crash at any point, converges to the same result. This module never parses documents
 //! and never serves HTTP; it talks to Docker only through [`Engine`].
+//!
+//! Each kind reconciles against a narrow context (`context.rs`) holding only what it needs, and
+//! returns a typed failure; the one error policy (`policy.rs`) reports it in the resource's status
+//! and decides when to try again.
+//!
+//! Where things are. The reconcilers, one per kind:
+//!
+//! - `sandbox.rs`: a `Sandbox`: expiry, deletion, its container kept running as the spec says.
+//! - `restore.rs`: a sandbox's first workspace from `spec.source`, and rollbacks
+//!   (`spec.rollback`: `ensure_rollback`).
+//! - `replace.rs`: replacing a sandbox's container without taking it down.
+//! - `snapshot/`: a `Snapshot`: taking it (`mod.rs`) and exporting the workspace (`export.rs`).
+//! - `fork.rs`: a `Fork`'s children. `pool.rs`: a `SandboxPool`'s warm members.
+//! - `gc.rs`: garbage collection of Docker objects that belong to no resource.
+//!
+//! The vocabulary they share, which uses none of them:
+//!
+//! - `names.rs`: every Docker name a container, volume or pool member gets.
+//! - `container.rs`: container plans, the swap of a container into a sandbox's name, removals.
+//! - `claims.rs`: claiming a warm pool member for a sandbox.
+//! - `workspace.rs`: making a `/workspace` ready, on this host or through Docker.
+//! - `content.rs`: validated snapshot content, the input of every restore.
+//! - `status.rs`: status and conditions, and the one status write.
+//! - `tracker.rs`: which sandboxes snapshots hold locked or paused.
+//! - `error.rs`, `policy.rs`, `context.rs`, `queue.rs`: failures, what becomes of them, what each
+//!   kind sees, and the work queue.
 
+// The vocabulary every reconciler speaks; none of these uses a reconciler.
+mod claims;
+mod container;
+mod content;
+mod context;
+mod error;
+mod names;
+mod policy;
+mod status;
+mod tracker;
+mod workspace;
+
+// The reconcilers, one per kind, and what only they use.
 mod fork;
 mod gc;
 mod pool;
 pub mod queue;
-pub mod restore;
+mod replace;
+mod restore;
 mod sandbox;
 mod snapshot;
 #[cfg(test)]
 mod tests;
-mod workspace;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use futures::StreamExt;
 use tokio::task::JoinSet;
 
 use crate::config::Settings;
-use crate::docker::{container_name, Engine, EngineError};
-use crate::resource::{Kind, SandboxDefaults};
-use crate::store::{Store, StoreError};
+use crate::docker::Engine;
+use crate::resource::Kind;
+use crate::store::Store;
+use claims::Pools;
+use container::Containers;
+use context::{ForkContext, GcContext, PoolContext, SandboxContext, SnapshotContext};
+pub use error::ReconcileError;
+use names::container_name;
+pub use policy::Outcome;
+pub use queue::Key;
 use queue::{Backoff, WorkQueue};
-
-/// What the queue holds: one resource.
-pub type Key = (Kind, String);
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    #[error("docker: {0}")]
-    Engine(#[from] EngineError),
-    #[error("store: {0}")]
-    Store(#[from] StoreError),
-    #[error("{0}")]
-    Other(String),
-}
-
-impl From<restore::RestoreError> for ReconcileError {
-    fn from(error: restore::RestoreError) -> ReconcileError {
-        match error {
-            restore::RestoreError::Engine(e) => ReconcileError::Engine(e),
-            other => ReconcileError::Other(other.to_string()),
-        }
-    }
-}
-
-/// What a successful reconcile asks for next.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Outcome {
-    /// Run again after this long (an expiry deadline, a wait for something external).
-    pub requeue_after: Option<Duration>,
-}
-
-impl Outcome {
-    pub fn done() -> Outcome {
-        Outcome::default()
-    }
-
-    pub fn after(delay: Duration) -> Outcome {
-        Outcome {
-            requeue_after: Some(delay),
-        }
-    }
-
-    pub fn at(deadline: Option<DateTime<Utc>>) -> Outcome {
-        Outcome {
-            requeue_after: deadline.map(|at| (at - Utc::now()).to_std().unwrap_or(Duration::ZERO)),
-        }
-    }
-}
-
-/// Writes `new` as the status of `kind`/`name` unless it equals `old`, so that a reconcile that
-/// observed nothing new writes nothing (an idle resync costs no writes). A resource deleted
-/// meanwhile is not an error: the next reconcile sees that.
-///
-/// The write waits for its fsyncs on a blocking thread: the async workers are few (one per core)
-/// and a burst of reconciles (a Fork's children) would otherwise queue behind each other's disk
-/// flushes.
-async fn write_status_if_changed<S: serde::Serialize + PartialEq>(
-    store: &Arc<Store>,
-    kind: Kind,
-    name: &str,
-    old: Option<&S>,
-    new: &S,
-) -> Result<(), ReconcileError> {
-    if old == Some(new) {
-        return Ok(());
-    }
-    let value = serde_json::to_value(new).map_err(|e| ReconcileError::Other(e.to_string()))?;
-    let store = Arc::clone(store);
-    let name = name.to_string();
-    let written = tokio::task::spawn_blocking(move || store.update_status(kind, &name, value))
-        .await
-        .map_err(|e| ReconcileError::Other(format!("status write failed: {e}")))?;
-    match written {
-        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
+use workspace::Workspaces;
 
 pub struct Controller {
     store: Arc<Store>,
     engine: Arc<dyn Engine>,
     settings: Arc<Settings>,
     queue: Arc<WorkQueue<Key>>,
-    /// This server's identity, labeled on every object it creates; garbage collection only
-    /// touches objects carrying it.
-    server_id: String,
-    /// The helper binary to install in the shared helper volume, when this build carries one.
-    helper_binary: Option<&'static [u8]>,
-    /// Name of the helper volume once it is known to be ready.
-    helper_volume: tokio::sync::Mutex<Option<String>>,
+    /// Plans, swaps and removals of the sandboxes' Docker objects.
+    containers: Arc<Containers>,
+    /// Making workspaces ready, and what this host has shown about doing it directly.
+    workspaces: Workspaces,
+    /// The warm pools, and the members handed out lately (see `claims.rs`).
+    pools: Pools,
     /// Snapshots in progress: which containers they hold paused, which files they write.
-    snapshots: Arc<snapshot::Tracker>,
-    /// Pool members handed out lately, so that no member is handed out twice (see `pool.rs`).
-    pool_claims: pool::HandedOut,
-    /// Whether workspaces can be used on this host, as learned so far.
-    host_access: workspace::HostAccess,
-    /// Snapshot files validated lately (see `restore.rs`).
-    validated_files: restore::ValidatedFiles,
+    snapshots: Arc<tracker::Tracker>,
+    /// Snapshot files validated lately (see `content.rs`).
+    validated_files: content::ValidatedFiles,
     /// When progressing forks last wrote their progress (see `fork.rs`).
-    fork_progress: fork::ProgressWrites,
+    fork_progress: status::ProgressWrites,
 }
 
 impl Controller {
@@ -140,17 +106,26 @@ impl Controller {
         server_id: String,
         helper_binary: Option<&'static [u8]>,
     ) -> Arc<Controller> {
-        Arc::new(Controller {
+        let queue = WorkQueue::new(Backoff::default());
+        let containers = Arc::new(Containers::new(
+            Arc::clone(&engine),
+            Arc::clone(&settings),
             server_id,
+            helper_binary,
+        ));
+        Arc::new(Controller {
+            workspaces: Workspaces::new(Arc::clone(&engine), Arc::clone(&settings)),
+            pools: Pools::new(
+                Arc::clone(&store),
+                Arc::clone(&containers),
+                Arc::clone(&queue),
+            ),
             store,
             engine,
             settings,
-            queue: WorkQueue::new(Backoff::default()),
-            helper_binary,
-            helper_volume: tokio::sync::Mutex::new(None),
+            queue,
+            containers,
             snapshots: Arc::default(),
-            pool_claims: pool::HandedOut::default(),
-            host_access: workspace::HostAccess::default(),
             validated_files: Default::default(),
             fork_progress: Default::default(),
         })
@@ -158,15 +133,6 @@ impl Controller {
 
     pub fn queue(&self) -> &Arc<WorkQueue<Key>> {
         &self.queue
-    }
-
-    fn defaults(&self) -> SandboxDefaults {
-        SandboxDefaults {
-            image: self.settings.default_image.clone(),
-            cpus: self.settings.default_cpus,
-            memory_mb: self.settings.default_memory_mb,
-            pids_limit: self.settings.default_pids_limit,
-        }
     }
 
     /// Queues every resource the store knows.
@@ -263,13 +229,74 @@ impl Controller {
         }
     }
 
-    /// Runs the reconcile function of the key's kind once.
+    /// Runs the reconcile function of the key's kind once, against that kind's context; a
+    /// failure goes through the error policy.
     pub async fn reconcile(&self, key: &Key) -> Result<Outcome, ReconcileError> {
+        let name = key.1.as_str();
+        let containers = self.containers.as_ref();
         match key.0 {
-            Kind::Sandbox => sandbox::reconcile(self, &key.1).await,
-            Kind::Snapshot => snapshot::reconcile(self, &key.1).await,
-            Kind::Fork => fork::reconcile(self, &key.1).await,
-            Kind::SandboxPool => pool::reconcile(self, &key.1).await,
+            Kind::Sandbox => match sandbox::reconcile(&self.sandbox_context(), name).await {
+                Ok(outcome) => Ok(outcome),
+                Err(failure) => policy::handle(&self.store, containers, failure).await,
+            },
+            Kind::Snapshot => match snapshot::reconcile(&self.snapshot_context(), name).await {
+                Ok(outcome) => Ok(outcome),
+                Err(failure) => policy::handle(&self.store, containers, failure).await,
+            },
+            Kind::Fork => fork::reconcile(&self.fork_context(), name).await,
+            Kind::SandboxPool => match pool::reconcile(&self.pool_context(), name).await {
+                Ok(outcome) => Ok(outcome),
+                Err(failure) => policy::handle(&self.store, containers, failure).await,
+            },
+        }
+    }
+
+    fn sandbox_context(&self) -> SandboxContext<'_> {
+        SandboxContext {
+            store: &self.store,
+            engine: &self.engine,
+            settings: &self.settings,
+            containers: &self.containers,
+            workspaces: &self.workspaces,
+            pools: &self.pools,
+            snapshots: &self.snapshots,
+            validated_files: &self.validated_files,
+        }
+    }
+
+    fn snapshot_context(&self) -> SnapshotContext<'_> {
+        SnapshotContext {
+            store: &self.store,
+            engine: &self.engine,
+            settings: &self.settings,
+            containers: &self.containers,
+            snapshots: &self.snapshots,
+            queue: &self.queue,
+        }
+    }
+
+    fn fork_context(&self) -> ForkContext<'_> {
+        ForkContext {
+            store: &self.store,
+            fork_progress: &self.fork_progress,
+        }
+    }
+
+    fn pool_context(&self) -> PoolContext<'_> {
+        PoolContext {
+            store: &self.store,
+            engine: &self.engine,
+            containers: &self.containers,
+            workspaces: &self.workspaces,
+            pools: &self.pools,
+        }
+    }
+
+    fn gc_context(&self) -> GcContext<'_> {
+        GcContext {
+            store: &self.store,
+            engine: &self.engine,
+            containers: &self.containers,
         }
     }
 
@@ -286,7 +313,7 @@ impl Controller {
                         .as_sandbox()
                         .and_then(|s| s.status.as_ref()?.claimed_from.clone())
                     {
-                        self.recount_pool(pool);
+                        self.pools.recount(pool);
                     }
                     // A snapshot or fork may be waiting for the sandbox it names.
                     if let Some(owner) = resource.metadata().owner_references.first() {
@@ -314,7 +341,11 @@ impl Controller {
                     Ok(event) => {
                         // Another server's object is not ours to reconcile (volume events carry
                         // no labels, so they name no server and are looked at).
-                        if event.server.as_ref().is_some_and(|s| *s != self.server_id) {
+                        if event
+                            .server
+                            .as_ref()
+                            .is_some_and(|s| *s != self.containers.server_id)
+                        {
                             continue;
                         }
                         if let Some(sandbox) = event.sandbox {
@@ -340,10 +371,10 @@ impl Controller {
         loop {
             tick.tick().await;
             self.enqueue_drifted().await;
-            if let Err(error) = gc::collect_garbage(&self).await {
+            if let Err(error) = gc::collect_garbage(&self.gc_context()).await {
                 tracing::warn!(%error, "garbage collection failed");
             }
-            snapshot::collect_data(&self);
+            self.store.collect_snapshot_data().await;
         }
     }
 

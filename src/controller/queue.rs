@@ -10,6 +10,11 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use crate::resource::Kind;
+
+/// What the controller's queue holds: one resource.
+pub type Key = (Kind, String);
+
 /// Backoff bounds for failed reconciles.
 #[derive(Clone, Copy, Debug)]
 pub struct Backoff {

@@ -43,7 +43,9 @@ async fn fill_pool_of_two(ctl: &Controller) {
     };
     let pool: AnyResource = SandboxPool::new("p", spec).into();
     ctl.store.create(pool, Default::default()).unwrap();
-    super::pool::reconcile(ctl, "p").await.unwrap();
+    super::pool::reconcile(&ctl.pool_context(), "p")
+        .await
+        .unwrap();
 }
 
 fn pool_members(engine: &FakeEngine) -> Vec<FakeContainer> {
@@ -70,7 +72,9 @@ async fn resync_queues_only_sandboxes_that_are_not_running_as_recorded() {
     let (_dir, engine, ctl) = setup();
     for name in ["a", "b"] {
         declare(&ctl, name);
-        super::sandbox::reconcile(&ctl, name).await.unwrap();
+        super::sandbox::reconcile(&ctl.sandbox_context(), name)
+            .await
+            .unwrap();
     }
     drain(&ctl).await;
 
@@ -121,7 +125,9 @@ async fn resync_queues_only_sandboxes_that_are_not_running_as_recorded() {
 async fn garbage_collection_takes_a_replaced_workspace_only_once_nothing_is_in_progress() {
     let (_dir, engine, ctl) = setup();
     declare(&ctl, "a");
-    super::sandbox::reconcile(&ctl, "a").await.unwrap();
+    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
+        .await
+        .unwrap();
     // Left by a rollback or a carried workspace whose removal a crash interrupted: a volume
     // labeled for the sandbox (here made, with its labels, by a container of it).
     let leftover = "agent-sandbox-a-workspace-0badcafe";
@@ -141,14 +147,16 @@ async fn garbage_collection_takes_a_replaced_workspace_only_once_nothing_is_in_p
             Ok(())
         })
         .unwrap();
-    super::gc::collect_garbage(&ctl).await.unwrap();
+    super::gc::collect_garbage(&ctl.gc_context()).await.unwrap();
     assert!(
         engine.volumes().contains_key(leftover),
         "kept while in progress"
     );
 
-    super::sandbox::reconcile(&ctl, "a").await.unwrap();
-    super::gc::collect_garbage(&ctl).await.unwrap();
+    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
+        .await
+        .unwrap();
+    super::gc::collect_garbage(&ctl.gc_context()).await.unwrap();
     let volumes = engine.volumes();
     assert!(
         !volumes.contains_key(leftover),
@@ -170,7 +178,9 @@ async fn a_pool_replaces_a_member_left_half_made() {
     let stuck = members()[0].id.clone();
     assert!(engine.set_state(&stuck, "created"));
 
-    super::pool::reconcile(&ctl, "p").await.unwrap();
+    super::pool::reconcile(&ctl.pool_context(), "p")
+        .await
+        .unwrap();
     let now = members();
     assert_eq!(now.len(), 2, "{now:?}");
     assert!(now.iter().all(|c| c.state == "running" && c.id != stuck));
@@ -191,7 +201,9 @@ async fn a_claim_gets_past_a_member_that_vanished_since_the_pool_looked() {
 
     for name in ["a", "b"] {
         declare(&ctl, name);
-        super::sandbox::reconcile(&ctl, name).await.unwrap();
+        super::sandbox::reconcile(&ctl.sandbox_context(), name)
+            .await
+            .unwrap();
     }
     let a = ctl.store.get(Kind::Sandbox, "a").unwrap();
     let a = a.resource.as_sandbox().unwrap().status.clone().unwrap();
@@ -211,7 +223,9 @@ async fn a_claim_gets_past_a_member_that_vanished_since_the_pool_looked() {
 async fn a_swap_moves_a_leftover_retired_container_out_of_the_way() {
     let (_dir, engine, ctl) = setup();
     declare(&ctl, "a");
-    super::sandbox::reconcile(&ctl, "a").await.unwrap();
+    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
+        .await
+        .unwrap();
     let current = engine.container_of("a").unwrap();
     let plan_named = |name: &str| {
         let mut plan = current.plan.clone();
@@ -228,7 +242,7 @@ async fn a_swap_moves_a_leftover_retired_container_out_of_the_way() {
         .await
         .unwrap();
 
-    let retired = super::restore::swap_in(&ctl, "a", &new).await.unwrap();
+    let retired = ctl.containers.swap_in("a", &new).await.unwrap();
     assert_eq!(retired.as_deref(), Some("agent-sandbox-a.retired"));
     let names: std::collections::BTreeMap<String, String> = engine
         .containers()
@@ -256,13 +270,17 @@ async fn a_second_reconcile_of_a_claimed_sandbox_writes_nothing() {
         let version = entry.resource.metadata().resource_version.clone();
         (version, entry.resource.as_sandbox().unwrap().status.clone())
     };
-    super::sandbox::reconcile(&ctl, "a").await.unwrap();
+    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
+        .await
+        .unwrap();
     let (first, status) = seen();
     assert!(
         status.as_ref().is_some_and(|s| s.claimed_from.is_some()),
         "{status:?}"
     );
-    super::sandbox::reconcile(&ctl, "a").await.unwrap();
+    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
+        .await
+        .unwrap();
     let (second, again) = seen();
     assert_eq!(first, second, "rewritten:\n{status:#?}\n{again:#?}");
 }
@@ -274,10 +292,12 @@ async fn a_second_reconcile_of_a_claimed_sandbox_writes_nothing() {
 async fn a_failing_rollback_removes_what_an_interrupted_attempt_left() {
     let (_dir, engine, ctl) = setup();
     declare(&ctl, "a");
-    super::sandbox::reconcile(&ctl, "a").await.unwrap();
+    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
+        .await
+        .unwrap();
     let current = engine.container_of("a").unwrap();
     let mut plan = current.plan.clone();
-    plan.name = Some(super::restore::staging_container_name("a"));
+    plan.name = Some(super::names::staging_container_name("a"));
     plan.workspace_volume = "agent-sandbox-a-workspace-31c1e607".into();
     engine.create_container(&plan).await.unwrap();
 
@@ -292,7 +312,8 @@ async fn a_failing_rollback_removes_what_an_interrupted_attempt_left() {
             Ok(())
         })
         .unwrap();
-    let failed = super::sandbox::reconcile(&ctl, "a").await;
+    // Through the error policy, which reports the failure and then removes what it left.
+    let failed = ctl.reconcile(&(Kind::Sandbox, "a".to_string())).await;
     assert!(failed.is_err(), "the rollback cannot succeed");
 
     let names: Vec<String> = engine.containers().iter().map(|c| c.name()).collect();
@@ -329,7 +350,7 @@ async fn a_restore_into_a_directory_that_fails_the_proof_fails_and_gives_up_the_
     // root shows no such directory at /workspace.
     let named = tempfile::tempdir().unwrap();
     engine.set_host_workspace(named.path().to_path_buf(), i64::from(std::process::id()));
-    ctl.host_access.learn("", true);
+    ctl.workspaces.host_access.learn("", true);
 
     let tar_path = dir.path().join("s.tar");
     let mut builder = tar::Builder::new(std::fs::File::create(&tar_path).unwrap());
@@ -341,7 +362,7 @@ async fn a_restore_into_a_directory_that_fails_the_proof_fails_and_gives_up_the_
         .append_data(&mut header, "hello.txt", &b"hi\n"[..])
         .unwrap();
     builder.into_inner().unwrap().sync_all().unwrap();
-    let snapshot = super::restore::Validated {
+    let snapshot = super::content::Validated {
         name: "s".into(),
         path: tar_path,
     };
@@ -352,12 +373,14 @@ async fn a_restore_into_a_directory_that_fails_the_proof_fails_and_gives_up_the_
             ..SandboxSpec::default()
         },
     );
-    let effective = sandbox.spec.effective(&ctl.defaults());
-    let plan = super::sandbox::plan_for(&ctl, &sandbox, &effective, "agent-sandbox-a-workspace")
+    let effective = sandbox.spec.effective(&ctl.containers.defaults());
+    let plan = ctl
+        .containers
+        .plan_for(&sandbox, &effective, "agent-sandbox-a-workspace")
         .await
         .unwrap();
 
-    let failed = super::restore::populate_volume(&ctl, &plan, &snapshot).await;
+    let failed = super::restore::populate_volume(&ctl.sandbox_context(), &plan, &snapshot).await;
     assert!(failed.is_err(), "the proof cannot hold: {failed:?}");
     assert!(
         named.path().join("hello.txt").exists(),
@@ -368,13 +391,13 @@ async fn a_restore_into_a_directory_that_fails_the_proof_fails_and_gives_up_the_
     assert!(engine.containers().is_empty(), "the container is discarded");
     assert!(engine.volumes().is_empty(), "the volume is discarded");
     assert_eq!(
-        ctl.host_access.get(""),
+        ctl.workspaces.host_access.get(""),
         Some(false),
         "the host path is given up"
     );
 
     // The next restore goes through the archive API (which the fake cannot serve).
-    let again = super::restore::populate_volume(&ctl, &plan, &snapshot).await;
+    let again = super::restore::populate_volume(&ctl.sandbox_context(), &plan, &snapshot).await;
     assert!(again.is_err());
     assert_eq!(engine.call_count("archive_put"), 1);
     assert_eq!(

@@ -31,13 +31,13 @@ use std::sync::Mutex;
 use futures::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::restore::{
-    restore_policy, staging_container_name, swap_in, Replaced, RestoreError, Validated,
-};
-use super::Controller;
+use std::sync::Arc;
+
+use super::content::{restore_policy, Validated};
+use super::error::ReconcileError;
 use crate::archive::{self, ArchiveError, ChannelWriter};
-use crate::docker::ContainerDetails;
-use crate::resource::{EffectiveSandbox, SandboxStatus};
+use crate::config::Settings;
+use crate::docker::{ContainerDetails, Engine};
 
 /// The workspace inside every sandbox.
 pub(super) const WORKSPACE: &str = "/workspace";
@@ -156,7 +156,45 @@ pub(super) enum Prepare {
     AlreadyDone,
 }
 
-impl Controller {
+/// What making a workspace ready needs: Docker, the settings, and what this host has shown.
+pub(super) struct Workspaces {
+    engine: Arc<dyn Engine>,
+    settings: Arc<Settings>,
+    /// Whether workspaces can be used on this host, as learned so far.
+    pub(super) host_access: HostAccess,
+}
+
+impl Workspaces {
+    pub(super) fn new(engine: Arc<dyn Engine>, settings: Arc<Settings>) -> Workspaces {
+        Workspaces {
+            engine,
+            settings,
+            host_access: HostAccess::default(),
+        }
+    }
+
+    /// The details of container `id`, which must be there (`when` says, for the error, when it
+    /// was found gone).
+    pub(super) async fn inspect_present(
+        &self,
+        id: &str,
+        when: &'static str,
+    ) -> Result<ContainerDetails, ReconcileError> {
+        self.engine
+            .inspect_container(id)
+            .await?
+            .ok_or_else(|| ReconcileError::Vanished {
+                container: id.to_string(),
+                when,
+            })
+    }
+
+    /// Whether a workspace may be carried on this host under the runtime `runtime`, as far as
+    /// is known: allowed, and not shown to fail.
+    pub(super) fn may_use_host(&self, runtime: &str) -> bool {
+        self.settings.host_workspace_access && self.host_access.get(runtime) != Some(false)
+    }
+
     /// Starts the created container `id` (of Docker runtime `runtime`, `""` for the default) with
     /// its `/workspace` ready: the sandbox user's and, given a snapshot, holding its content.
     pub(super) async fn start_with_workspace(
@@ -164,7 +202,7 @@ impl Controller {
         id: &str,
         runtime: &str,
         content: Option<&Validated>,
-    ) -> Result<(), RestoreError> {
+    ) -> Result<(), ReconcileError> {
         let allowed = self.settings.host_workspace_access;
         if allowed && self.host_access.get(runtime) == Some(true) {
             let Some(content) = content else {
@@ -203,12 +241,8 @@ impl Controller {
         &self,
         id: &str,
         runtime: &str,
-    ) -> Result<Option<File>, RestoreError> {
-        let created = self
-            .engine
-            .inspect_container(id)
-            .await?
-            .ok_or_else(|| RestoreError::Other(format!("container {id} vanished")))?;
+    ) -> Result<Option<File>, ReconcileError> {
+        let created = self.inspect_present(id, "").await?;
         match open_host_source(&created) {
             Ok(root) => Ok(Some(root)),
             Err(error) => {
@@ -231,25 +265,23 @@ impl Controller {
         runtime: &str,
         root: File,
         content: &Validated,
-    ) -> Result<(), RestoreError> {
+    ) -> Result<(), ReconcileError> {
         let written = root
             .try_clone()
-            .map_err(|e| RestoreError::HostWrite(e.to_string()))?;
+            .map_err(|e| ReconcileError::HostWrite(e.to_string()))?;
         let (started, filled) = tokio::join!(
             self.engine.start_container(id),
             self.ready_on_host(written, Prepare::Workspace, Some(content)),
         );
         started?;
-        let running = self.engine.inspect_container(id).await?.ok_or_else(|| {
-            RestoreError::Other(format!("container {id} vanished while starting"))
-        })?;
+        let running = self.inspect_present(id, " while starting").await?;
         if let Err(error) = prove_container_root(&root, &running) {
             if error.lasting {
                 self.host_access.learn(runtime, false);
             }
-            return Err(RestoreError::Other(error.to_string()));
+            return Err(ReconcileError::HostUnavailable(error.to_string()));
         }
-        if let Err(RestoreError::HostWrite(_)) = &filled {
+        if let Err(ReconcileError::HostWrite(_)) = &filled {
             self.host_access.learn(runtime, false);
         }
         filled
@@ -264,17 +296,15 @@ impl Controller {
         runtime: &str,
         prepare: Prepare,
         content: Option<&Validated>,
-    ) -> Result<(), RestoreError> {
-        if self.settings.host_workspace_access && self.host_access.get(runtime) != Some(false) {
-            let details = self.engine.inspect_container(id).await?.ok_or_else(|| {
-                RestoreError::Other(format!(
-                    "container {id} vanished before its workspace was ready"
-                ))
-            })?;
+    ) -> Result<(), ReconcileError> {
+        if self.may_use_host(runtime) {
+            let details = self
+                .inspect_present(id, " before its workspace was ready")
+                .await?;
             match open_host_root(&details) {
                 Ok(root) => {
                     let written = self.ready_on_host(root, prepare, content).await;
-                    if let Err(RestoreError::HostWrite(_)) = &written {
+                    if let Err(ReconcileError::HostWrite(_)) = &written {
                         // Whatever broke here breaks the next time too: use Docker from now on.
                         self.host_access.learn(runtime, false);
                     } else {
@@ -298,32 +328,30 @@ impl Controller {
         root: File,
         prepare: Prepare,
         content: Option<&Validated>,
-    ) -> Result<(), RestoreError> {
-        let owner = self
-            .settings
-            .sandbox_uid_gid()
-            .map_err(|e| RestoreError::Other(e.to_string()))?;
-        let policy = restore_policy(self)?;
+    ) -> Result<(), ReconcileError> {
+        let owner = self.settings.sandbox_uid_gid()?;
+        let policy = restore_policy(&self.settings)?;
         let snapshot = content.map(|c| (c.name.clone(), c.path.clone()));
         tokio::task::spawn_blocking(move || {
             if prepare == Prepare::Workspace {
-                own(&root, owner).map_err(|e| RestoreError::HostWrite(e.to_string()))?;
+                own(&root, owner).map_err(|e| ReconcileError::HostWrite(e.to_string()))?;
             }
             let Some((name, path)) = snapshot else {
                 return Ok(());
             };
-            let file = File::open(&path)
-                .map_err(|e| RestoreError::Other(format!("{}: {e}", path.display())))?;
+            let file = File::open(&path).map_err(|error| ReconcileError::DataUnreadable {
+                path: path.display().to_string(),
+                error,
+            })?;
             let input = BufReader::with_capacity(64 * 1024, file);
             match archive::unpack(input, root, &policy) {
                 Ok(_) => Ok(()),
-                Err(ArchiveError::Write(message)) => Err(RestoreError::HostWrite(message)),
+                Err(ArchiveError::Write(message)) => Err(ReconcileError::HostWrite(message)),
                 // The data changed since it was validated.
-                Err(error) => Err(RestoreError::Refused { name, error }),
+                Err(error) => Err(ReconcileError::Refused { name, error }),
             }
         })
-        .await
-        .map_err(|e| RestoreError::Other(e.to_string()))?
+        .await?
     }
 
     /// The archive API's way: the root's owner through a one-entry tar, the content as the
@@ -333,18 +361,15 @@ impl Controller {
         container: &str,
         prepare: Prepare,
         content: Option<&Validated>,
-    ) -> Result<(), RestoreError> {
+    ) -> Result<(), ReconcileError> {
         if prepare == Prepare::Workspace {
-            let (uid, gid) = self
-                .settings
-                .sandbox_uid_gid()
-                .map_err(|e| RestoreError::Other(e.to_string()))?;
+            let (uid, gid) = self.settings.sandbox_uid_gid()?;
             self.engine.prepare_workspace(container, uid, gid).await?;
         }
         let Some(snapshot) = content else {
             return Ok(());
         };
-        let policy = restore_policy(self)?;
+        let policy = restore_policy(&self.settings)?;
         let path = snapshot.path.clone();
         let (writer, chunks) = ChannelWriter::new(8);
         let rewrite = tokio::task::spawn_blocking(move || {
@@ -359,12 +384,10 @@ impl Controller {
             .engine
             .archive_put(container, WORKSPACE, ReceiverStream::new(chunks).boxed())
             .await;
-        let rewritten = rewrite
-            .await
-            .map_err(|e| RestoreError::Other(e.to_string()))?;
+        let rewritten = rewrite.await?;
         // The data may have changed since validation: then the put got a cut-off archive, and
         // what Docker made of it is discarded with the volume.
-        rewritten.map_err(|error| RestoreError::Refused {
+        rewritten.map_err(|error| ReconcileError::Refused {
             name: snapshot.name.clone(),
             error,
         })?;
@@ -383,90 +406,4 @@ fn own(root: &File, (uid, gid): (u32, u32)) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
-}
-
-impl Controller {
-    /// Replaces the sandbox's container `old` (running, on this host) with a warm pool member
-    /// that matches `effective`, carrying the workspace over on this host by hard links: no byte
-    /// is copied, and the old workspace stays whole until the status names the new one, so a
-    /// crash at any point leaves the sandbox as it was. The old container is paused while the
-    /// tree is carried (nothing may change it meanwhile) and serves again if anything fails.
-    /// `None` when this cannot be done here (no host access, no free member): the caller builds
-    /// a new container instead. On success `status` describes the member and the returned
-    /// leftovers (the old container and workspace) go once it is written.
-    pub(super) async fn replace_from_pool(
-        &self,
-        name: &str,
-        effective: &EffectiveSandbox,
-        old: &ContainerDetails,
-        status: &mut SandboxStatus,
-    ) -> Result<Option<Replaced>, RestoreError> {
-        let runtime = self.settings.docker_runtime.clone();
-        if !self.settings.host_workspace_access || self.host_access.get(&runtime) == Some(false) {
-            return Ok(None);
-        }
-        // Only the container the status records is known to mount the recorded workspace (one
-        // left by an interrupted replacement, or by an earlier resource of this name, may not).
-        if status.container_id.as_deref() != Some(old.id.as_str())
-            || status.workspace_volume.is_none()
-        {
-            return Ok(None);
-        }
-        // Proven before anything changes: the old workspace is the old container's.
-        let from = match open_host_root(old) {
-            Ok(from) => {
-                self.host_access.learn(&runtime, true);
-                from
-            }
-            Err(error) => {
-                tracing::debug!(sandbox = name, %error, "the workspace cannot be carried on this host");
-                if error.lasting {
-                    self.host_access.learn(&runtime, false);
-                }
-                return Ok(None);
-            }
-        };
-        let staging = staging_container_name(name);
-        let Some(claimed) = self.claim_as(name, effective, &staging).await? else {
-            return Ok(None);
-        };
-        let carried = async {
-            self.engine.pause(&old.id).await?;
-            let member = self
-                .engine
-                .inspect_container(&claimed.container_id)
-                .await?
-                .ok_or_else(|| RestoreError::Other("the claimed container vanished".into()))?;
-            let to = open_host_root(&member).map_err(|e| RestoreError::Other(e.to_string()))?;
-            let count = tokio::task::spawn_blocking(move || archive::link_tree(from, to))
-                .await
-                .map_err(|e| RestoreError::Other(e.to_string()))?
-                .map_err(|e| RestoreError::HostWrite(e.to_string()))?;
-            swap_in(self, name, &claimed.container_id).await?;
-            Ok::<_, RestoreError>(count)
-        }
-        .await;
-        match carried {
-            Ok(count) => {
-                tracing::info!(
-                    sandbox = name,
-                    entries = count,
-                    "workspace carried into a warm container"
-                );
-                let old_volume = status.workspace_volume.clone();
-                claimed.record(status, effective);
-                Ok(Some(Replaced {
-                    container: Some(old.id.clone()),
-                    volume: old_volume,
-                }))
-            }
-            Err(error) => {
-                tracing::info!(sandbox = name, %error, "cannot carry the workspace into a warm container; building a new one");
-                let _ = self.engine.remove_container(&claimed.container_id).await;
-                let _ = self.engine.remove_volume(&claimed.volume).await;
-                self.engine.unpause(&old.id).await?;
-                Ok(None)
-            }
-        }
-    }
 }

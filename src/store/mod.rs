@@ -7,20 +7,27 @@
 //!                                         spec) written by the API; people may edit them; watched
 //! <data>/state/<plural>/<name>.json       server-owned metadata (uid, generation, resourceVersion,
 //!                                         timestamps, owner references) and observed status
-//! <data>/snapshots/<name>.tar             snapshot contents
+//! <data>/snapshots/<name>.tar             snapshot contents (see `snapshots.rs`)
+//! <data>/server-id                        this server's identity (see `identity.rs`)
+//! <data>/api-key                          the generated API key, mode 0600 (`identity.rs`)
 //! --watch DIR                             read-only folders of manifests; watched, never written
 //! ```
 //!
 //! Every write is crash-safe (temp file, fsync, rename, fsync the directory). The store assigns
 //! server metadata, enforces optimistic concurrency and folder ownership, merges the folders
 //! (a bad document keeps its last good version; a name declared twice is an error for the later
-//! declaration), and broadcasts every change. It never talks to Docker.
+//! declaration), and broadcasts every change. It never talks to Docker. Its writes block on
+//! their fsyncs; async callers use [`Store::write`] (`offload.rs`), which runs them off the async
+//! workers.
 
 mod api;
 mod atomic;
 mod folders;
+mod identity;
 mod index;
 pub mod inspect;
+mod offload;
+mod snapshots;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -36,6 +43,8 @@ use crate::resource::{AnyResource, Kind};
 use index::{Inner, Source};
 
 pub use atomic::write_atomic;
+pub use identity::{read_or_create_private, PrivateFile};
+pub use snapshots::{DataStamp, SnapshotWrite};
 
 /// Which source declares a resource.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,6 +117,10 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// A store operation run off the async workers did not finish (it panicked, or the runtime
+    /// is shutting down).
+    #[error("a store operation did not finish: {0}")]
+    Interrupted(String),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -129,6 +142,8 @@ pub struct Store {
     inner: Mutex<Inner>,
     /// Signalled whenever an unlocked write leaves `Inner::writing` or a quiet waiter is done.
     settled: Condvar,
+    /// Snapshots whose data is being written (see `snapshots.rs`).
+    snapshot_writes: snapshots::Writing,
 }
 
 impl Store {
@@ -184,6 +199,7 @@ impl Store {
                 quiet_waiters: 0,
             }),
             settled: Condvar::new(),
+            snapshot_writes: Default::default(),
         });
         for index in 0..source_count {
             store.rescan(index);

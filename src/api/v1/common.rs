@@ -48,19 +48,8 @@ pub fn ready_snapshot(store: &Store, id: &str) -> Result<Snapshot, ApiError> {
         .ok_or_else(|| snapshot_not_found(id))
 }
 
-/// Runs the store write `write` off the async workers ([`crate::api::store_write`]), refusals
-/// in the reference's words ([`store_error`]).
-pub async fn off_workers<T, F>(store: &Arc<Store>, write: F) -> Result<T, ApiError>
-where
-    F: FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
-    T: Send + 'static,
-{
-    let store = Arc::clone(store);
-    crate::api::store_write(move || write(&store), store_error).await
-}
-
 /// Creates the resource `make` builds around a new ID (`prefix` and random hex), drawing again
-/// when the ID happens to be taken.
+/// when the ID happens to be taken; the store writes off the async workers.
 pub async fn create_with_new_id<F>(
     store: &Arc<Store>,
     prefix: &'static str,
@@ -69,16 +58,18 @@ pub async fn create_with_new_id<F>(
 where
     F: Fn(String) -> AnyResource + Send + 'static,
 {
-    off_workers(store, move |store| {
-        let mut attempt = 0;
-        loop {
-            match store.create(make(new_id(prefix)), WriteOptions::default()) {
-                Err(StoreError::AlreadyExists { .. }) if attempt < 3 => attempt += 1,
-                other => return other,
+    store
+        .write(move |store| {
+            let mut attempt = 0;
+            loop {
+                match store.create(make(new_id(prefix)), WriteOptions::default()) {
+                    Err(StoreError::AlreadyExists { .. }) if attempt < 3 => attempt += 1,
+                    other => return other,
+                }
             }
-        }
-    })
-    .await
+        })
+        .await
+        .map_err(store_error)
 }
 
 /// Store refusals in the reference's words where it has some.
@@ -95,7 +86,7 @@ pub fn store_error(err: StoreError) -> ApiError {
             ApiError::Conflict(err.to_string())
         }
         StoreError::Invalid(message) => ApiError::InvalidRequest(message),
-        StoreError::Io { .. } => ApiError::Internal(err.to_string()),
+        StoreError::Io { .. } | StoreError::Interrupted(_) => ApiError::Internal(err.to_string()),
     }
 }
 

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::{Extension, Json};
 
 use super::common::{
-    create_with_new_id, live_sandbox, off_workers, sandbox_info, sandbox_not_found,
+    create_with_new_id, live_sandbox, sandbox_info, sandbox_not_found, store_error,
 };
 use super::lax::{Bound, Fields};
 use super::request::json_object;
@@ -113,9 +113,9 @@ pub async fn create_from_spec(
         Ok(sandbox) => Ok(sandbox_info(&sandbox, &state.settings)),
         Err(err) => {
             let name = id.clone();
-            let deleted = off_workers(&state.store, move |store| {
-                store.delete(Kind::Sandbox, &name, WriteOptions::default())
-            });
+            let deleted = state
+                .store
+                .write(move |store| store.delete(Kind::Sandbox, &name, WriteOptions::default()));
             if let Err(cleanup) = deleted.await {
                 tracing::warn!(sandbox = %id, error = %cleanup, "cannot delete a sandbox that failed to start");
             }
@@ -240,10 +240,11 @@ pub async fn delete(
     let events = state.store.subscribe();
     live_sandbox(&state.store, &id)?;
     let name = id.clone();
-    off_workers(&state.store, move |store| {
-        store.delete(Kind::Sandbox, &name, WriteOptions::default())
-    })
-    .await?;
+    state
+        .store
+        .write(move |store| store.delete(Kind::Sandbox, &name, WriteOptions::default()))
+        .await
+        .map_err(store_error)?;
     wait::until(
         &state.store,
         events,
@@ -288,23 +289,26 @@ pub async fn set_timeout(
     let deadline = wire::truncate_to_micros(chrono::Utc::now())
         + chrono::TimeDelta::try_seconds(seconds).unwrap_or(chrono::TimeDelta::MAX);
     let name = id.clone();
-    let updated = off_workers(&state.store, move |store| {
-        store.update(Kind::Sandbox, &name, |resource| match resource {
-            AnyResource::Sandbox(sandbox) => {
-                if sandbox.metadata.deletion_timestamp.is_some() {
-                    return Err(StoreError::Terminating {
-                        kind: Kind::Sandbox,
-                        name: sandbox.metadata.name.clone(),
-                    });
+    let updated = state
+        .store
+        .write(move |store| {
+            store.update(Kind::Sandbox, &name, |resource| match resource {
+                AnyResource::Sandbox(sandbox) => {
+                    if sandbox.metadata.deletion_timestamp.is_some() {
+                        return Err(StoreError::Terminating {
+                            kind: Kind::Sandbox,
+                            name: sandbox.metadata.name.clone(),
+                        });
+                    }
+                    sandbox.spec.shutdown_time = Some(deadline);
+                    sandbox.spec.ttl_seconds = None;
+                    Ok(())
                 }
-                sandbox.spec.shutdown_time = Some(deadline);
-                sandbox.spec.ttl_seconds = None;
-                Ok(())
-            }
-            _ => Err(StoreError::Invalid(format!("{name} is not a sandbox"))),
+                _ => Err(StoreError::Invalid(format!("{name} is not a sandbox"))),
+            })
         })
-    })
-    .await?;
+        .await
+        .map_err(store_error)?;
     let sandbox = updated.as_sandbox().ok_or_else(|| sandbox_not_found(&id))?;
     let mut info = sandbox_info(sandbox, &state.settings);
     info.expires_at = Some(wire::timestamp(deadline));

@@ -9,8 +9,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::{Extension, Json};
 
 use super::common::{
-    create_with_new_id, live_sandbox, new_id, off_workers, ready_snapshot, sandbox_info,
-    sandbox_not_found, snapshot_info, snapshot_not_found,
+    create_with_new_id, live_sandbox, new_id, ready_snapshot, sandbox_info, sandbox_not_found,
+    snapshot_info, snapshot_not_found, store_error,
 };
 use super::lax::{Bound, Fields};
 use super::request::{json_object, query_params};
@@ -105,9 +105,9 @@ pub async fn create(
         Err(err) => {
             // A failed snapshot is of no use to anyone and its ID was never handed out.
             let name = id.clone();
-            let deleted = off_workers(&state.store, move |store| {
-                store.delete(Kind::Snapshot, &name, WriteOptions::default())
-            });
+            let deleted = state
+                .store
+                .write(move |store| store.delete(Kind::Snapshot, &name, WriteOptions::default()));
             if let Err(cleanup) = deleted.await {
                 tracing::warn!(snapshot = %id, error = %cleanup, "cannot delete a failed snapshot");
             }
@@ -204,10 +204,11 @@ pub async fn delete(
         return Err(snapshot_not_found(&id));
     }
     let name = id.clone();
-    off_workers(&state.store, move |store| {
-        store.delete(Kind::Snapshot, &name, WriteOptions::default())
-    })
-    .await?;
+    state
+        .store
+        .write(move |store| store.delete(Kind::Snapshot, &name, WriteOptions::default()))
+        .await
+        .map_err(store_error)?;
     wait::until(
         &state.store,
         events,
@@ -248,19 +249,22 @@ pub async fn rollback(
         request_id: request_id.clone(),
     };
     let name = id.clone();
-    let updated = off_workers(&state.store, move |store| {
-        store.update(Kind::Sandbox, &name, |resource| match resource {
-            AnyResource::Sandbox(sandbox) if sandbox.metadata.deletion_timestamp.is_none() => {
-                sandbox.spec.rollback = Some(request.clone());
-                Ok(())
-            }
-            _ => Err(StoreError::NotFound {
-                kind: Kind::Sandbox,
-                name: name.clone(),
-            }),
+    let updated = state
+        .store
+        .write(move |store| {
+            store.update(Kind::Sandbox, &name, |resource| match resource {
+                AnyResource::Sandbox(sandbox) if sandbox.metadata.deletion_timestamp.is_none() => {
+                    sandbox.spec.rollback = Some(request.clone());
+                    Ok(())
+                }
+                _ => Err(StoreError::NotFound {
+                    kind: Kind::Sandbox,
+                    name: name.clone(),
+                }),
+            })
         })
-    })
-    .await?;
+        .await
+        .map_err(store_error)?;
     let generation = updated.metadata().generation.unwrap_or(0);
     let sandbox = wait::until(
         &state.store,

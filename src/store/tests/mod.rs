@@ -668,3 +668,65 @@ fn concurrent_creates_and_rescans_create_each_name_once() {
         }
     }
 }
+
+/// A snapshot's data file: written under a temp name that collection leaves alone, published
+/// under the snapshot's name, removed with it; a write given up leaves nothing; a file no
+/// snapshot claims is collected.
+#[tokio::test]
+async fn snapshot_data_lives_and_goes_with_its_snapshot() {
+    use std::io::Write;
+    let f = fixture();
+    let store = f.open();
+    let snapshots = f.data.join("snapshots");
+    let files = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&snapshots)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+
+    let write = store.begin_snapshot("s");
+    let mut file = write.create().await.unwrap();
+    file.write_all(b"tar").unwrap();
+    assert_eq!(
+        store.collect_snapshot_data().await,
+        0,
+        "a write in progress"
+    );
+    assert_eq!(files().len(), 1);
+    write.sync(file).await.unwrap();
+    write.publish().await.unwrap();
+    assert_eq!(files(), ["s.tar"]);
+    assert!(store.has_snapshot_data("s").await);
+    assert_eq!(
+        store.collect_snapshot_data().await,
+        1,
+        "no Snapshot claims s.tar"
+    );
+    assert!(!store.has_snapshot_data("s").await);
+
+    let given_up = store.begin_snapshot("t");
+    drop(given_up.create().await.unwrap());
+    given_up.discard().await;
+    assert!(files().is_empty(), "{:?}", files());
+
+    std::fs::write(store.snapshot_path("u"), b"tar").unwrap();
+    store.remove_snapshot_data("u").await.unwrap();
+    store.remove_snapshot_data("u").await.unwrap();
+    assert!(files().is_empty());
+}
+
+#[test]
+fn the_server_id_is_made_once_and_kept() {
+    let f = fixture();
+    let store = f.open();
+    let id = store.server_id().unwrap();
+    assert_eq!(id.len(), 16);
+    assert_eq!(store.server_id().unwrap(), id);
+    assert_eq!(
+        std::fs::read_to_string(f.data.join("server-id")).unwrap(),
+        format!("{id}\n")
+    );
+}

@@ -1,0 +1,324 @@
+//! A sandbox's containers as Docker objects: the plan a container is created from (for a
+//! sandbox, or for a warm pool member), the shared helper volume every plan mounts, the swap that
+//! gives a new container the sandbox's name, and the removal of what a sandbox leaves behind (a
+//! replaced container and workspace, stray volumes, everything once it is gone). [`Containers`]
+//! is the part of the controller that knows how to do this; it decides nothing about when.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::error::ReconcileError;
+use super::names::{self, container_name, volume_name};
+use crate::config::Settings;
+use crate::docker::{ContainerPlan, Engine, EngineError, LABEL_SERVER};
+use crate::resource::{AppliedLimits, EffectiveSandbox, Sandbox, SandboxDefaults, SandboxPool};
+
+/// What making, swapping and removing containers needs: Docker, the settings, this server's
+/// identity (labeled on every object), and the helper volume.
+pub(super) struct Containers {
+    pub(super) engine: Arc<dyn Engine>,
+    pub(super) settings: Arc<Settings>,
+    /// This server's identity, labeled on every object it creates; garbage collection only
+    /// touches objects carrying it.
+    pub(super) server_id: String,
+    /// The helper binary to install in the shared helper volume, when this build carries one.
+    helper_binary: Option<&'static [u8]>,
+    /// Name of the helper volume once it is known to be ready.
+    helper_volume: tokio::sync::Mutex<Option<String>>,
+}
+
+impl Containers {
+    pub(super) fn new(
+        engine: Arc<dyn Engine>,
+        settings: Arc<Settings>,
+        server_id: String,
+        helper_binary: Option<&'static [u8]>,
+    ) -> Containers {
+        Containers {
+            engine,
+            settings,
+            server_id,
+            helper_binary,
+            helper_volume: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// What a sandbox that leaves a property out gets.
+    pub(super) fn defaults(&self) -> SandboxDefaults {
+        SandboxDefaults {
+            image: self.settings.default_image.clone(),
+            cpus: self.settings.default_cpus,
+            memory_mb: self.settings.default_memory_mb,
+            pids_limit: self.settings.default_pids_limit,
+        }
+    }
+
+    /// The shared read-only volume holding the in-sandbox helper, created on first use.
+    pub(super) async fn helper_volume(&self) -> Result<Option<String>, ReconcileError> {
+        let Some(binary) = self.helper_binary else {
+            return Ok(None);
+        };
+        let mut ready = self.helper_volume.lock().await;
+        if let Some(name) = ready.as_ref() {
+            return Ok(Some(name.clone()));
+        }
+        let name = crate::docker::helper_volume_name(binary);
+        self.engine.ensure_helper_volume(&name, binary).await?;
+        *ready = Some(name.clone());
+        Ok(Some(name))
+    }
+
+    /// The network a container gets, made sure to exist, when it gets one.
+    async fn network(&self, wanted: bool) -> Result<Option<String>, ReconcileError> {
+        if !wanted {
+            return Ok(None);
+        }
+        self.engine
+            .ensure_network(&self.settings.network_name)
+            .await?;
+        Ok(Some(self.settings.network_name.clone()))
+    }
+
+    /// The container `sandbox` should have, with its workspace on `volume`. Checks that the
+    /// image is present and makes sure the network and helper volume it needs exist.
+    pub(super) async fn plan_for(
+        &self,
+        sandbox: &Sandbox,
+        effective: &EffectiveSandbox,
+        volume: &str,
+    ) -> Result<ContainerPlan, ReconcileError> {
+        if !self.engine.image_exists(&effective.image).await? {
+            return Err(EngineError::ImageMissing(effective.image.clone()).into());
+        }
+        let network = self.network(effective.network).await?;
+        Ok(ContainerPlan {
+            sandbox: sandbox.metadata.name.clone(),
+            name: None,
+            uid: sandbox.metadata.uid.clone().unwrap_or_default(),
+            server: self.server_id.clone(),
+            image: effective.image.clone(),
+            cpus: effective.cpus,
+            memory_mb: effective.memory_mb,
+            pids_limit: effective.pids_limit,
+            network,
+            read_only_rootfs: effective.read_only_rootfs,
+            // Commands get the env from the spec when they start (see `container_hash`); a copy
+            // in the container would only go stale.
+            env: BTreeMap::new(),
+            tmp_size_mb: self.settings.tmp_size_mb,
+            user: self.settings.sandbox_user.clone(),
+            runtime: non_empty(&self.settings.docker_runtime),
+            spec_hash: effective.container_hash(),
+            helper_volume: self.helper_volume().await?,
+            workspace_volume: volume.to_string(),
+        })
+    }
+
+    /// The container of pool member `member` of `pool` (Docker runtime `runtime`, `""` for the
+    /// default): the server's default limits, the pool's immutable properties, labeled with
+    /// `key`. Checks that the image is present.
+    pub(super) async fn plan_for_member(
+        &self,
+        pool: &SandboxPool,
+        member: &str,
+        key: &str,
+        runtime: String,
+    ) -> Result<ContainerPlan, ReconcileError> {
+        if !self.engine.image_exists(&pool.spec.image).await? {
+            return Err(EngineError::ImageMissing(pool.spec.image.clone()).into());
+        }
+        let network = self.network(pool.spec.network.unwrap_or(false)).await?;
+        let defaults = self.defaults();
+        Ok(ContainerPlan {
+            sandbox: member.to_string(),
+            name: None,
+            uid: pool.metadata.uid.clone().unwrap_or_default(),
+            server: self.server_id.clone(),
+            image: pool.spec.image.clone(),
+            cpus: defaults.cpus,
+            memory_mb: defaults.memory_mb,
+            pids_limit: defaults.pids_limit,
+            network,
+            read_only_rootfs: pool.spec.read_only_rootfs.unwrap_or(true),
+            env: BTreeMap::new(),
+            tmp_size_mb: self.settings.tmp_size_mb,
+            user: self.settings.sandbox_user.clone(),
+            runtime: (!runtime.is_empty()).then_some(runtime),
+            spec_hash: key.to_string(),
+            helper_volume: self.helper_volume().await?,
+            // The create makes the member's workspace volume, labeled for the member.
+            workspace_volume: names::member_volume(member),
+        })
+    }
+
+    /// Gives the sandbox's container name to the container `new` (filled under the staging
+    /// name), after renaming the current container, if any, out of the way (to its retired name,
+    /// by which it is returned, to be removed once the status names `new`).
+    pub(super) async fn swap_in(
+        &self,
+        name: &str,
+        new: &str,
+    ) -> Result<Option<String>, EngineError> {
+        let current = container_name(name);
+        let retired = names::retired_container_name(name);
+        let replaced = match self.engine.rename_container(&current, &retired).await {
+            Ok(()) => Some(retired),
+            Err(error) if error.is_not_found() => None,
+            Err(EngineError::Conflict { .. }) => {
+                // One retired before whose removal was interrupted: the status names neither it
+                // nor its workspace as current any more, or it is about to be replaced again.
+                self.engine.remove_container(&retired).await?;
+                self.engine.rename_container(&current, &retired).await?;
+                Some(retired)
+            }
+            Err(error) => return Err(error),
+        };
+        self.engine.rename_container(new, &current).await?;
+        Ok(replaced)
+    }
+
+    /// Renames the container `id` to `as_name`; whatever held that name before is removed (the
+    /// caller found nothing there worth keeping).
+    pub(super) async fn take_name(&self, id: &str, as_name: &str) -> Result<(), EngineError> {
+        match self.engine.rename_container(id, as_name).await {
+            Err(EngineError::Conflict { .. }) => {
+                self.engine.remove_container(as_name).await?;
+                self.engine.rename_container(id, as_name).await
+            }
+            other => other,
+        }
+    }
+
+    /// Whether an object's labels say this server made it.
+    pub(super) fn is_ours(&self, labels: &BTreeMap<String, String>) -> bool {
+        labels.get(LABEL_SERVER) == Some(&self.server_id)
+    }
+
+    /// Removes the sandbox's containers (under any of its names) and every workspace volume
+    /// labeled with its name — only those this server created: another server sharing the
+    /// daemon may use the same name.
+    pub(super) async fn remove_all_of(&self, name: &str) -> Result<(), ReconcileError> {
+        for container in names::container_names(name) {
+            if let Some(container) = self.engine.inspect_container(&container).await? {
+                if self.is_ours(&container.labels) {
+                    self.engine.remove_container(&container.id).await?;
+                }
+            }
+        }
+        for volume in self.engine.list_volumes().await? {
+            if volume.sandbox() == Some(name) && self.is_ours(&volume.labels) {
+                self.engine.remove_volume(&volume.name).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes what earlier rollback attempts of sandbox `name` left: the staging container and
+    /// every workspace volume but `current`. Only for a sandbox whose rollback is not in
+    /// progress.
+    pub(super) async fn discard_attempts(
+        &self,
+        name: &str,
+        current: &str,
+    ) -> Result<(), ReconcileError> {
+        self.engine
+            .remove_container(&names::staging_container_name(name))
+            .await?;
+        self.remove_stray_volumes(name, current).await
+    }
+
+    /// Removes this sandbox's workspace volumes other than `current` (left by a rollback that
+    /// completed, or one interrupted before it did).
+    pub(super) async fn remove_stray_volumes(
+        &self,
+        name: &str,
+        current: &str,
+    ) -> Result<(), ReconcileError> {
+        for volume in self.engine.list_volumes().await? {
+            let ours = volume.sandbox() == Some(name)
+                && self.is_ours(&volume.labels)
+                && names::is_workspace_of(&volume.name, name)
+                && volume.name != current;
+            if ours {
+                tracing::info!(volume = %volume.name, sandbox = name, "removing replaced workspace");
+                self.engine.remove_volume(&volume.name).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a container and workspace volume that were never recorded (a failed fill, a
+    /// member that could not be made). Failures are left to garbage collection.
+    pub(super) async fn discard(&self, container: &str, volume: &str) {
+        let _ = self.engine.remove_container(container).await;
+        let _ = self.engine.remove_volume(volume).await;
+    }
+
+    /// Removes every name a container of sandbox `name` can have and the workspace volumes the
+    /// status knows (`recorded`) or the first one has: no lookups, the resource being ours.
+    pub(super) async fn remove_by_name(
+        &self,
+        name: &str,
+        recorded: Option<String>,
+    ) -> Result<(), ReconcileError> {
+        let removals = names::container_names(name)
+            .map(|container| async move { self.engine.remove_container(&container).await });
+        for removed in futures::future::join_all(removals).await {
+            removed?;
+        }
+        for volume in recorded.into_iter().chain([volume_name(name)]) {
+            self.engine.remove_volume(&volume).await?;
+        }
+        Ok(())
+    }
+}
+
+/// What a completed rollback or container replacement left behind, to remove once its status is
+/// written.
+#[derive(Debug, Default)]
+pub(super) struct Replaced {
+    /// The previous container (ID or retired name), renamed out of the way but still there.
+    pub container: Option<String>,
+    /// The previous workspace volume.
+    pub volume: Option<String>,
+}
+
+impl Replaced {
+    /// Removes the previous container, then its workspace. Failures are left to garbage
+    /// collection (a retired container belongs to no one) and the stray-volume cleanup.
+    pub(super) async fn remove(self, engine: &dyn Engine) {
+        if let Some(container) = &self.container {
+            if let Err(error) = engine.remove_container(container).await {
+                tracing::warn!(container, %error, "removing the replaced container failed");
+                return;
+            }
+        }
+        if let Some(volume) = &self.volume {
+            if let Err(error) = engine.remove_volume(volume).await {
+                tracing::warn!(volume, %error, "removing the replaced workspace failed");
+            }
+        }
+    }
+}
+
+/// The limits a container created from `plan` has.
+pub(super) fn limits_of(plan: &ContainerPlan) -> AppliedLimits {
+    AppliedLimits {
+        cpus: plan.cpus,
+        memory_mb: plan.memory_mb,
+        pids_limit: plan.pids_limit,
+    }
+}
+
+/// The limits a sandbox of `effective` should have.
+pub(super) fn limits_for(effective: &EffectiveSandbox) -> AppliedLimits {
+    AppliedLimits {
+        cpus: effective.cpus,
+        memory_mb: effective.memory_mb,
+        pids_limit: effective.pids_limit,
+    }
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}

@@ -1,0 +1,64 @@
+//! What each kind's reconcile works against: a narrow view of the controller with only the parts
+//! that kind needs, built by the controller for each reconcile. A reconciler never sees the whole
+//! controller (its workers, its triggers, the other kinds' state), so what it can touch is what
+//! its context names.
+
+use std::sync::Arc;
+
+use super::claims::Pools;
+use super::container::Containers;
+use super::content::ValidatedFiles;
+use super::queue::{Key, WorkQueue};
+use super::status::ProgressWrites;
+use super::tracker::Tracker;
+use super::workspace::Workspaces;
+use crate::config::Settings;
+use crate::docker::Engine;
+use crate::store::Store;
+
+/// A `Sandbox` needs Docker, its containers and workspace, the pools it may claim from, the
+/// snapshots it may be restored from, and the snapshots in progress on it.
+pub(super) struct SandboxContext<'a> {
+    pub(super) store: &'a Arc<Store>,
+    pub(super) engine: &'a Arc<dyn Engine>,
+    pub(super) settings: &'a Arc<Settings>,
+    pub(super) containers: &'a Containers,
+    pub(super) workspaces: &'a Workspaces,
+    pub(super) pools: &'a Pools,
+    pub(super) snapshots: &'a Arc<Tracker>,
+    pub(super) validated_files: &'a ValidatedFiles,
+}
+
+/// A `Snapshot` needs Docker to export a workspace, the snapshots in progress, and the queue to
+/// have a sandbox it could not unpause looked at again.
+pub(super) struct SnapshotContext<'a> {
+    pub(super) store: &'a Arc<Store>,
+    pub(super) engine: &'a Arc<dyn Engine>,
+    pub(super) settings: &'a Arc<Settings>,
+    pub(super) containers: &'a Containers,
+    pub(super) snapshots: &'a Arc<Tracker>,
+    pub(super) queue: &'a Arc<WorkQueue<Key>>,
+}
+
+/// A `Fork` only writes desired state: the store, and when it last wrote its progress.
+pub(super) struct ForkContext<'a> {
+    pub(super) store: &'a Arc<Store>,
+    pub(super) fork_progress: &'a ProgressWrites,
+}
+
+/// A `SandboxPool` makes and removes members: Docker, containers and their workspaces, and the
+/// pools' record of what was handed out.
+pub(super) struct PoolContext<'a> {
+    pub(super) store: &'a Arc<Store>,
+    pub(super) engine: &'a Arc<dyn Engine>,
+    pub(super) containers: &'a Containers,
+    pub(super) workspaces: &'a Workspaces,
+    pub(super) pools: &'a Pools,
+}
+
+/// Garbage collection compares Docker's objects with the store.
+pub(super) struct GcContext<'a> {
+    pub(super) store: &'a Arc<Store>,
+    pub(super) engine: &'a Arc<dyn Engine>,
+    pub(super) containers: &'a Containers,
+}

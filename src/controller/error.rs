@@ -1,0 +1,89 @@
+//! What can go wrong in a reconcile: one typed error for every kind, each variant saying what
+//! failed (Docker, the store, a snapshot's content, this host's copy of a workspace…) and keeping
+//! its cause. The reconcilers return these and never report them; the error policy
+//! (`policy.rs`) decides which condition reports each one and when to try again. There is
+//! no catch-all variant: a new way to fail is a new variant.
+
+use crate::archive::ArchiveError;
+use crate::config::SettingsError;
+use crate::docker::EngineError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("docker: {0}")]
+    Engine(#[from] EngineError),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("settings: {0}")]
+    Settings(#[from] SettingsError),
+    #[error("snapshot {0:?} does not exist")]
+    SnapshotNotFound(String),
+    #[error("snapshot {0:?} is not ready yet")]
+    SnapshotNotReady(String),
+    #[error("snapshot {name:?} failed: {message}")]
+    SnapshotFailed { name: String, message: String },
+    #[error("the data of snapshot {name:?} is missing ({path})")]
+    DataMissing { name: String, path: String },
+    #[error("snapshot {name:?} was refused and nothing was restored: {error}")]
+    Refused { name: String, error: ArchiveError },
+    /// Reading a snapshot's data file failed.
+    #[error("{path}: {error}")]
+    DataUnreadable { path: String, error: std::io::Error },
+    /// Writing the workspace on this host failed (the next attempt goes through Docker).
+    #[error("writing the workspace on this host failed: {0}")]
+    HostWrite(String),
+    /// This host's copy of a workspace turned out not to be usable after all.
+    #[error("{0}")]
+    HostUnavailable(String),
+    /// A container the reconcile just made or claimed is gone (`when` is empty or starts with a
+    /// space).
+    #[error("container {container} vanished{when}")]
+    Vanished {
+        container: String,
+        when: &'static str,
+    },
+    /// A blocking task of the reconcile did not finish (it panicked, or the runtime stops).
+    #[error("a blocking task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    /// A status could not be turned into JSON.
+    #[error("status: {0}")]
+    Status(#[from] serde_json::Error),
+    /// The container cannot take new limits live; it was removed and is made anew.
+    #[error("replacing the container to apply new limits ({0})")]
+    LimitsNeedNewContainer(EngineError),
+    /// Some pool members could not be created.
+    #[error("cannot create pool containers: {0}")]
+    MembersNotCreated(Box<ReconcileError>),
+    /// A sandbox's first workspace could not be built from its `spec.source`.
+    #[error(transparent)]
+    Source(Box<ReconcileError>),
+    /// Docker could not export a workspace for a snapshot.
+    #[error("{0}")]
+    Export(EngineError),
+    /// A rollback request failed; the sandbox runs on as it was.
+    #[error("rollback {request:?} failed: {error}")]
+    RollbackFailed {
+        request: String,
+        error: Box<ReconcileError>,
+    },
+    /// A file of a snapshot's data could not be removed.
+    #[error("removing {path}: {error}")]
+    DataNotRemoved { path: String, error: std::io::Error },
+}
+
+impl ReconcileError {
+    /// The condition reason reporting this error where a snapshot's content was wanted (a
+    /// sandbox's source or rollback).
+    pub fn restore_reason(&self) -> &'static str {
+        match self {
+            ReconcileError::SnapshotNotFound(_) => "SnapshotNotFound",
+            ReconcileError::SnapshotNotReady(_) => "WaitingForSnapshot",
+            ReconcileError::SnapshotFailed { .. } => "SnapshotFailed",
+            ReconcileError::DataMissing { .. } => "SnapshotDataMissing",
+            ReconcileError::Refused { .. } => "SnapshotRefused",
+            ReconcileError::Engine(EngineError::ImageMissing(_)) => "ImageMissing",
+            _ => "RestoreFailed",
+        }
+    }
+}

@@ -1,0 +1,320 @@
+//! Reconciling one `Snapshot`: taking it once (the sandbox's `/workspace` exported by Docker,
+//! normalized by [`crate::archive`] into `<data>/snapshots/<name>.tar`), keeping its data honest
+//! (a Ready snapshot without data becomes Failed), and deleting the data with the resource.
+//!
+//! A snapshot pauses its sandbox's container while exporting, so the tar is one instant of the
+//! workspace, and always unpauses it. The tracker (`tracker.rs`) is the in-memory record of that: which sandboxes
+//! a snapshot is holding (the sandbox reconcile leaves those paused and unpauses any other paused
+//! container, e.g. one left by a crash) and which temp files are being written. This module never
+//! restores anything; see `restore.rs`. `export.rs` writes the tar; the store keeps the data
+//! files (`store/snapshots.rs`).
+//!
+//! Where the tar comes from: Docker's archive API is the reference, and always works (remote
+//! daemons, gVisor, a server that is not root), but it streams the whole workspace through the
+//! daemon and its HTTP connection, which bounds large snapshots and adds a round trip to small
+//! ones. So when this host's copy of the volume is verifiably the container's `/workspace` (see
+//! `workspace.rs`), the snapshot reads that directory itself with [`archive::HostTar`]: never
+//! following a symlink (every name is looked up relative to its opened parent, opened with
+//! `O_NOFOLLOW` and checked to be the listed inode), while the container is paused so the
+//! sandbox cannot change the tree underneath. `HostTar` produces the archive in the form Docker
+//! does (same names, order, types, hard links, modes, mtimes) and it goes through the same export
+//! policy, so the stored tar is the same either way. Any failure to read it falls back to the
+//! archive API before anything is stored. Hashing and the writes to the temp file run on their
+//! own threads ([`archive::HashedWriter`]), and the fsync runs after the container is unpaused
+//! (the data is complete by then; only durability is still pending, and the snapshot is not
+//! published before it).
+
+mod export;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+
+use super::context::SnapshotContext;
+use super::error::ReconcileError;
+use super::policy::{Failure, Outcome};
+use super::status::{clear_condition, generation, note_immutable, set_ready, write_status};
+use crate::archive::{self, ArchiveError};
+use crate::resource::{
+    ConditionStatus, Kind, SandboxPhase, SandboxSpec, Snapshot, SnapshotPhase, SnapshotStatus,
+};
+use export::{export, ExportError, PauseGuard};
+
+/// How long a snapshot waits for a sandbox that is still being created.
+const SANDBOX_START_GRACE: Duration = Duration::from_secs(60);
+
+/// Reconciles snapshot `name`. An export Docker failed leaves with the status observed so far;
+/// the error policy reports it.
+pub(super) async fn reconcile(
+    ctl: &SnapshotContext<'_>,
+    name: &str,
+) -> Result<Outcome, Failure<Snapshot>> {
+    let Some(entry) = ctl.store.get(Kind::Snapshot, name) else {
+        // Its data, if any, goes with the next data collection.
+        return Ok(Outcome::done());
+    };
+    let Some(snapshot) = entry.resource.as_snapshot().cloned() else {
+        return Ok(Outcome::done());
+    };
+    if snapshot.metadata.deletion_timestamp.is_some() {
+        ctl.store.remove_snapshot_data(name).await?;
+        let name = name.to_string();
+        ctl.store
+            .write(move |store| store.finalize(Kind::Snapshot, &name))
+            .await?;
+        return Ok(Outcome::done());
+    }
+    let mut status = snapshot.status.clone().unwrap_or_default();
+    match status.phase {
+        SnapshotPhase::Pending => take(ctl, &snapshot, status).await,
+        SnapshotPhase::Ready => {
+            if !ctl.store.has_snapshot_data(name).await {
+                let path = ctl.store.snapshot_path(name);
+                let message = format!("the snapshot's data file {} is missing", path.display());
+                fail(&mut status, &snapshot, "DataMissing", &message);
+            }
+            note_spec_change(&mut status, &snapshot);
+            write_status(ctl.store, &snapshot, &status).await?;
+            Ok(Outcome::done())
+        }
+        SnapshotPhase::Failed => {
+            note_spec_change(&mut status, &snapshot);
+            write_status(ctl.store, &snapshot, &status).await?;
+            Ok(Outcome::done())
+        }
+    }
+}
+
+async fn take(
+    ctl: &SnapshotContext<'_>,
+    snapshot: &Snapshot,
+    mut status: SnapshotStatus,
+) -> Result<Outcome, Failure<Snapshot>> {
+    let name = snapshot.metadata.name.as_str();
+    let sandbox_name = snapshot.spec.sandbox.as_str();
+    let generation = generation(&snapshot.metadata);
+    status.observed_generation = Some(generation);
+
+    // Checked before and after waiting for the lock: a rollback may have replaced the container.
+    let check = |status: &mut SnapshotStatus| -> Result<Result<_, Outcome>, ReconcileError> {
+        let Some(entry) = ctl.store.get(Kind::Sandbox, sandbox_name) else {
+            let message = format!("sandbox {sandbox_name:?} does not exist");
+            fail(status, snapshot, "SandboxNotFound", &message);
+            return Ok(Err(Outcome::done()));
+        };
+        let Some(sandbox) = entry.resource.as_sandbox().cloned() else {
+            return Ok(Err(Outcome::done()));
+        };
+        let sandbox_status = sandbox.status.clone().unwrap_or_default();
+        let starting = matches!(
+            sandbox_status.phase,
+            SandboxPhase::Pending | SandboxPhase::Creating
+        );
+        let running =
+            sandbox_status.phase == SandboxPhase::Running && sandbox_status.container_id.is_some();
+        if sandbox.metadata.deletion_timestamp.is_none() && !running && starting {
+            let age = snapshot
+                .metadata
+                .creation_timestamp
+                .map(|at| (Utc::now() - at).to_std().unwrap_or_default())
+                .unwrap_or_default();
+            if age < SANDBOX_START_GRACE {
+                set_ready(
+                    &mut status.conditions,
+                    ConditionStatus::False,
+                    "WaitingForSandbox",
+                    "",
+                    generation,
+                );
+                return Ok(Err(Outcome::after(Duration::from_secs(1))));
+            }
+        }
+        if sandbox.metadata.deletion_timestamp.is_some() || !running {
+            let phase = if sandbox.metadata.deletion_timestamp.is_some() {
+                "being deleted".to_string()
+            } else {
+                format!("{:?}", sandbox_status.phase)
+            };
+            let message = format!("sandbox {sandbox_name:?} is not running ({phase})");
+            fail(status, snapshot, "SandboxNotRunning", &message);
+            return Ok(Err(Outcome::done()));
+        }
+        Ok(Ok(sandbox))
+    };
+    if let Err(outcome) = check(&mut status)? {
+        write_status(ctl.store, snapshot, &status).await?;
+        return Ok(outcome);
+    }
+    let _sandbox_lock = ctl.snapshots.lock(sandbox_name).await;
+    let sandbox = match check(&mut status)? {
+        Ok(sandbox) => sandbox,
+        Err(outcome) => {
+            write_status(ctl.store, snapshot, &status).await?;
+            return Ok(outcome);
+        }
+    };
+    let container = sandbox
+        .status
+        .as_ref()
+        .and_then(|s| s.container_id.clone())
+        .unwrap_or_default();
+    let details = ctl.engine.inspect_container(&container).await?;
+    let Some(details) = details.filter(|d| d.running || d.paused) else {
+        let message = format!("sandbox {sandbox_name:?} has no running container");
+        fail(&mut status, snapshot, "SandboxNotRunning", &message);
+        write_status(ctl.store, snapshot, &status).await?;
+        return Ok(Outcome::done());
+    };
+
+    let owner = ctl.settings.sandbox_uid_gid()?;
+    let data = ctl.store.begin_snapshot(name);
+
+    let exported = {
+        let _paused_mark = ctl.snapshots.hold_paused(sandbox_name);
+        // Armed before pausing: a dropped future must not leave the container frozen.
+        let mut unpause = PauseGuard {
+            engine: Arc::clone(ctl.engine),
+            container: Some(details.id.clone()),
+        };
+        if !details.paused {
+            ctl.engine.pause(&details.id).await?;
+        }
+        let host = ctl.settings.host_workspace_access.then_some(&details);
+        let exported = export(
+            ctl.engine.as_ref(),
+            ctl.settings.max_snapshot_bytes,
+            &details.id,
+            host,
+            &data,
+            owner,
+        )
+        .await;
+        unpause.container = None;
+        // Everything is read: the sandbox may run again while the data reaches the disk.
+        let synced = async {
+            match exported {
+                Ok((exported, file)) => data
+                    .sync(file)
+                    .await
+                    .map(|()| exported)
+                    .map_err(ExportError::Io),
+                Err(error) => Err(error),
+            }
+        };
+        let (unpaused, exported) = tokio::join!(ctl.engine.unpause(&details.id), synced);
+        if let Err(error) = unpaused {
+            // The sandbox reconcile unpauses any container no snapshot holds.
+            tracing::warn!(sandbox = sandbox_name, %error, "unpause after snapshot failed");
+            ctl.queue.add((Kind::Sandbox, sandbox_name.to_string()));
+        }
+        exported
+    };
+
+    let exported = match exported {
+        Ok(exported) => exported,
+        Err(error) => {
+            data.discard().await;
+            let (reason, message) = match error {
+                ExportError::Archive(ArchiveError::TooLarge { limit }) => (
+                    "TooLarge",
+                    format!(
+                        "the workspace of {sandbox_name:?} is larger than the snapshot limit of \
+                         {limit} bytes; nothing was stored"
+                    ),
+                ),
+                ExportError::Engine(error) => {
+                    // Docker may come back: stay Pending and retry.
+                    let error = ReconcileError::Export(error);
+                    return Err(Failure::reported(error, snapshot, status));
+                }
+                other => ("ExportFailed", other.to_string()),
+            };
+            fail(&mut status, snapshot, reason, &message);
+            write_status(ctl.store, snapshot, &status).await?;
+            return Ok(Outcome::done());
+        }
+    };
+    if let Err(error) = data.publish().await {
+        let message = format!("storing the snapshot failed: {error}");
+        fail(&mut status, snapshot, "ExportFailed", &message);
+        write_status(ctl.store, snapshot, &status).await?;
+        return Ok(Outcome::done());
+    }
+
+    let effective = sandbox.spec.effective(&ctl.containers.defaults());
+    status.phase = SnapshotPhase::Ready;
+    status.size_bytes = Some(exported.size);
+    status.digest = Some(exported.digest);
+    status.image = Some(effective.image.clone());
+    status.sandbox_spec = Some(SandboxSpec {
+        image: Some(effective.image),
+        cpus: Some(effective.cpus),
+        memory_mb: Some(effective.memory_mb),
+        pids_limit: Some(effective.pids_limit),
+        network: Some(effective.network),
+        read_only_rootfs: Some(effective.read_only_rootfs),
+        env: effective.env,
+        ..SandboxSpec::default()
+    });
+    status.ready_at = Some(Utc::now());
+    status.message = adjustments(&exported.summary);
+    let message = status.message.clone();
+    set_ready(
+        &mut status.conditions,
+        ConditionStatus::True,
+        "Ready",
+        &message,
+        generation,
+    );
+    write_status(ctl.store, snapshot, &status).await?;
+    Ok(Outcome::done())
+}
+
+fn adjustments(summary: &archive::Summary) -> String {
+    if summary.adjusted_count == 0 {
+        return String::new();
+    }
+    let more = summary.adjusted_count - summary.adjusted.len() as u64;
+    let mut message = format!(
+        "{} entries could not be kept as they were: {}",
+        summary.adjusted_count,
+        summary.adjusted.join("; ")
+    );
+    if more > 0 {
+        message.push_str(&format!("; and {more} more"));
+    }
+    message
+}
+
+/// Spec changes after the snapshot was taken are ignored, and said so.
+fn note_spec_change(status: &mut SnapshotStatus, snapshot: &Snapshot) {
+    let generation = generation(&snapshot.metadata);
+    let taken = status.observed_generation.unwrap_or(generation);
+    if generation == taken {
+        clear_condition(&mut status.conditions, "SpecApplied");
+        return;
+    }
+    note_immutable(
+        &mut status.conditions,
+        "SpecApplied",
+        format!(
+            "a snapshot is taken once: this one reflects generation {taken}; the spec change of \
+             generation {generation} is ignored"
+        ),
+        Some(generation),
+    );
+}
+
+fn fail(status: &mut SnapshotStatus, snapshot: &Snapshot, reason: &str, message: &str) {
+    let generation = generation(&snapshot.metadata);
+    status.phase = SnapshotPhase::Failed;
+    status.message = message.to_string();
+    set_ready(
+        &mut status.conditions,
+        ConditionStatus::False,
+        reason,
+        message,
+        generation,
+    );
+}

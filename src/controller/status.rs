@@ -1,0 +1,204 @@
+//! Status and conditions, as every reconciler reports them: the `Ready` condition, the
+//! `…Applied: Immutable` note for a change that is ignored, the generation a status observes, and
+//! the one write of a status, made only when it changed (an idle resync writes nothing). This
+//! module decides no phase and no reason; the reconcilers and the error policy do.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use serde::Serialize;
+
+use super::error::ReconcileError;
+use crate::resource::{
+    set_condition, Condition, ConditionStatus, Fork, ForkStatus, Kind, ObjectMeta, Sandbox,
+    SandboxPool, SandboxPoolStatus, SandboxStatus, Snapshot, SnapshotStatus,
+};
+use crate::store::{Store, StoreError};
+
+/// The generation a status observes: the document's, or 1 for one not yet given any.
+pub(super) fn generation(meta: &ObjectMeta) -> u64 {
+    meta.generation.unwrap_or(1)
+}
+
+/// A `Ready` condition observed now.
+pub(super) fn ready_condition(
+    verdict: ConditionStatus,
+    reason: &str,
+    message: &str,
+    generation: u64,
+) -> Condition {
+    Condition {
+        type_: "Ready".into(),
+        status: verdict,
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: Utc::now(),
+        observed_generation: Some(generation),
+    }
+}
+
+/// Sets the `Ready` condition among `conditions`.
+pub(super) fn set_ready(
+    conditions: &mut Vec<Condition>,
+    verdict: ConditionStatus,
+    reason: &str,
+    message: &str,
+    generation: u64,
+) {
+    set_condition(
+        conditions,
+        ready_condition(verdict, reason, message, generation),
+    );
+}
+
+/// Notes in condition `type_` that a change of an immutable part of the spec is ignored, and
+/// `message` why.
+pub(super) fn note_immutable(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    message: String,
+    generation: Option<u64>,
+) {
+    set_condition(
+        conditions,
+        Condition {
+            type_: type_.into(),
+            status: ConditionStatus::False,
+            reason: "Immutable".into(),
+            message,
+            last_transition_time: Utc::now(),
+            observed_generation: generation,
+        },
+    );
+}
+
+/// Drops condition `type_`.
+pub(super) fn clear_condition(conditions: &mut Vec<Condition>, type_: &str) {
+    conditions.retain(|c| c.type_ != type_);
+}
+
+/// A resource whose status a reconciler writes.
+pub(super) trait Reported {
+    type Status: Serialize + PartialEq;
+    const KIND: Kind;
+    fn meta(&self) -> &ObjectMeta;
+    fn status(&self) -> Option<&Self::Status>;
+}
+
+macro_rules! reported {
+    ($resource:ty, $status:ty, $kind:expr) => {
+        impl Reported for $resource {
+            type Status = $status;
+            const KIND: Kind = $kind;
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn status(&self) -> Option<&$status> {
+                self.status.as_ref()
+            }
+        }
+    };
+}
+
+reported!(Sandbox, SandboxStatus, Kind::Sandbox);
+reported!(Snapshot, SnapshotStatus, Kind::Snapshot);
+reported!(Fork, ForkStatus, Kind::Fork);
+reported!(SandboxPool, SandboxPoolStatus, Kind::SandboxPool);
+
+/// Writes `status` as the status of `resource` unless it equals the one `resource` carries, so
+/// that a reconcile that observed nothing new writes nothing (an idle resync costs no writes). A
+/// resource deleted meanwhile is not an error: the next reconcile sees that.
+pub(super) async fn write_status<R: Reported>(
+    store: &Arc<Store>,
+    resource: &R,
+    status: &R::Status,
+) -> Result<(), ReconcileError> {
+    write_if_changed(
+        store,
+        R::KIND,
+        &resource.meta().name,
+        resource.status(),
+        status,
+    )
+    .await
+}
+
+/// The write of [`write_status`], for a status read from a resource of `kind` named `name`. The
+/// store waits for its fsyncs off the async workers.
+async fn write_if_changed<S: Serialize + PartialEq>(
+    store: &Arc<Store>,
+    kind: Kind,
+    name: &str,
+    old: Option<&S>,
+    new: &S,
+) -> Result<(), ReconcileError> {
+    if old == Some(new) {
+        return Ok(());
+    }
+    let value = serde_json::to_value(new)?;
+    let name = name.to_string();
+    let written = store
+        .write(move |store| store.update_status(kind, &name, value))
+        .await;
+    match written {
+        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// How often a fork whose children are still starting writes how many run.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
+
+/// When each progressing fork last wrote its progress. Every child's status change wakes its
+/// fork; writing each count would put one more fsync beside the children's own Docker calls and
+/// status writes, for a number nobody needs to the millisecond. So a count is written at most
+/// every [`PROGRESS_INTERVAL`] (the fork is woken again when it is due); reaching Ready, failing,
+/// or any other change is written at once.
+#[derive(Default)]
+pub(super) struct ProgressWrites {
+    written: Mutex<HashMap<String, Instant>>,
+}
+
+impl ProgressWrites {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.written.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long fork `name` must wait before writing its progress again, if at all.
+    pub(super) fn wait(&self, name: &str) -> Option<Duration> {
+        let since = self.lock().get(name)?.elapsed();
+        PROGRESS_INTERVAL
+            .checked_sub(since)
+            .filter(|d| !d.is_zero())
+    }
+
+    pub(super) fn wrote(&self, name: &str) {
+        self.lock().insert(name.to_string(), Instant::now());
+    }
+
+    pub(super) fn forget(&self, name: &str) {
+        self.lock().remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_is_written_at_most_every_interval() {
+        let writes = ProgressWrites::default();
+        assert_eq!(writes.wait("f"), None, "a first count is written at once");
+        writes.wrote("f");
+        let wait = writes.wait("f").expect("a second count waits");
+        assert!(
+            wait <= PROGRESS_INTERVAL && wait > PROGRESS_INTERVAL / 2,
+            "{wait:?}"
+        );
+        assert_eq!(writes.wait("g"), None, "forks do not hold each other back");
+        writes.forget("f");
+        assert_eq!(writes.wait("f"), None);
+    }
+}
