@@ -1,14 +1,13 @@
 //! `agent-sandbox-helper`: the in-sandbox exec helper of agent-sandbox.
 //!
 //! `agent-sandbox-helper serve` reads requests from stdin and writes events to stdout using the
-//! framed protocol of `src/helper_protocol.rs` (shared with the server). It is a single-threaded
+//! framed protocol of the `helper_protocol` crate (`crates/helper-protocol/`, shared with the
+//! server). It is a single-threaded
 //! `poll(2)` loop: every command gets a shepherd process (see `shepherd.rs`) and four pipes
 //! (command stdout, command stderr, shepherd status, shepherd control); all timers (timeout,
 //! linger) live here. Nothing needs a capability; it runs as the sandbox user.
 
 mod files;
-#[path = "../../src/helper_protocol.rs"]
-mod helper_protocol;
 mod shepherd;
 mod sys;
 

@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use crate::docker::{
     Engine, EngineError, EngineResult, ExecOutput, ExecPlan, HELPER_BINARY, HELPER_MOUNT,
 };
-use crate::helper_protocol::{
+use helper_protocol::{
     Event, FrameDecoder, Request, StartRequest, MAX_CHUNK_LEN, PROTOCOL_VERSION,
 };
 

@@ -25,7 +25,7 @@ use super::channel::{Channel, ChannelError, Running};
 use super::utf8::Utf8Stream;
 use super::{paths, Command, DataPlaneError, DataPlaneResult, ExecEvent, ExecRequest};
 use crate::docker::{Engine, EngineError, EngineResult, ExecOutput, ExecPlan};
-use crate::helper_protocol::{Event, StartRequest, DOCKER_LINGER_MS};
+use helper_protocol::{Event, StartRequest, DOCKER_LINGER_MS};
 
 /// Exit code reported on the wire for a command killed by its timeout (SIGKILL), like the reference.
 pub const EXIT_CODE_TIMED_OUT: i64 = 137;
