@@ -1,13 +1,15 @@
 //! The only module that talks to Docker. [`Engine`] is what the rest of the crate sees: labeled
 //! volumes and hardened containers for the controller, exec and archive streams for the data plane.
-//! [`BollardEngine`] implements it against the daemon; [`fake::FakeEngine`] implements it in memory
-//! for unit tests.
+//! [`BollardEngine`] implements it against the daemon; `fake::FakeEngine` implements it in memory
+//! for tests, and exists only in test builds (`cfg(test)` or the `test-support` feature, which
+//! the crate's own integration tests enable).
 //!
 //! Hardening is not negotiable here: [`ContainerPlan`] has no field that could weaken it (no
 //! privileged, capabilities, devices, binds or root user); every container this module creates gets
 //! the full security model of `SECURITY.md`.
 
 mod bollard_engine;
+#[cfg(any(test, feature = "test-support"))]
 pub mod fake;
 
 use std::collections::BTreeMap;
