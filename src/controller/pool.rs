@@ -216,6 +216,10 @@ impl Controller {
         effective: &EffectiveSandbox,
         as_name: &str,
     ) -> Result<Option<Claimed>, ReconcileError> {
+        // A claim is a rename: an engine that cannot rename has nothing to claim from.
+        if !self.engine.capabilities().rename {
+            return Ok(None);
+        }
         let runtime = self.settings.docker_runtime.clone();
         let wanted = pool_key(
             &effective.image,
@@ -283,11 +287,16 @@ impl Controller {
         let member_id = member.sandbox().unwrap_or_default().to_string();
         self.recount_pool(pool_name.clone());
         if !default_limits {
-            if let Err(error) = self
-                .engine
-                .update_limits(&member.id, limits.cpus, limits.memory_mb, limits.pids_limit)
-                .await
-            {
+            let updated = if self.engine.capabilities().live_limits {
+                self.engine
+                    .update_limits(&member.id, limits.cpus, limits.memory_mb, limits.pids_limit)
+                    .await
+            } else {
+                Err(EngineError::Unsupported {
+                    operation: "changing the limits of a live container".into(),
+                })
+            };
+            if let Err(error) = updated {
                 tracing::warn!(sandbox = name, %error, "claimed container rejected its limits; creating one instead");
                 self.engine.remove_container(&member.id).await?;
                 self.engine

@@ -320,15 +320,20 @@ async fn ensure_running(
         ctl.engine.start_container(&details.id).await?;
     }
     if status.applied_limits != Some(limits) {
-        let updated = ctl
-            .engine
-            .update_limits(
-                &details.id,
-                limits.cpus,
-                limits.memory_mb,
-                limits.pids_limit,
-            )
-            .await;
+        let updated = if ctl.engine.capabilities().live_limits {
+            ctl.engine
+                .update_limits(
+                    &details.id,
+                    limits.cpus,
+                    limits.memory_mb,
+                    limits.pids_limit,
+                )
+                .await
+        } else {
+            Err(EngineError::Unsupported {
+                operation: "changing the limits of a live container".into(),
+            })
+        };
         if let Err(error) = updated {
             // Some runtimes (gVisor's runsc) cannot change limits of a live container: replace
             // it instead. The workspace volume is kept; the next pass creates the new container.

@@ -280,14 +280,18 @@ async fn take(
     let exported = {
         let _paused_mark = Mark::new(&ctl.snapshots.paused, sandbox_name);
         // Armed before pausing: a dropped future must not leave the container frozen.
+        // An engine that cannot freeze a container gets its workspace read while it runs.
+        let freeze = ctl.engine.capabilities().pause;
         let mut unpause = PauseGuard {
             engine: Arc::clone(&ctl.engine),
-            container: Some(details.id.clone()),
+            container: freeze.then(|| details.id.clone()),
         };
-        if !details.paused {
+        if freeze && !details.paused {
             ctl.engine.pause(&details.id).await?;
         }
-        let host = ctl.settings.host_workspace_access.then_some(&details);
+        let host = (ctl.settings.host_workspace_access
+            && ctl.engine.capabilities().host_workspace_access)
+            .then_some(&details);
         let exported = export(ctl, &details.id, host, &temp, owner).await;
         unpause.container = None;
         // Everything is read: the sandbox may run again while the data reaches the disk.
@@ -303,7 +307,13 @@ async fn take(
                 Err(error) => Err(error),
             }
         };
-        let (unpaused, exported) = tokio::join!(ctl.engine.unpause(&details.id), synced);
+        let thaw = async {
+            match freeze {
+                true => ctl.engine.unpause(&details.id).await,
+                false => Ok(()),
+            }
+        };
+        let (unpaused, exported) = tokio::join!(thaw, synced);
         if let Err(error) = unpaused {
             // The sandbox reconcile unpauses any container no snapshot holds.
             tracing::warn!(sandbox = sandbox_name, %error, "unpause after snapshot failed");

@@ -165,7 +165,8 @@ impl Controller {
         runtime: &str,
         content: Option<&Validated>,
     ) -> Result<(), RestoreError> {
-        let allowed = self.settings.host_workspace_access;
+        let allowed =
+            self.settings.host_workspace_access && self.engine.capabilities().host_workspace_access;
         if allowed && self.host_access.get(runtime) == Some(true) {
             let Some(content) = content else {
                 self.engine.start_container(id).await?;
@@ -265,7 +266,10 @@ impl Controller {
         prepare: Prepare,
         content: Option<&Validated>,
     ) -> Result<(), RestoreError> {
-        if self.settings.host_workspace_access && self.host_access.get(runtime) != Some(false) {
+        if self.settings.host_workspace_access
+            && self.engine.capabilities().host_workspace_access
+            && self.host_access.get(runtime) != Some(false)
+        {
             let details = self.engine.inspect_container(id).await?.ok_or_else(|| {
                 RestoreError::Other(format!(
                     "container {id} vanished before its workspace was ready"
@@ -402,7 +406,10 @@ impl Controller {
         status: &mut SandboxStatus,
     ) -> Result<Option<Replaced>, RestoreError> {
         let runtime = self.settings.docker_runtime.clone();
-        if !self.settings.host_workspace_access || self.host_access.get(&runtime) == Some(false) {
+        if !(self.settings.host_workspace_access
+            && self.engine.capabilities().host_workspace_access)
+            || self.host_access.get(&runtime) == Some(false)
+        {
             return Ok(None);
         }
         // Only the container the status records is known to mount the recorded workspace (one

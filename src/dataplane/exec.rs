@@ -325,10 +325,7 @@ async fn kill_from_host(engine: &dyn Engine, exec_id: &str) {
 /// Maps a Docker failure on the way to running a command.
 pub fn engine_error(sandbox: &str, e: EngineError) -> DataPlaneError {
     match &e {
-        EngineError::NotFound { .. } => DataPlaneError::NotRunning(sandbox.to_string()),
-        EngineError::Docker { message, .. }
-            if message.contains("is not running") || message.contains("is paused") =>
-        {
+        EngineError::NotFound { .. } | EngineError::NotRunning { .. } => {
             DataPlaneError::NotRunning(sandbox.to_string())
         }
         _ => DataPlaneError::Backend(e.to_string()),
