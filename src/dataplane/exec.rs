@@ -22,6 +22,7 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 
 use super::channel::{Channel, ChannelError, Running};
+use super::channels::Recycle;
 use super::utf8::Utf8Stream;
 use super::{paths, Command, DataPlaneError, DataPlaneResult, ExecEvent, ExecRequest};
 use crate::docker::{Engine, EngineError, EngineResult, ExecOutput, ExecPlan};
@@ -350,6 +351,15 @@ pub struct Collected {
 
 pub async fn collect(source: &mut Source, timeout: Duration, cap: usize) -> Collected {
     let deadline = tokio::time::Instant::now() + timeout + source.grace();
+    collect_until(source, deadline, cap).await
+}
+
+/// [`collect`] with the host's deadline already set.
+pub async fn collect_until(
+    source: &mut Source,
+    deadline: tokio::time::Instant,
+    cap: usize,
+) -> Collected {
     let mut c = Collected {
         stdout: Vec::new(),
         stderr: Vec::new(),
@@ -464,7 +474,6 @@ impl StreamState {
 }
 
 /// Gives a private channel back once its stream ended cleanly, for the next stream to reuse.
-pub type Recycle = Box<dyn FnOnce(Arc<Channel>) + Send>;
 
 /// A stream's private channel and where it goes when the stream is over.
 pub struct Private {

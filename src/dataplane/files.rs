@@ -93,12 +93,7 @@ impl DataPlane {
         &self,
         target: &SandboxTarget,
     ) -> DataPlaneResult<Option<Arc<Channel>>> {
-        let user = &self.settings.sandbox_user;
-        match self
-            .pool
-            .get(self.engine.as_ref(), &target.container_id, user)
-            .await
-        {
+        match self.channels.shared(&target.container_id).await {
             Ok(channel) => Ok(Some(channel)),
             Err(ChannelError::NoHelper(_)) => Ok(None),
             Err(e) => Err(channel_error(&target.name, e)),
