@@ -22,7 +22,8 @@ const UNAVAILABLE_RETRY: Duration = Duration::from_secs(30);
 /// and never start one either. Each is one idle helper process in the sandbox.
 const SPARES_PER_CONTAINER: usize = 2;
 
-/// Gives a finished stream's private channel back (see [`Channels::recycler`]).
+/// Gives a private channel back once its stream ended cleanly, for the next stream to reuse
+/// (see [`Channels::recycler`]).
 pub type Recycle = Box<dyn FnOnce(Arc<Channel>) + Send>;
 
 type Spares = Arc<Mutex<HashMap<String, Vec<Arc<Channel>>>>>;

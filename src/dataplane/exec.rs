@@ -473,8 +473,6 @@ impl StreamState {
     }
 }
 
-/// Gives a private channel back once its stream ended cleanly, for the next stream to reuse.
-
 /// A stream's private channel and where it goes when the stream is over.
 pub struct Private {
     pub channel: Arc<Channel>,
