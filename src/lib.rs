@@ -8,7 +8,8 @@
 //! - [`store`]: desired state on disk (the data directory and watched folders) and change events.
 //! - [`controller`]: the reconcile loop that drives Docker to match the store, and writes status:
 //!   one reconcile function per kind, a work queue, garbage collection.
-//! - [`docker`]: the only code that talks to Docker, behind the [`docker::Engine`] trait.
+//! - [`docker`]: the only code that talks to Docker, behind the [`docker::Engine`] trait (what an
+//!   engine offers beyond the basics: [`docker::EngineCapabilities`]).
 //! - [`dataplane`]: exec and file I/O against a running sandbox, through the in-sandbox helper.
 //!   Its wire format is the `helper_protocol` crate (`crates/helper-protocol/`, std only, shared
 //!   with the helper); the helper binary itself is `helper/` (start at `helper/src/main.rs`).

@@ -1,5 +1,6 @@
 //! File reads, writes and listings, done by the in-sandbox helper's one-shot modes as the
-//! sandbox user (`helper/src/files.rs` documents them; their exit codes are `helper_protocol::file_exit`).
+//! sandbox user (`helper/src/files.rs` documents them; their exit codes are
+//! `helper_protocol::file_exit`, mapped to API errors here).
 //!
 //! - Writes never use Docker's archive API: it writes as root and follows symlinks, so a link in
 //!   the workspace could aim it anywhere. The helper writes on the container's shared channel

@@ -1,4 +1,6 @@
-//! An in-memory [`Engine`] for unit tests of the controller: it records calls and keeps containers,
+//! An in-memory [`Engine`] for tests of the controller and the API, built only for tests
+//! (`cfg(test)`, or the `test-support` feature that the crate's own tests turn on); it must never
+//! reach a release build. It records calls and keeps containers,
 //! volumes and networks in maps. It has no data plane (exec and archive calls fail), and it never
 //! emits events on its own: tests push them with [`FakeEngine::emit`], because the real daemon's
 //! timing of events is exactly what the controller must not depend on.

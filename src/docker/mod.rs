@@ -4,6 +4,9 @@
 //! for tests, and exists only in test builds (`cfg(test)` or the `test-support` feature, which
 //! the crate's own integration tests enable).
 //!
+//! Docker's own words (its error messages) are read only here: callers match [`EngineError`]
+//! variants, and ask [`Engine::capabilities`] instead of assuming what Docker can do.
+//!
 //! Hardening is not negotiable here: [`ContainerPlan`] has no field that could weaken it (no
 //! privileged, capabilities, devices, binds or root user); every container this module creates gets
 //! the full security model of `SECURITY.md`.
