@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 
 use sha2::{Digest, Sha256};
 
-use super::ArchiveError;
+use super::policy::ArchiveError;
 
 /// Size of the pieces written to the inner writer and hashed.
 const PIECE: usize = 1024 * 1024;

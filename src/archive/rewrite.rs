@@ -6,7 +6,10 @@ use std::io::{self, Read, Write};
 
 use tar::{EntryType, Header};
 
-use super::{lift, ArchiveError, Sink, BLOCK};
+use super::policy::{lift, ArchiveError, Sink};
+
+/// Bytes of a tar block.
+pub(super) const BLOCK: u64 = 512;
 
 /// The rebuilt tar: each entry with `name` (and link `target`) stored verbatim, using GNU
 /// long-name records when they do not fit the header. Done by hand because the tar crate's own

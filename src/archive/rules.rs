@@ -9,7 +9,7 @@ use std::io::{self, Read};
 
 use tar::{EntryType, Header};
 
-use super::{lift, ArchiveError, Limits, Policy, Sink, Summary};
+use super::policy::{lift, ArchiveError, Limits, Policy, Sink, Summary};
 
 const SETID: u32 = 0o6000;
 /// Permission bits kept from a header: rwx for all, plus the sticky bit.
