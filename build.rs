@@ -17,7 +17,8 @@ fn main() {
     println!("cargo::rerun-if-changed=helper/src");
     println!("cargo::rerun-if-changed=helper/Cargo.toml");
     println!("cargo::rerun-if-changed=helper/Cargo.lock");
-    println!("cargo::rerun-if-changed=src/helper_protocol.rs");
+    println!("cargo::rerun-if-changed=crates/helper-protocol/src");
+    println!("cargo::rerun-if-changed=crates/helper-protocol/Cargo.toml");
     println!("cargo::rerun-if-env-changed=AGENT_SANDBOX_REQUIRE_HELPER");
     let required = env::var("AGENT_SANDBOX_REQUIRE_HELPER").is_ok_and(|v| v == "1");
     match build_helper() {

@@ -11,9 +11,11 @@
 //! - [`controller`]: the reconcile loop that drives Docker to match the store, and writes status:
 //!   one reconcile function per kind, a work queue, garbage collection. Its module doc maps every
 //!   file: a rollback is `controller/restore.rs`, a pool claim `controller/claims.rs`.
-//! - [`docker`]: the only code that talks to Docker, behind the [`docker::Engine`] trait.
-//! - [`dataplane`]: exec and file I/O against a running sandbox, through the in-sandbox helper
-//!   ([`helper_protocol`] is the wire format; the helper itself lives in `helper/`).
+//! - [`docker`]: the only code that talks to Docker, behind the [`docker::Engine`] trait (what an
+//!   engine offers beyond the basics: [`docker::EngineCapabilities`]).
+//! - [`dataplane`]: exec and file I/O against a running sandbox, through the in-sandbox helper.
+//!   Its wire format is the `helper_protocol` crate (`crates/helper-protocol/`, std only, shared
+//!   with the helper); the helper binary itself is `helper/` (start at `helper/src/main.rs`).
 //! - [`archive`]: validation of snapshot tars before anything is restored.
 //! - [`api`]: the HTTP server: the resource API, the `/v1` wire contract, health and OpenAPI.
 //! - [`export`]: the same resources as Kubernetes objects for the kubernetes-sigs/agent-sandbox
@@ -35,7 +37,6 @@ pub mod docker;
 pub mod doctor;
 pub mod export;
 pub mod helper_binary;
-pub mod helper_protocol;
 pub mod resource;
 pub mod server;
 pub mod store;

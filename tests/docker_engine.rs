@@ -854,3 +854,21 @@ async fn network_is_an_isolated_bridge() {
     nets.sort();
     assert_eq!(nets, vec!["eth0", "lo"]);
 }
+
+#[tokio::test]
+async fn an_exec_in_a_container_that_does_not_run_is_a_typed_not_running() {
+    let guard = Cleanup::new("notrunning");
+    let engine = connect().await;
+    let plan = plan(&guard.sandbox("a"));
+    let id = engine.create_container(&plan).await.unwrap();
+    let exec = ExecPlan {
+        argv: vec!["true".into()],
+        user: "1000:1000".into(),
+        ..ExecPlan::default()
+    };
+    let refused = engine.exec(&id, &exec).await.err();
+    assert!(
+        matches!(refused, Some(EngineError::NotRunning { .. })),
+        "{refused:?}"
+    );
+}

@@ -15,9 +15,9 @@
 //! link swapped in during the write cannot redirect it. An existing directory at the target is
 //! refused (not replaced); a link at the target is replaced by the file, not followed.
 //!
-//! Outcome: exit status 0, or one of the `E_*` codes below with a one-line reason on stderr;
-//! `write-file` also prints its outcome as one JSON line on stdout either way. The server maps
-//! these codes (`src/dataplane/files.rs` keeps the same table). No allocation here depends on
+//! Outcome: exit status 0, or one of the `helper_protocol::file_exit` codes with a one-line reason
+//! on stderr; `write-file` also prints its outcome as one JSON line on stdout either way. The
+//! server maps these codes (`src/dataplane/files.rs`). No allocation here depends on
 //! anything but the path and the directory sizes; file contents are streamed.
 
 use std::ffi::{CStr, CString, OsStr};
@@ -26,16 +26,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 
-pub const E_OTHER: i32 = 1;
-pub const E_USAGE: i32 = 2;
-pub const E_OUTSIDE: i32 = 3;
-pub const E_NOT_FOUND: i32 = 4;
-pub const E_IS_DIR: i32 = 5;
-pub const E_NOT_DIR: i32 = 6;
-pub const E_TOO_LARGE: i32 = 7;
-pub const E_NOT_REGULAR: i32 = 8;
-pub const E_LOOP: i32 = 9;
-pub const E_DENIED: i32 = 10;
+use helper_protocol::file_exit;
 
 const WORKSPACE: &str = "/workspace";
 /// Symbolic links followed while resolving one write, like the kernel's limit.
@@ -55,12 +46,12 @@ fn fail(code: i32, message: impl Into<String>) -> Fail {
 
 fn os_fail(what: &str, e: io::Error) -> Fail {
     let code = match e.raw_os_error() {
-        Some(libc::ENOENT) => E_NOT_FOUND,
-        Some(libc::ENOTDIR) => E_NOT_DIR,
-        Some(libc::EISDIR) => E_IS_DIR,
-        Some(libc::ELOOP) => E_LOOP,
-        Some(libc::EACCES) | Some(libc::EPERM) => E_DENIED,
-        _ => E_OTHER,
+        Some(libc::ENOENT) => file_exit::NOT_FOUND,
+        Some(libc::ENOTDIR) => file_exit::NOT_DIR,
+        Some(libc::EISDIR) => file_exit::IS_DIR,
+        Some(libc::ELOOP) => file_exit::LOOP,
+        Some(libc::EACCES) | Some(libc::EPERM) => file_exit::DENIED,
+        _ => file_exit::OTHER,
     };
     fail(code, format!("{what}: {}", plain_error(&e)))
 }
@@ -74,7 +65,7 @@ fn plain_error(e: &io::Error) -> String {
 }
 
 fn cstring(s: &[u8]) -> Result<CString, Fail> {
-    CString::new(s).map_err(|_| fail(E_USAGE, "path contains a NUL byte"))
+    CString::new(s).map_err(|_| fail(file_exit::USAGE, "path contains a NUL byte"))
 }
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
@@ -189,10 +180,10 @@ pub fn write_file_main(args: &[String]) -> i32 {
     let outcome = match args {
         [path, mode] => match u32::from_str_radix(mode, 8) {
             Ok(mode) if mode <= 0o7777 => write_file(path.as_bytes(), mode),
-            _ => Err(fail(E_USAGE, format!("invalid mode {mode:?}"))),
+            _ => Err(fail(file_exit::USAGE, format!("invalid mode {mode:?}"))),
         },
         _ => Err(fail(
-            E_USAGE,
+            file_exit::USAGE,
             "usage: agent-sandbox-helper write-file <path> <octal-mode>",
         )),
     };
@@ -205,7 +196,7 @@ pub fn write_file_main(args: &[String]) -> i32 {
 fn resolve_parent(path: &[u8]) -> Result<(OwnedFd, Vec<u8>, Vec<u8>), Fail> {
     let outside = || {
         fail(
-            E_OUTSIDE,
+            file_exit::OUTSIDE,
             format!(
                 "{} leads outside {WORKSPACE}",
                 String::from_utf8_lossy(path)
@@ -256,7 +247,7 @@ fn resolve_parent(path: &[u8]) -> Result<(OwnedFd, Vec<u8>, Vec<u8>), Fail> {
                         Ok(t) => t,
                         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                             return Err(fail(
-                                E_NOT_DIR,
+                                file_exit::NOT_DIR,
                                 format!("{} is not a directory", shown(&logical, comp)),
                             ))
                         }
@@ -265,7 +256,7 @@ fn resolve_parent(path: &[u8]) -> Result<(OwnedFd, Vec<u8>, Vec<u8>), Fail> {
                     links += 1;
                     if links > MAX_LINKS {
                         return Err(fail(
-                            E_LOOP,
+                            file_exit::LOOP,
                             format!(
                                 "{}: too many levels of symbolic links",
                                 String::from_utf8_lossy(path)
@@ -368,7 +359,10 @@ fn open_temp(path: &[u8]) -> Result<(OwnedFd, OwnedFd, Vec<u8>, CString, String)
         let cname = cstring(&name)?;
         if let Ok(st) = lstatat(dir.as_raw_fd(), &cname) {
             if is_dir(&st) {
-                return Err(fail(E_IS_DIR, format!("{shown_path} is a directory")));
+                return Err(fail(
+                    file_exit::IS_DIR,
+                    format!("{shown_path} is a directory"),
+                ));
             }
         }
         let tmp = cstring(&temp_name(&name))?;
@@ -380,7 +374,7 @@ fn open_temp(path: &[u8]) -> Result<(OwnedFd, OwnedFd, Vec<u8>, CString, String)
                 let entry = lstatat(dir.as_raw_fd(), &tmp).map_err(|e| os_fail(&shown_path, e))?;
                 if opened.st_ino != entry.st_ino || opened.st_dev != entry.st_dev {
                     return Err(fail(
-                        E_OUTSIDE,
+                        file_exit::OUTSIDE,
                         format!("{shown_path} leads outside {WORKSPACE}"),
                     ));
                 }
@@ -442,7 +436,7 @@ impl WriteJob {
     /// Resolves `path` (confined to `/workspace`) and creates the temporary file.
     pub fn begin(path: &[u8], mode: u32) -> Result<WriteJob, Fail> {
         if mode > 0o7777 {
-            return Err(fail(E_USAGE, format!("invalid mode {mode:o}")));
+            return Err(fail(file_exit::USAGE, format!("invalid mode {mode:o}")));
         }
         let (dir, fd, name, tmp, shown_path) = open_temp(path)?;
         Ok(WriteJob {
@@ -480,8 +474,11 @@ impl WriteJob {
             Ok(())
         })();
         if let Err(f) = result {
-            if f.code == E_IS_DIR {
-                return Err(fail(E_IS_DIR, format!("{shown_path} is a directory")));
+            if f.code == file_exit::IS_DIR {
+                return Err(fail(
+                    file_exit::IS_DIR,
+                    format!("{shown_path} is a directory"),
+                ));
             }
             return Err(f);
         }
@@ -517,10 +514,13 @@ pub fn read_file_main(args: &[String]) -> i32 {
     report(match args {
         [path, max] => match max.parse::<u64>() {
             Ok(max) => read_file(path, max),
-            Err(_) => Err(fail(E_USAGE, format!("invalid size limit {max:?}"))),
+            Err(_) => Err(fail(
+                file_exit::USAGE,
+                format!("invalid size limit {max:?}"),
+            )),
         },
         _ => Err(fail(
-            E_USAGE,
+            file_exit::USAGE,
             "usage: agent-sandbox-helper read-file <path> <max-bytes>",
         )),
     })
@@ -536,18 +536,31 @@ fn read_file(path: &str, max: u64) -> Result<(), Fail> {
         0,
     )
     .map_err(|e| match e.raw_os_error() {
-        Some(libc::ENOTDIR) => fail(E_NOT_FOUND, format!("{path}: not found")),
-        Some(libc::ENOENT) => fail(E_NOT_FOUND, format!("{path}: not found")),
-        Some(libc::ELOOP) => fail(E_LOOP, format!("{path}: too many levels of symbolic links")),
+        Some(libc::ENOTDIR) => fail(file_exit::NOT_FOUND, format!("{path}: not found")),
+        Some(libc::ENOENT) => fail(file_exit::NOT_FOUND, format!("{path}: not found")),
+        Some(libc::ELOOP) => fail(
+            file_exit::LOOP,
+            format!("{path}: too many levels of symbolic links"),
+        ),
         _ => os_fail(path, e),
     })?;
     let st = fstat(fd.as_raw_fd()).map_err(|e| os_fail(path, e))?;
     match st.st_mode & libc::S_IFMT {
         libc::S_IFREG => {}
-        libc::S_IFDIR => return Err(fail(E_IS_DIR, format!("{path} is a directory"))),
-        _ => return Err(fail(E_NOT_REGULAR, format!("{path} is not a regular file"))),
+        libc::S_IFDIR => return Err(fail(file_exit::IS_DIR, format!("{path} is a directory"))),
+        _ => {
+            return Err(fail(
+                file_exit::NOT_REGULAR,
+                format!("{path} is not a regular file"),
+            ))
+        }
     }
-    let too_large = || fail(E_TOO_LARGE, format!("{path} is larger than {max} bytes"));
+    let too_large = || {
+        fail(
+            file_exit::TOO_LARGE,
+            format!("{path} is larger than {max} bytes"),
+        )
+    };
     if st.st_size as u64 > max {
         return Err(too_large());
     }
@@ -579,7 +592,10 @@ fn read_file(path: &str, max: u64) -> Result<(), Fail> {
 pub fn list_dir_main(args: &[String]) -> i32 {
     report(match args {
         [path] => list_dir(path),
-        _ => Err(fail(E_USAGE, "usage: agent-sandbox-helper list-dir <path>")),
+        _ => Err(fail(
+            file_exit::USAGE,
+            "usage: agent-sandbox-helper list-dir <path>",
+        )),
     })
 }
 
@@ -588,9 +604,9 @@ fn list_dir(path: &str) -> Result<(), Fail> {
     let fd =
         openat(libc::AT_FDCWD, &c, libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(|e| {
             match e.raw_os_error() {
-                Some(libc::ENOENT) => fail(E_NOT_FOUND, format!("{path}: not found")),
+                Some(libc::ENOENT) => fail(file_exit::NOT_FOUND, format!("{path}: not found")),
                 Some(libc::ENOTDIR) | Some(libc::EACCES) => {
-                    fail(E_NOT_DIR, format!("{path} is not a directory"))
+                    fail(file_exit::NOT_DIR, format!("{path} is not a directory"))
                 }
                 _ => os_fail(path, e),
             }

@@ -29,6 +29,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::sys;
+use helper_protocol as protocol;
 
 pub const MSG_STARTED: u8 = b'S';
 pub const MSG_FAILED: u8 = b'E';
@@ -708,5 +709,3 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     }
     fail(a, STAGE_EXEC, result)
 }
-
-use crate::helper_protocol as protocol;

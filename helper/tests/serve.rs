@@ -1,9 +1,6 @@
 //! Runs the built `agent-sandbox-helper serve` as a normal process on the host and drives it
 //! through the protocol.
 
-#[path = "../../src/helper_protocol.rs"]
-mod helper_protocol;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};

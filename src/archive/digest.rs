@@ -1,19 +1,19 @@
-//! [`HashedWriter`]: like [`super::Capped`] (a byte limit, a count, a SHA-256 of everything
-//! written), for large outputs. Writing a big snapshot costs three things of similar size:
+//! Hashing writers and digests of the stored form: [`digest`], [`Capped`] (a byte limit, a
+//! count, a SHA-256 of everything written), and [`HashedWriter`], the same for large outputs. Writing a big snapshot costs three things of similar size:
 //! producing the bytes, copying them into the page cache (the `write` calls) and SHA-256. Here
 //! the caller's thread only produces and buffers; each full piece goes to two threads, one
 //! writing pieces in order to the inner writer and one hashing them in order, so the three
 //! overlap on a machine with spare cores. A piece's buffer comes back for reuse once both are done
 //! with it, and at most a few pieces are in flight (bounded memory, backpressure).
 
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use sha2::{Digest, Sha256};
 
-use super::ArchiveError;
+use super::policy::ArchiveError;
 
 /// Size of the pieces written to the inner writer and hashed.
 const PIECE: usize = 1024 * 1024;
@@ -177,4 +177,58 @@ impl<W: Write + Send + 'static> Write for HashedWriter<W> {
     fn flush(&mut self) -> io::Result<()> {
         self.ship()
     }
+}
+
+/// A writer that hashes and counts what passes through and refuses to go past a byte limit.
+pub struct Capped<W> {
+    inner: W,
+    written: u64,
+    limit: u64,
+    hasher: Sha256,
+}
+
+impl<W: Write> Capped<W> {
+    pub fn new(inner: W, limit: u64) -> Capped<W> {
+        Capped {
+            inner,
+            written: 0,
+            limit,
+            hasher: Sha256::new(),
+        }
+    }
+
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// `sha256:<hex>` of everything written, and the inner writer.
+    pub fn finish(self) -> (String, W) {
+        (
+            format!("sha256:{}", hex::encode(self.hasher.finalize())),
+            self.inner,
+        )
+    }
+}
+
+impl<W: Write> Write for Capped<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.written.saturating_add(buf.len() as u64) > self.limit {
+            return Err(ArchiveError::TooLarge { limit: self.limit }.into_io());
+        }
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// `sha256:<hex>` of everything `reader` yields.
+pub fn digest<R: Read>(mut reader: R) -> io::Result<String> {
+    let mut hasher = Sha256::new();
+    io::copy(&mut reader, &mut hasher)?;
+    Ok(format!("sha256:{}", hex::encode(hasher.finalize())))
 }

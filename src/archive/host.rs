@@ -310,7 +310,7 @@ fn padding(size: u64) -> usize {
 
 /// A GNU long-name or long-link record for `value` (NUL-terminated, as GNU tar writes it).
 fn long_record(out: &mut Vec<u8>, kind: EntryType, value: &[u8]) {
-    out.extend_from_slice(super::long_header(kind, value).as_bytes());
+    out.extend_from_slice(super::rewrite::long_header(kind, value).as_bytes());
     out.extend_from_slice(value);
     out.push(0);
     let used = value.len() + 1;

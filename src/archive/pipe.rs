@@ -7,7 +7,7 @@ use std::io::{self, Read, Write};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::ArchiveError;
+use super::policy::ArchiveError;
 
 /// Reads chunks sent by an async task. A sender that hangs up ends the data; an `Err` chunk is a
 /// read error (the producer's own failure, e.g. Docker's stream broke).

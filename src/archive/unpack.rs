@@ -21,7 +21,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 
 use tar::{EntryType, Header};
 
-use super::{ArchiveError, Sink};
+use super::policy::{ArchiveError, Sink};
 
 /// How every directory is opened: never through a symlink.
 const DIR_FLAGS: libc::c_int =
@@ -175,7 +175,7 @@ impl Sink for HostSink {
         self.entry(&header, name, target, &mut data).map_err(|e| {
             // A read error of the archive itself keeps its own kind (truncated, say).
             if e.get_ref().is_some_and(|inner| inner.is::<ArchiveError>()) {
-                super::lift(e, ArchiveError::Write)
+                super::policy::lift(e, ArchiveError::Write)
             } else {
                 failed(name, e)
             }

@@ -13,7 +13,7 @@ use super::container::{limits_for, Containers};
 use super::error::ReconcileError;
 use super::names::{self, container_name, member_prefix};
 use super::queue::{Key, WorkQueue};
-use crate::docker::ManagedContainer;
+use crate::docker::{EngineError, ManagedContainer};
 use crate::resource::{AppliedLimits, EffectiveSandbox, Kind, SandboxPool, SandboxStatus};
 use crate::store::Store;
 
@@ -220,6 +220,10 @@ impl Pools {
         effective: &EffectiveSandbox,
         as_name: &str,
     ) -> Result<Option<Claimed>, ReconcileError> {
+        // A claim is a rename: an engine that cannot rename has nothing to claim from.
+        if !self.containers.engine.capabilities().rename {
+            return Ok(None);
+        }
         let runtime = self.containers.settings.docker_runtime.clone();
         let wanted = pool_key(
             &effective.image,
@@ -283,12 +287,17 @@ impl Pools {
         let member_id = member.sandbox().unwrap_or_default().to_string();
         self.recount(pool_name.clone());
         if !default_limits {
-            if let Err(error) = self
-                .containers
-                .engine
-                .update_limits(&member.id, limits.cpus, limits.memory_mb, limits.pids_limit)
-                .await
-            {
+            let engine = &self.containers.engine;
+            let updated = if engine.capabilities().live_limits {
+                engine
+                    .update_limits(&member.id, limits.cpus, limits.memory_mb, limits.pids_limit)
+                    .await
+            } else {
+                Err(EngineError::Unsupported {
+                    operation: "changing the limits of a live container".into(),
+                })
+            };
+            if let Err(error) = updated {
                 tracing::warn!(sandbox = name, %error, "claimed container rejected its limits; creating one instead");
                 self.containers.engine.remove_container(&member.id).await?;
                 self.containers

@@ -10,7 +10,7 @@ use super::names::{self, container_name, volume_name};
 use super::policy::{Cleanup, Failure, Outcome};
 use super::status::{generation, set_ready, write_status};
 use super::{replace, restore};
-use crate::docker::{LABEL_SPEC_HASH, LABEL_UID};
+use crate::docker::{EngineError, LABEL_SPEC_HASH, LABEL_UID};
 use crate::resource::{
     ConditionStatus, EffectiveSandbox, Kind, Sandbox, SandboxPhase, SandboxStatus,
 };
@@ -264,15 +264,20 @@ async fn ensure_running(
         ctl.engine.start_container(&details.id).await?;
     }
     if status.applied_limits != Some(limits) {
-        let updated = ctl
-            .engine
-            .update_limits(
-                &details.id,
-                limits.cpus,
-                limits.memory_mb,
-                limits.pids_limit,
-            )
-            .await;
+        let updated = if ctl.engine.capabilities().live_limits {
+            ctl.engine
+                .update_limits(
+                    &details.id,
+                    limits.cpus,
+                    limits.memory_mb,
+                    limits.pids_limit,
+                )
+                .await
+        } else {
+            Err(EngineError::Unsupported {
+                operation: "changing the limits of a live container".into(),
+            })
+        };
         if let Err(error) = updated {
             // Some runtimes (gVisor's runsc) cannot change limits of a live container: replace
             // it instead. The workspace volume is kept; the next pass creates the new container.

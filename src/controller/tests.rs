@@ -406,3 +406,23 @@ async fn a_restore_into_a_directory_that_fails_the_proof_fails_and_gives_up_the_
         "not started unready"
     );
 }
+
+#[tokio::test]
+async fn an_engine_that_cannot_rename_gets_no_pool_claims() {
+    let (_dir, engine, ctl) = setup();
+    fill_pool_of_two(&ctl).await;
+    engine.set_capabilities(crate::docker::EngineCapabilities {
+        rename: false,
+        ..crate::docker::EngineCapabilities::ALL
+    });
+    declare(&ctl, "a");
+    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
+        .await
+        .unwrap();
+    let a = ctl.store.get(Kind::Sandbox, "a").unwrap();
+    let a = a.resource.as_sandbox().unwrap().status.clone().unwrap();
+    assert_eq!(a.claimed_from, None, "{a:?}");
+    assert!(a.container_id.is_some(), "created cold instead: {a:?}");
+    assert_eq!(pool_members(&engine).len(), 2, "the pool kept its members");
+    assert_eq!(engine.call_count("rename_container"), 0);
+}

@@ -192,7 +192,12 @@ impl Workspaces {
     /// Whether a workspace may be carried on this host under the runtime `runtime`, as far as
     /// is known: allowed, and not shown to fail.
     pub(super) fn may_use_host(&self, runtime: &str) -> bool {
-        self.settings.host_workspace_access && self.host_access.get(runtime) != Some(false)
+        self.host_allowed() && self.host_access.get(runtime) != Some(false)
+    }
+
+    /// Whether the settings and the engine allow workspaces on this host at all.
+    fn host_allowed(&self) -> bool {
+        self.settings.host_workspace_access && self.engine.capabilities().host_workspace_access
     }
 
     /// Starts the created container `id` (of Docker runtime `runtime`, `""` for the default) with
@@ -203,7 +208,7 @@ impl Workspaces {
         runtime: &str,
         content: Option<&Validated>,
     ) -> Result<(), ReconcileError> {
-        let allowed = self.settings.host_workspace_access;
+        let allowed = self.host_allowed();
         if allowed && self.host_access.get(runtime) == Some(true) {
             let Some(content) = content else {
                 self.engine.start_container(id).await?;

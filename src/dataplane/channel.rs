@@ -1,5 +1,6 @@
-//! A connection to `agent-sandbox-helper serve` inside one container, multiplexing commands by id,
-//! and the per-container pool of long-lived shared connections.
+//! A connection to `agent-sandbox-helper serve` inside one container, multiplexing commands by id.
+//! Which channel a command gets (a container's shared one, or a spare of its own) is
+//! `channels.rs`'s business, not this module's.
 //!
 //! A channel is one `docker exec -i` of the helper: requests go down its stdin under a mutex,
 //! and one reader task decodes the frames coming back and routes them to per-command queues.
@@ -15,7 +16,7 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -25,7 +26,7 @@ use tokio::sync::mpsc;
 use crate::docker::{
     Engine, EngineError, EngineResult, ExecOutput, ExecPlan, HELPER_BINARY, HELPER_MOUNT,
 };
-use crate::helper_protocol::{
+use helper_protocol::{
     Event, FrameDecoder, Request, StartRequest, MAX_CHUNK_LEN, PROTOCOL_VERSION,
 };
 
@@ -35,8 +36,6 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Events queued per command before the reader waits (each at most 64 KiB of output).
 const QUEUE_EVENTS: usize = 16;
-/// After the helper could not be started in a container, try again only after this long.
-const UNAVAILABLE_RETRY: Duration = Duration::from_secs(30);
 /// How much of the helper's own stderr is kept for error messages.
 const STDERR_KEEP: usize = 2048;
 
@@ -446,74 +445,6 @@ impl Drop for Running {
     fn drop(&mut self) {
         if !self.finished {
             self.channel.kill_soon(self.id);
-        }
-    }
-}
-
-enum Slot {
-    Empty,
-    Live(Arc<Channel>),
-    Unavailable { since: Instant, why: String },
-}
-
-/// The long-lived shared channel of each container, opened on first use. A new container (a new
-/// ID) gets a new channel; a dead one is replaced on the next use.
-#[derive(Default)]
-pub struct Pool {
-    slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Slot>>>>,
-}
-
-impl Pool {
-    fn slot(&self, container: &str) -> Arc<tokio::sync::Mutex<Slot>> {
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        if !slots.contains_key(container) {
-            // Forget containers whose channel died (they are usually gone); cheap and bounded
-            // by the number of sandboxes.
-            slots.retain(|_, slot| match slot.try_lock() {
-                Ok(s) => matches!(&*s, Slot::Live(c) if !c.is_dead()),
-                Err(_) => true,
-            });
-        }
-        Arc::clone(
-            slots
-                .entry(container.to_string())
-                .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Slot::Empty))),
-        )
-    }
-
-    /// The container's shared channel, opening it if needed.
-    pub async fn get(
-        &self,
-        engine: &dyn Engine,
-        container: &str,
-        user: &str,
-    ) -> Result<Arc<Channel>, ChannelError> {
-        let slot = self.slot(container);
-        let mut slot = slot.lock().await;
-        match &*slot {
-            Slot::Live(c) if !c.is_dead() => return Ok(Arc::clone(c)),
-            Slot::Unavailable { since, why } if since.elapsed() < UNAVAILABLE_RETRY => {
-                return Err(ChannelError::NoHelper(why.clone()))
-            }
-            _ => {}
-        }
-        match Channel::open(engine, container, user).await {
-            Ok(c) => {
-                *slot = Slot::Live(Arc::clone(&c));
-                Ok(c)
-            }
-            Err(ChannelError::NoHelper(why)) => {
-                tracing::info!(%container, %why, "no in-sandbox helper; using plain docker exec");
-                *slot = Slot::Unavailable {
-                    since: Instant::now(),
-                    why: why.clone(),
-                };
-                Err(ChannelError::NoHelper(why))
-            }
-            Err(e) => {
-                *slot = Slot::Empty;
-                Err(e)
-            }
         }
     }
 }

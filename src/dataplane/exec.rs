@@ -22,10 +22,11 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 
 use super::channel::{Channel, ChannelError, Running};
+use super::channels::Recycle;
 use super::utf8::Utf8Stream;
 use super::{paths, Command, DataPlaneError, DataPlaneResult, ExecEvent, ExecRequest};
 use crate::docker::{Engine, EngineError, EngineResult, ExecOutput, ExecPlan};
-use crate::helper_protocol::{Event, StartRequest, DOCKER_LINGER_MS};
+use helper_protocol::{Event, StartRequest, DOCKER_LINGER_MS};
 
 /// Exit code reported on the wire for a command killed by its timeout (SIGKILL), like the reference.
 pub const EXIT_CODE_TIMED_OUT: i64 = 137;
@@ -325,10 +326,7 @@ async fn kill_from_host(engine: &dyn Engine, exec_id: &str) {
 /// Maps a Docker failure on the way to running a command.
 pub fn engine_error(sandbox: &str, e: EngineError) -> DataPlaneError {
     match &e {
-        EngineError::NotFound { .. } => DataPlaneError::NotRunning(sandbox.to_string()),
-        EngineError::Docker { message, .. }
-            if message.contains("is not running") || message.contains("is paused") =>
-        {
+        EngineError::NotFound { .. } | EngineError::NotRunning { .. } => {
             DataPlaneError::NotRunning(sandbox.to_string())
         }
         _ => DataPlaneError::Backend(e.to_string()),
@@ -353,6 +351,15 @@ pub struct Collected {
 
 pub async fn collect(source: &mut Source, timeout: Duration, cap: usize) -> Collected {
     let deadline = tokio::time::Instant::now() + timeout + source.grace();
+    collect_until(source, deadline, cap).await
+}
+
+/// [`collect`] with the host's deadline already set.
+pub async fn collect_until(
+    source: &mut Source,
+    deadline: tokio::time::Instant,
+    cap: usize,
+) -> Collected {
     let mut c = Collected {
         stdout: Vec::new(),
         stderr: Vec::new(),
@@ -465,9 +472,6 @@ impl StreamState {
         }
     }
 }
-
-/// Gives a private channel back once its stream ended cleanly, for the next stream to reuse.
-pub type Recycle = Box<dyn FnOnce(Arc<Channel>) + Send>;
 
 /// A stream's private channel and where it goes when the stream is over.
 pub struct Private {

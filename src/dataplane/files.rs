@@ -1,5 +1,6 @@
 //! File reads, writes and listings, done by the in-sandbox helper's one-shot modes as the
-//! sandbox user (`helper/src/files.rs` documents them and their exit codes, mirrored below).
+//! sandbox user (`helper/src/files.rs` documents them; their exit codes are
+//! `helper_protocol::file_exit`, mapped to API errors here).
 //!
 //! - Writes never use Docker's archive API: it writes as root and follows symlinks, so a link in
 //!   the workspace could aim it anywhere. The helper writes on the container's shared channel
@@ -27,18 +28,7 @@ use super::channel::{helper_path, Channel, ChannelError};
 use super::exec::{self, channel_error, engine_error, Source};
 use super::{paths, DataPlane, DataPlaneError, DataPlaneResult, FileInfo, FileType, SandboxTarget};
 use crate::docker::{ExecOutput, ExecPlan};
-use crate::helper_protocol::StartRequest;
-
-// Exit codes of the helper's file modes (see `helper/src/files.rs`).
-const E_USAGE: i64 = 2;
-const E_OUTSIDE: i64 = 3;
-const E_NOT_FOUND: i64 = 4;
-const E_IS_DIR: i64 = 5;
-const E_NOT_DIR: i64 = 6;
-const E_TOO_LARGE: i64 = 7;
-const E_NOT_REGULAR: i64 = 8;
-const E_LOOP: i64 = 9;
-const E_DENIED: i64 = 10;
+use helper_protocol::{file_exit, StartRequest};
 
 /// Symlink hops when following links by hand (the reference's limit).
 const MAX_LINKS: usize = 8;
@@ -51,7 +41,8 @@ const MESSAGE_BYTES: usize = 64 << 10;
 
 /// What a one-shot helper command produced.
 struct Outcome {
-    code: i64,
+    /// The exit status: 0, or one of [`file_exit`] (anything else reads as `file_exit::OTHER`).
+    code: i32,
     stdout: Vec<u8>,
     stderr: String,
 }
@@ -103,12 +94,7 @@ impl DataPlane {
         &self,
         target: &SandboxTarget,
     ) -> DataPlaneResult<Option<Arc<Channel>>> {
-        let user = &self.settings.sandbox_user;
-        match self
-            .pool
-            .get(self.engine.as_ref(), &target.container_id, user)
-            .await
-        {
+        match self.channels.shared(&target.container_id).await {
             Ok(channel) => Ok(Some(channel)),
             Err(ChannelError::NoHelper(_)) => Ok(None),
             Err(e) => Err(channel_error(&target.name, e)),
@@ -155,7 +141,7 @@ impl DataPlane {
                     let mut stderr = c.stderr;
                     stderr.truncate(MESSAGE_BYTES);
                     return Ok(Some(Outcome {
-                        code,
+                        code: i32::try_from(code).unwrap_or(file_exit::OTHER),
                         stdout: c.stdout,
                         stderr: String::from_utf8_lossy(&stderr).into_owned(),
                     }));
@@ -186,16 +172,16 @@ impl DataPlane {
         };
         match outcome.code {
             0 => Ok(Bytes::from(outcome.stdout)),
-            E_DENIED => self.read_via_archive(target, &path).await,
-            E_NOT_FOUND => Err(DataPlaneError::NotFound(format!("{path}: not found"))),
-            E_TOO_LARGE => Err(DataPlaneError::TooLarge { what: path, limit }),
-            E_IS_DIR => Err(DataPlaneError::InvalidRequest(format!(
+            file_exit::DENIED => self.read_via_archive(target, &path).await,
+            file_exit::NOT_FOUND => Err(DataPlaneError::NotFound(format!("{path}: not found"))),
+            file_exit::TOO_LARGE => Err(DataPlaneError::TooLarge { what: path, limit }),
+            file_exit::IS_DIR => Err(DataPlaneError::InvalidRequest(format!(
                 "{path} is a directory"
             ))),
-            E_NOT_REGULAR => Err(DataPlaneError::InvalidRequest(format!(
+            file_exit::NOT_REGULAR => Err(DataPlaneError::InvalidRequest(format!(
                 "{path} is not a regular file"
             ))),
-            E_LOOP => Err(DataPlaneError::InvalidRequest(format!(
+            file_exit::LOOP => Err(DataPlaneError::InvalidRequest(format!(
                 "{path}: too many levels of symbolic links"
             ))),
             _ => Err(DataPlaneError::Backend(format!(
@@ -305,7 +291,10 @@ impl DataPlane {
                 "cannot write {path}: {said}"
             )));
         };
-        match result.error {
+        match result
+            .error
+            .map(|e| i32::try_from(e).unwrap_or(file_exit::OTHER))
+        {
             None => Ok(FileInfo {
                 name: base_name(&path),
                 path,
@@ -313,19 +302,19 @@ impl DataPlane {
                 size: result.size,
                 modified_at: timestamp(result.mtime, result.mtime_nsec),
             }),
-            Some(E_OUTSIDE) => Err(DataPlaneError::InvalidRequest(format!(
+            Some(file_exit::OUTSIDE) => Err(DataPlaneError::InvalidRequest(format!(
                 "writes are limited to files under /workspace: {}",
                 result.message
             ))),
-            Some(E_IS_DIR | E_NOT_DIR | E_LOOP | E_USAGE) => {
+            Some(file_exit::IS_DIR | file_exit::NOT_DIR | file_exit::LOOP | file_exit::USAGE) => {
                 Err(DataPlaneError::InvalidRequest(result.message))
             }
             // A directory on the way was removed while the file was being written.
-            Some(E_NOT_FOUND) => Err(DataPlaneError::InvalidRequest(format!(
+            Some(file_exit::NOT_FOUND) => Err(DataPlaneError::InvalidRequest(format!(
                 "{path} changed while it was being written: {}",
                 result.message
             ))),
-            Some(E_DENIED) => Err(DataPlaneError::InvalidRequest(format!(
+            Some(file_exit::DENIED) => Err(DataPlaneError::InvalidRequest(format!(
                 "cannot write {path}: {}",
                 result.message
             ))),
@@ -460,8 +449,10 @@ impl DataPlane {
             })?;
         match outcome.code {
             0 => {}
-            E_NOT_FOUND => return Err(DataPlaneError::NotFound(format!("{path}: not found"))),
-            E_NOT_DIR | E_DENIED => {
+            file_exit::NOT_FOUND => {
+                return Err(DataPlaneError::NotFound(format!("{path}: not found")))
+            }
+            file_exit::NOT_DIR | file_exit::DENIED => {
                 return Err(DataPlaneError::InvalidRequest(format!(
                     "{path} is not a directory"
                 )))

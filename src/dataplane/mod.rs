@@ -1,13 +1,20 @@
 //! The imperative data plane: exec (buffered and streamed) and file I/O against a sandbox's running
 //! container, like `kubectl exec`. It never changes lifecycle state; it only needs the container ID
-//! the controller observed.
+//! the controller observed, and it must not know the `/v1` wire format (`api/v1/wire.rs` does).
 //!
-//! Commands run through the in-sandbox helper (see `helper_protocol`), which gives each command its
-//! own process group under a child subreaper so that a timeout or a vanished client kills the whole
-//! tree. File writes also go through the helper, as the sandbox user, confined to `/workspace`.
+//! Commands run through the in-sandbox helper (its wire format is the `helper_protocol` crate),
+//! which gives each command its own process group under a child subreaper so that a timeout or a
+//! vanished client kills the whole tree. File writes also go through the helper, as the sandbox
+//! user, confined to `/workspace`.
+//!
+//! Where things are: an exec's defaults and one start-and-retry path, here
+//! ([`DataPlane::exec`], [`DataPlane::exec_stream`]); running and collecting one command,
+//! `exec.rs`; one helper connection, `channel.rs`; which channel a command gets and channel
+//! reuse, `channels.rs`; files, `files.rs` (archive fallback in `archive_read.rs`).
 
 mod archive_read;
 mod channel;
+mod channels;
 mod exec;
 mod files;
 pub mod paths;
@@ -18,8 +25,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::stream::BoxStream;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
 
 use crate::config::Settings;
 use crate::docker::Engine;
@@ -34,28 +39,23 @@ pub struct SandboxTarget {
 }
 
 /// A command: a string run as `/bin/sh -c`, or an argv list.
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
-#[serde(untagged)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Command {
     Shell(String),
     Argv(Vec<String>),
 }
 
-/// What to run. Field names are the `/v1` wire names.
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
-#[serde(deny_unknown_fields)]
+/// What to run; what is left out gets the data plane's defaults.
+#[derive(Clone, Debug, PartialEq)]
 pub struct ExecRequest {
     pub command: Command,
-    #[serde(default)]
     pub env: BTreeMap<String, String>,
-    #[serde(default)]
     pub workdir: Option<String>,
-    #[serde(default)]
     pub timeout_seconds: Option<f64>,
 }
 
-/// The result of a buffered exec (`/v1` ExecResponse).
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+/// The result of a buffered exec.
+#[derive(Clone, Debug, PartialEq)]
 pub struct ExecResponse {
     pub stdout: String,
     pub stderr: String,
@@ -65,9 +65,8 @@ pub struct ExecResponse {
     pub duration_ms: u64,
 }
 
-/// One line of a streamed exec (`/v1` NDJSON events).
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
-#[serde(tag = "type", rename_all = "lowercase")]
+/// One event of a streamed exec.
+#[derive(Clone, Debug, PartialEq)]
 pub enum ExecEvent {
     Stdout {
         data: String,
@@ -82,19 +81,17 @@ pub enum ExecEvent {
     },
 }
 
-/// A file or directory entry (`/v1` FileInfo).
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+/// A file or directory entry.
+#[derive(Clone, Debug, PartialEq)]
 pub struct FileInfo {
     pub name: String,
     pub path: String,
-    #[serde(rename = "type")]
     pub file_type: FileType,
     pub size: u64,
     pub modified_at: chrono::DateTime<chrono::Utc>,
 }
 
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileType {
     File,
     Directory,
@@ -128,27 +125,16 @@ pub struct DataPlane {
     settings: Arc<Settings>,
     /// Whether sandboxes carry the helper (this build embeds one).
     helper: bool,
-    pool: channel::Pool,
-    /// Opened, idle private channels per container (at most [`SPARES_PER_CONTAINER`]), so that a
-    /// stream does not wait for a `docker exec` to start (see [`DataPlane::private_channel`]).
-    spares: Spares,
+    channels: channels::Channels,
 }
 
-/// Idle private channels kept per container: a finished stream's channel plus the one opened in
-/// the background when the last was taken, so back-to-back streams never wait for a `docker exec`
-/// and never start one either. Each is one idle helper process in the sandbox.
-const SPARES_PER_CONTAINER: usize = 2;
-
-type Spares = Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<Arc<channel::Channel>>>>>;
-
-/// Keeps `channel` as a spare of `container` if it is idle and there is room; else it is closed.
-fn keep_spare(spares: &Spares, container: &str, channel: Arc<channel::Channel>) {
-    let mut spares = spares.lock().unwrap_or_else(|p| p.into_inner());
-    let list = spares.entry(container.to_string()).or_default();
-    list.retain(|c| c.is_idle());
-    if list.len() < SPARES_PER_CONTAINER && channel.is_idle() {
-        list.push(channel);
-    }
+/// A command that has started and been heard of (see [`DataPlane::launch`]).
+struct Launched {
+    source: exec::Source,
+    /// The stream's own channel, for `private` launches on a helper.
+    channel: Option<Arc<channel::Channel>>,
+    /// When the host gives up on the command: its timeout plus the source's grace.
+    deadline: tokio::time::Instant,
 }
 
 impl DataPlane {
@@ -163,55 +149,13 @@ impl DataPlane {
         settings: Arc<Settings>,
         helper: bool,
     ) -> DataPlane {
+        let channels = channels::Channels::new(Arc::clone(&engine), settings.sandbox_user.clone());
         DataPlane {
             engine,
             settings,
             helper,
-            pool: channel::Pool::default(),
-            spares: Arc::default(),
+            channels,
         }
-    }
-
-    /// A channel of the stream's own: one of the container's spares if one is ready, else a new
-    /// one. When that leaves no spare, another is opened in the background. Spares die with the
-    /// container; those of containers that are gone are forgotten on the next take.
-    async fn private_channel(
-        &self,
-        container: &str,
-        user: &str,
-    ) -> Result<Arc<channel::Channel>, channel::ChannelError> {
-        let (spare, refill) = {
-            let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
-            for list in spares.values_mut() {
-                list.retain(|c| c.is_idle());
-            }
-            spares.retain(|_, list| !list.is_empty());
-            let spare = spares.get_mut(container).and_then(Vec::pop);
-            let left = spares.get(container).map_or(0, Vec::len);
-            (spare, left == 0)
-        };
-        if refill {
-            let (engine, spares) = (Arc::clone(&self.engine), Arc::clone(&self.spares));
-            let (container_owned, user_owned) = (container.to_string(), user.to_string());
-            tokio::spawn(async move {
-                if let Ok(next) =
-                    channel::Channel::open(engine.as_ref(), &container_owned, &user_owned).await
-                {
-                    keep_spare(&spares, &container_owned, next);
-                }
-            });
-        }
-        match spare {
-            Some(channel) => Ok(channel),
-            None => channel::Channel::open(self.engine.as_ref(), container, user).await,
-        }
-    }
-
-    /// How a finished stream's private channel goes back to the container's spares.
-    fn recycler(&self, container: &str) -> exec::Recycle {
-        let spares = Arc::clone(&self.spares);
-        let container = container.to_string();
-        Box::new(move |channel| keep_spare(&spares, &container, channel))
     }
 
     /// Starts a command: on the container's shared helper channel, or on a channel of its own
@@ -222,14 +166,13 @@ impl DataPlane {
         prepared: &exec::Prepared,
         private: bool,
     ) -> DataPlaneResult<(exec::Source, Option<Arc<channel::Channel>>)> {
-        let user = &self.settings.sandbox_user;
         let container = &target.container_id;
         let fail = |e| exec::channel_error(&target.name, e);
         if self.helper {
             let opened = if private {
-                self.private_channel(container, user).await
+                self.channels.private(container).await
             } else {
-                self.pool.get(self.engine.as_ref(), container, user).await
+                self.channels.shared(container).await
             };
             match opened {
                 Ok(ch) => match ch.start(prepared.start_request()).await {
@@ -242,9 +185,9 @@ impl DataPlane {
                         // more try on a fresh channel.
                         tracing::debug!(%why, "helper channel died; reopening");
                         let ch = if private {
-                            channel::Channel::open(self.engine.as_ref(), container, user).await
+                            self.channels.fresh(container).await
                         } else {
-                            self.pool.get(self.engine.as_ref(), container, user).await
+                            self.channels.shared(container).await
                         }
                         .map_err(fail)?;
                         let running = ch.start(prepared.start_request()).await.map_err(fail)?;
@@ -257,10 +200,44 @@ impl DataPlane {
                 Err(e) => return Err(fail(e)),
             }
         }
+        let user = &self.settings.sandbox_user;
         let plain = exec::Plain::start(Arc::clone(&self.engine), container, prepared, user)
             .await
             .map_err(|e| exec::engine_error(&target.name, e))?;
         Ok((exec::Source::Plain(plain), None))
+    }
+
+    /// The one start-and-retry path of buffered and streamed exec: starts the command and waits
+    /// for the helper to take it. A helper that died before it heard of the command (a spare
+    /// whose helper was killed from inside the sandbox, a shared channel that just closed) never
+    /// ran it, so it is started once more on a fresh channel. A second loss is left to the
+    /// caller, who reads it from the source; a helper that never answers is left to the
+    /// command's deadline.
+    async fn launch(
+        &self,
+        target: &SandboxTarget,
+        prepared: &exec::Prepared,
+        private: bool,
+    ) -> DataPlaneResult<Launched> {
+        let mut retried = false;
+        loop {
+            let (mut source, channel) = self.start(target, prepared, private).await?;
+            let deadline = tokio::time::Instant::now() + prepared.timeout + source.grace();
+            let heard = tokio::time::timeout_at(deadline, source.acknowledged()).await;
+            match heard {
+                Ok(Err(why)) if !retried => {
+                    tracing::debug!(%why, "retrying a command its helper never started");
+                    retried = true;
+                }
+                Ok(_) | Err(_) => {
+                    return Ok(Launched {
+                        source,
+                        channel,
+                        deadline,
+                    })
+                }
+            }
+        }
     }
 
     /// Runs a command to completion, capturing at most `max_exec_output_bytes` across both streams.
@@ -270,38 +247,22 @@ impl DataPlane {
         request: ExecRequest,
     ) -> DataPlaneResult<ExecResponse> {
         let began = std::time::Instant::now();
-        let prepared = exec::Prepared::new(
-            &target.env,
-            request,
-            self.settings.default_exec_timeout_seconds,
-        )?;
+        let prepared = self.prepare(target, request)?;
         let cap = self.settings.max_exec_output_bytes;
-        let mut retried = false;
-        loop {
-            let (mut source, _) = self.start(target, &prepared, false).await?;
-            let c = exec::collect(&mut source, prepared.timeout, cap).await;
-            match c.exit {
-                Ok((exit_code, timed_out)) => {
-                    return Ok(ExecResponse {
-                        stdout: String::from_utf8_lossy(&c.stdout).into_owned(),
-                        stderr: String::from_utf8_lossy(&c.stderr).into_owned(),
-                        exit_code,
-                        timed_out,
-                        truncated: c.truncated,
-                        duration_ms: exec::duration_ms(began),
-                    })
-                }
-                // The helper died before the command was heard of: it never ran, so run it again.
-                Err((why, true)) if !retried => {
-                    tracing::debug!(%why, "retrying a command its helper never started");
-                    retried = true;
-                }
-                Err((why, _)) => {
-                    return Err(DataPlaneError::Backend(format!(
-                        "lost contact with the command: {why}"
-                    )))
-                }
-            }
+        let mut launched = self.launch(target, &prepared, false).await?;
+        let c = exec::collect_until(&mut launched.source, launched.deadline, cap).await;
+        match c.exit {
+            Ok((exit_code, timed_out)) => Ok(ExecResponse {
+                stdout: String::from_utf8_lossy(&c.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&c.stderr).into_owned(),
+                exit_code,
+                timed_out,
+                truncated: c.truncated,
+                duration_ms: exec::duration_ms(began),
+            }),
+            Err((why, _)) => Err(DataPlaneError::Backend(format!(
+                "lost contact with the command: {why}"
+            ))),
         }
     }
 
@@ -313,35 +274,34 @@ impl DataPlane {
         request: ExecRequest,
     ) -> DataPlaneResult<BoxStream<'static, ExecEvent>> {
         let began = std::time::Instant::now();
-        let prepared = exec::Prepared::new(
+        let prepared = self.prepare(target, request)?;
+        // Answered only once the helper has taken the command, so that a dead spare is retried
+        // while the command can still be started elsewhere.
+        let launched = self.launch(target, &prepared, true).await?;
+        let private = launched.channel.map(|channel| exec::Private {
+            channel,
+            recycle: self.channels.recycler(&target.container_id),
+        });
+        Ok(exec::events(
+            launched.source,
+            launched.deadline,
+            began,
+            private,
+        ))
+    }
+
+    /// The request with every default applied (the only place they are): the sandbox's
+    /// environment under the request's, `HOME` and `PATH`, `/workspace`, the default timeout.
+    fn prepare(
+        &self,
+        target: &SandboxTarget,
+        request: ExecRequest,
+    ) -> DataPlaneResult<exec::Prepared> {
+        exec::Prepared::new(
             &target.env,
             request,
             self.settings.default_exec_timeout_seconds,
-        )?;
-        let mut retried = false;
-        loop {
-            let (mut source, channel) = self.start(target, &prepared, true).await?;
-            let deadline = tokio::time::Instant::now() + prepared.timeout + source.grace();
-            // Wait for the helper to take the command before answering: a spare whose helper
-            // died unnoticed (killed from inside the sandbox) shows up here, while the command
-            // can still be started on a fresh channel, as a buffered exec would be. A helper
-            // that never answers is left to the stream's own deadline.
-            let heard = tokio::time::timeout_at(deadline, source.acknowledged()).await;
-            match heard {
-                Ok(Err(why)) if !retried => {
-                    tracing::debug!(%why, "retrying a streamed command its helper never started");
-                    retried = true;
-                    continue;
-                }
-                // A second loss is reported by the stream itself (its queue is already closed).
-                Ok(_) | Err(_) => {}
-            }
-            let private = channel.map(|channel| exec::Private {
-                channel,
-                recycle: self.recycler(&target.container_id),
-            });
-            return Ok(exec::events(source, deadline, began, private));
-        }
+        )
     }
 
     /// Reads a file anywhere in the sandbox (symlinks followed inside it), at most `max_file_bytes`.

@@ -116,6 +116,13 @@ fn server_message(e: &BollardError) -> Option<&str> {
     }
 }
 
+/// Whether Docker's refusal says the container is stopped or paused ("Container … is not
+/// running", "Container … is paused, unpause the container before exec"): the one place that
+/// reads these words.
+fn says_not_running(message: &str) -> bool {
+    message.contains("is not running") || message.contains("is paused")
+}
+
 /// Maps a bollard error for `operation` on `what` (e.g. "container agent-sandbox-x").
 fn map_err(
     operation: &str,
@@ -127,6 +134,12 @@ fn map_err(
         BollardError::DockerResponseServerError {
             status_code: 404, ..
         } => EngineError::NotFound { what: what.clone() },
+        BollardError::DockerResponseServerError { message, .. } if says_not_running(&message) => {
+            EngineError::NotRunning {
+                operation: format!("{operation} {what}"),
+                message,
+            }
+        }
         BollardError::DockerResponseServerError { message, .. } => EngineError::Docker {
             operation: format!("{operation} {what}"),
             message,
@@ -161,6 +174,10 @@ fn started_at(value: Option<&str>) -> Option<chrono::DateTime<chrono::Utc>> {
 
 #[async_trait]
 impl Engine for BollardEngine {
+    fn capabilities(&self) -> EngineCapabilities {
+        EngineCapabilities::ALL
+    }
+
     async fn ping(&self) -> EngineResult<()> {
         self.docker
             .ping()

@@ -1,4 +1,6 @@
-//! An in-memory [`Engine`] for unit tests of the controller: it records calls and keeps containers,
+//! An in-memory [`Engine`] for tests of the controller and the API, built only for tests
+//! (`cfg(test)`, or the `test-support` feature that the crate's own tests turn on); it must never
+//! reach a release build. It records calls and keeps containers,
 //! volumes and networks in maps. It has no data plane (exec and archive calls fail), and it never
 //! emits events on its own: tests push them with [`FakeEngine::emit`], because the real daemon's
 //! timing of events is exactly what the controller must not depend on.
@@ -67,6 +69,8 @@ struct State {
     unreachable: bool,
     /// Where every container's workspace appears on this host, and its process, if set.
     host_workspace: Option<(std::path::PathBuf, i64)>,
+    /// What [`Engine::capabilities`] answers; `None`: everything.
+    capabilities: Option<EngineCapabilities>,
 }
 
 pub struct FakeEngine {
@@ -92,6 +96,12 @@ impl FakeEngine {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panicking test thread must not hide the state from the others.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// From now on the fake says it can do only `capabilities` (it still serves every call: what
+    /// is tested is that the controller asks).
+    pub fn set_capabilities(&self, capabilities: EngineCapabilities) {
+        self.lock().capabilities = Some(capabilities);
     }
 
     /// The next call of `op` fails with [`EngineError::Docker`]. Calls stack: two calls make the
@@ -290,6 +300,10 @@ impl Engine for FakeEngine {
         self.enter("ping", "").map(|_| ())
     }
 
+    fn capabilities(&self) -> EngineCapabilities {
+        self.lock().capabilities.unwrap_or(EngineCapabilities::ALL)
+    }
+
     async fn list_containers(&self) -> EngineResult<Vec<ManagedContainer>> {
         let state = self.enter("list_containers", "")?;
         Ok(state
@@ -452,7 +466,10 @@ impl Engine for FakeEngine {
                 c.state = "paused".into();
                 Ok(())
             }
-            _ => Err(refuse("pause", id, "container is not running")),
+            _ => Err(EngineError::NotRunning {
+                operation: format!("pause container {id}"),
+                message: "container is not running".into(),
+            }),
         })
     }
 

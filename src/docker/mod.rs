@@ -1,13 +1,18 @@
 //! The only module that talks to Docker. [`Engine`] is what the rest of the crate sees: labeled
 //! volumes and hardened containers for the controller, exec and archive streams for the data plane.
-//! [`BollardEngine`] implements it against the daemon; [`fake::FakeEngine`] implements it in memory
-//! for unit tests.
+//! [`BollardEngine`] implements it against the daemon; `fake::FakeEngine` implements it in memory
+//! for tests, and exists only in test builds (`cfg(test)` or the `test-support` feature, which
+//! the crate's own integration tests enable).
+//!
+//! Docker's own words (its error messages) are read only here: callers match [`EngineError`]
+//! variants, and ask [`Engine::capabilities`] instead of assuming what Docker can do.
 //!
 //! Hardening is not negotiable here: [`ContainerPlan`] has no field that could weaken it (no
 //! privileged, capabilities, devices, binds or root user); every container this module creates gets
 //! the full security model of `SECURITY.md`.
 
 mod bollard_engine;
+#[cfg(any(test, feature = "test-support"))]
 pub mod fake;
 
 use std::collections::BTreeMap;
@@ -63,12 +68,51 @@ pub enum EngineError {
     ImageMissing(String),
     #[error("docker refused {operation}: {message}")]
     Docker { operation: String, message: String },
+    /// The container exists but is not running (stopped, or paused), so it cannot take an exec.
+    /// Told apart from [`EngineError::Docker`] here, where Docker's words are known, so that no
+    /// caller has to read them.
+    #[error("docker refused {operation}: {message}")]
+    NotRunning { operation: String, message: String },
+    /// The engine cannot do this at all (see [`EngineCapabilities`]).
+    #[error("{operation} is not supported by this engine")]
+    Unsupported { operation: String },
 }
 
 impl EngineError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, EngineError::NotFound { .. })
     }
+}
+
+/// What an engine can do beyond creating, starting, removing and running commands in
+/// containers. The controller asks instead of assuming Docker; an engine without one of these
+/// still implements the method and answers [`EngineError::Unsupported`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineCapabilities {
+    /// Freeze and thaw a running container ([`Engine::pause`], [`Engine::unpause`]): snapshots
+    /// of a running sandbox freeze it while its workspace is read.
+    pub pause: bool,
+    /// Rename a container in place ([`Engine::rename_container`]): how a warm-pool member is
+    /// handed to its sandbox and how a replacement container is swapped in.
+    pub rename: bool,
+    /// Change the limits of a live container ([`Engine::update_limits`]); without it a change of
+    /// limits replaces the container. Even where it is offered a runtime may refuse (runsc), and
+    /// the controller replaces the container then too.
+    pub live_limits: bool,
+    /// A container's workspace may be reachable as a directory of this host
+    /// ([`ContainerDetails::workspace_source`]); the server's `host_workspace_access` setting
+    /// must allow it too, and every use checks that the directory is the container's.
+    pub host_workspace_access: bool,
+}
+
+impl EngineCapabilities {
+    /// Everything: what the Docker engine offers.
+    pub const ALL: EngineCapabilities = EngineCapabilities {
+        pause: true,
+        rename: true,
+        live_limits: true,
+        host_workspace_access: true,
+    };
 }
 
 pub type EngineResult<T> = Result<T, EngineError>;
@@ -237,6 +281,8 @@ pub struct ExecState {
 pub trait Engine: Send + Sync + 'static {
     /// Answers when the daemon does.
     async fn ping(&self) -> EngineResult<()>;
+    /// What this engine can do beyond the basics; constant for the engine's lifetime.
+    fn capabilities(&self) -> EngineCapabilities;
 
     // --- control plane, used by the controller ---
 
@@ -290,42 +336,24 @@ pub trait Engine: Send + Sync + 'static {
         tar: BoxStream<'static, Bytes>,
     ) -> EngineResult<()>;
 
-    // --- setup of server-owned content ---
+    // --- setup of server-owned content (required too: no sandbox is made without them) ---
 
     /// Makes sure `volume` (labeled [`LABEL_MANAGED`] and [`LABEL_ROLE`]` = helper`) holds
     /// `binary` as `agent-sandbox-helper` (mode 0555, owned by root) and [`LOOPBACK_HOSTS`] as
     /// [`HELPER_HOSTS`] at its root, so that sandboxes can mount it read-only at
     /// [`HELPER_MOUNT`]. Needs no user image and pulls nothing. Idempotent and cheap once the
     /// volume holds this exact content; different content replaces the old in place.
-    async fn ensure_helper_volume(&self, volume: &str, binary: &[u8]) -> EngineResult<()> {
-        let _ = (volume, binary);
-        Err(EngineError::Docker {
-            operation: "ensure helper volume".into(),
-            message: "not supported by this engine".into(),
-        })
-    }
+    async fn ensure_helper_volume(&self, volume: &str, binary: &[u8]) -> EngineResult<()>;
 
     /// Makes the root of the container's `/workspace` volume owned by `uid:gid` (mode 0755), so
     /// the sandbox user can write there. Works on a created, not yet started container (and on a
     /// running one); needs no extra container. Idempotent; call it after every create.
-    async fn prepare_workspace(&self, container: &str, uid: u32, gid: u32) -> EngineResult<()> {
-        let _ = (container, uid, gid);
-        Err(EngineError::Docker {
-            operation: "prepare workspace".into(),
-            message: "not supported by this engine".into(),
-        })
-    }
+    async fn prepare_workspace(&self, container: &str, uid: u32, gid: u32) -> EngineResult<()>;
 
     /// Renames a container, given by ID or name (how a warm-pool container is handed to its
     /// sandbox). [`EngineError::Conflict`] if the new name is taken, [`EngineError::NotFound`]
-    /// if there is no such container.
-    async fn rename_container(&self, id: &str, new_name: &str) -> EngineResult<()> {
-        let _ = (id, new_name);
-        Err(EngineError::Docker {
-            operation: "rename container".into(),
-            message: "not supported by this engine".into(),
-        })
-    }
+    /// if there is no such container. Pools and rollbacks depend on it.
+    async fn rename_container(&self, id: &str, new_name: &str) -> EngineResult<()>;
 }
 
 /// File name of the helper binary at the root of the helper volume.

@@ -18,25 +18,25 @@ use super::common::live_sandbox;
 use super::lax::{Bound, Fields};
 use super::request::json_object;
 use super::rules::check_env;
-use super::wire::{ndjson_line, py_number};
+use super::wire::{self, ndjson_line, py_number};
 use super::{dataplane_error, path_id, target, valid_path};
 use crate::api::error::ApiError;
 use crate::api::AppState;
-use crate::dataplane::{paths, Command, ExecRequest, ExecResponse, SandboxTarget};
+use crate::dataplane::{Command, ExecRequest, SandboxTarget};
 
 pub async fn exec(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Json<ExecResponse>, ApiError> {
+) -> Result<Json<wire::ExecResponse>, ApiError> {
     let (target, request) = prepare(&state, path, &headers, body).await?;
     let response = state
         .dataplane
         .exec(&target, request)
         .await
         .map_err(dataplane_error)?;
-    Ok(Json(response))
+    Ok(Json(response.into()))
 }
 
 pub async fn exec_stream(
@@ -60,7 +60,8 @@ pub async fn exec_stream(
     Ok(response)
 }
 
-/// Reads and checks an exec request; returns where and what to run, defaults filled in.
+/// Reads and checks an exec request; returns where and what to run (defaults are the data
+/// plane's).
 async fn prepare(
     state: &AppState,
     path: Result<Path<String>, PathRejection>,
@@ -89,18 +90,21 @@ async fn prepare(
         Some(command) => command,
         None => return Err(ApiError::Validation("body.command: Field required".into())),
     };
-    let settings = &state.settings;
-    let timeout = timeout.unwrap_or(settings.default_exec_timeout_seconds);
-    if timeout.is_nan() || timeout <= 0.0 || timeout > settings.max_exec_timeout_seconds {
-        return Err(ApiError::InvalidRequest(format!(
-            "timeout_seconds must be in (0, {}]",
-            py_number(settings.max_exec_timeout_seconds)
-        )));
+    // Only what the client sent is checked here; the data plane applies the defaults (settings
+    // validation keeps the default timeout within the maximum).
+    let max = state.settings.max_exec_timeout_seconds;
+    if let Some(timeout) = timeout {
+        if timeout.is_nan() || timeout <= 0.0 || timeout > max {
+            return Err(ApiError::InvalidRequest(format!(
+                "timeout_seconds must be in (0, {}]",
+                py_number(max)
+            )));
+        }
     }
     check_env(&env)?;
     let workdir = match workdir.filter(|w| !w.is_empty()) {
-        None => paths::WORKSPACE.to_string(),
-        Some(w) => valid_path(&w)?,
+        None => None,
+        Some(w) => Some(valid_path(&w)?),
     };
     let target = target(&sandbox, true)?;
     Ok((
@@ -108,8 +112,8 @@ async fn prepare(
         ExecRequest {
             command,
             env,
-            workdir: Some(workdir),
-            timeout_seconds: Some(timeout),
+            workdir,
+            timeout_seconds: timeout,
         },
     ))
 }

@@ -30,9 +30,7 @@ use serde_json::json;
 use crate::api::error::ApiError;
 use crate::api::openapi::Operation;
 use crate::api::AppState;
-use crate::dataplane::{
-    paths, DataPlaneError, ExecEvent, ExecRequest, ExecResponse, SandboxTarget,
-};
+use crate::dataplane::{paths, DataPlaneError, SandboxTarget};
 use crate::resource::{Sandbox, SandboxPhase};
 
 pub use sandboxes::{SandboxCreate, TimeoutRequest};
@@ -204,8 +202,8 @@ pub fn operations() -> Vec<Operation> {
             "Run a command",
         )
         .path_param("id", SANDBOX_ID)
-        .json_body::<ExecRequest>()
-        .json::<ExecResponse>(200, "The command's output and exit code")
+        .json_body::<wire::ExecRequest>()
+        .json::<wire::ExecResponse>(200, "The command's output and exit code")
         .errors(&[400, 404, 422, 502]),
         op(
             Method::POST,
@@ -217,8 +215,8 @@ pub fn operations() -> Vec<Operation> {
             "One JSON object per line as output arrives; the last line is the `exit` event.",
         )
         .path_param("id", SANDBOX_ID)
-        .json_body::<ExecRequest>()
-        .ndjson::<ExecEvent>(200, "Output events, then exactly one exit event")
+        .json_body::<wire::ExecRequest>()
+        .ndjson::<wire::ExecEvent>(200, "Output events, then exactly one exit event")
         .errors(&[400, 404, 422, 502]),
         op(
             Method::GET,

@@ -3,11 +3,76 @@
 //! Clients parse these strictly (the SDK builds objects with `**json`, so an extra key breaks it),
 //! which is why this module writes them by hand instead of deriving them from the resources.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::dataplane::{ExecEvent, FileInfo as DataPlaneFileInfo, FileType};
+use crate::dataplane::{self, FileInfo as DataPlaneFileInfo, FileType};
+
+/// A command: a string run as `/bin/sh -c`, or an argv list.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(untagged)]
+pub enum Command {
+    Shell(String),
+    Argv(Vec<String>),
+}
+
+/// What to run. Field names are the `/v1` wire names.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    pub command: Command,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub workdir: Option<String>,
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
+}
+
+/// The result of a buffered exec (`/v1` ExecResponse).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+pub struct ExecResponse {
+    pub stdout: String,
+    pub stderr: String,
+    pub exit_code: i64,
+    pub timed_out: bool,
+    pub truncated: bool,
+    pub duration_ms: u64,
+}
+
+// The schema of what `ndjson_line` writes, for the OpenAPI document.
+/// One line of a streamed exec (`/v1` NDJSON events).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ExecEvent {
+    Stdout {
+        data: String,
+    },
+    Stderr {
+        data: String,
+    },
+    Exit {
+        exit_code: i64,
+        timed_out: bool,
+        duration_ms: u64,
+    },
+}
+
+impl From<dataplane::ExecResponse> for ExecResponse {
+    fn from(r: dataplane::ExecResponse) -> ExecResponse {
+        ExecResponse {
+            stdout: r.stdout,
+            stderr: r.stderr,
+            exit_code: r.exit_code,
+            timed_out: r.timed_out,
+            truncated: r.truncated,
+            duration_ms: r.duration_ms,
+        }
+    }
+}
 
 /// A sandbox as `/v1` shows it.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
@@ -166,11 +231,11 @@ pub fn py_number(v: f64) -> String {
 
 /// One line of `/exec/stream`, exactly as Python's `json.dumps` writes it with its defaults
 /// (`", "` and `": "` separators, every non-ASCII character escaped), plus the newline.
-pub fn ndjson_line(event: &ExecEvent) -> String {
+pub fn ndjson_line(event: &dataplane::ExecEvent) -> String {
     let mut out = String::with_capacity(64);
     match event {
-        ExecEvent::Stdout { data } | ExecEvent::Stderr { data } => {
-            let kind = if matches!(event, ExecEvent::Stdout { .. }) {
+        dataplane::ExecEvent::Stdout { data } | dataplane::ExecEvent::Stderr { data } => {
+            let kind = if matches!(event, dataplane::ExecEvent::Stdout { .. }) {
                 "stdout"
             } else {
                 "stderr"
@@ -181,7 +246,7 @@ pub fn ndjson_line(event: &ExecEvent) -> String {
             push_ascii_json_string(&mut out, data);
             out.push('}');
         }
-        ExecEvent::Exit {
+        dataplane::ExecEvent::Exit {
             exit_code,
             timed_out,
             duration_ms,
@@ -224,6 +289,7 @@ fn push_ascii_json_string(out: &mut String, s: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dataplane::ExecEvent;
 
     #[test]
     fn timestamps_drop_a_zero_fraction() {

@@ -173,14 +173,18 @@ async fn take(
     let exported = {
         let _paused_mark = ctl.snapshots.hold_paused(sandbox_name);
         // Armed before pausing: a dropped future must not leave the container frozen.
+        // An engine that cannot freeze a container gets its workspace read while it runs.
+        let capabilities = ctl.engine.capabilities();
+        let freeze = capabilities.pause;
         let mut unpause = PauseGuard {
             engine: Arc::clone(ctl.engine),
-            container: Some(details.id.clone()),
+            container: freeze.then(|| details.id.clone()),
         };
-        if !details.paused {
+        if freeze && !details.paused {
             ctl.engine.pause(&details.id).await?;
         }
-        let host = ctl.settings.host_workspace_access.then_some(&details);
+        let host = (ctl.settings.host_workspace_access && capabilities.host_workspace_access)
+            .then_some(&details);
         let exported = export(
             ctl.engine.as_ref(),
             ctl.settings.max_snapshot_bytes,
@@ -202,7 +206,13 @@ async fn take(
                 Err(error) => Err(error),
             }
         };
-        let (unpaused, exported) = tokio::join!(ctl.engine.unpause(&details.id), synced);
+        let thaw = async {
+            match freeze {
+                true => ctl.engine.unpause(&details.id).await,
+                false => Ok(()),
+            }
+        };
+        let (unpaused, exported) = tokio::join!(thaw, synced);
         if let Err(error) = unpaused {
             // The sandbox reconcile unpauses any container no snapshot holds.
             tracing::warn!(sandbox = sandbox_name, %error, "unpause after snapshot failed");
