@@ -26,6 +26,7 @@ pub mod config;
 pub mod controller;
 pub mod dataplane;
 pub mod docker;
+pub mod gc;
 pub mod helper_binary;
 pub mod helper_protocol;
 pub mod resource;

@@ -89,6 +89,8 @@ pub enum Command {
     Timeout(ops::TimeoutArgs),
     /// Serve the sandbox tools to an MCP client over stdio.
     Mcp(mcp::McpArgs),
+    /// Remove labeled containers and volumes that no running server claims (talks to Docker).
+    Gc(crate::gc::GcArgs),
 }
 
 /// Why a client command failed. The message is printed as `error: <message>`.
@@ -145,6 +147,7 @@ pub fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Gc(args) => crate::gc::run_blocking(args),
         other => run_client(other),
     }
 }
@@ -191,7 +194,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
         Command::Fork(args) => ops::fork(args).await,
         Command::Timeout(args) => ops::timeout(args).await,
         Command::Mcp(args) => mcp::mcp(args).await,
-        Command::Serve(_) | Command::Schemas { .. } | Command::Openapi { .. } => {
+        Command::Serve(_) | Command::Schemas { .. } | Command::Openapi { .. } | Command::Gc(_) => {
             Err(CliError::Usage("not a client command".into()))
         }
     }
