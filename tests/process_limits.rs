@@ -195,3 +195,19 @@ print(\"started\", n)
         still_working(&server, &id, &calm, &before);
     }
 }
+
+#[test]
+fn a_killed_helper_is_restarted_and_the_sandbox_recovers() {
+    let server = Server::start();
+    let id = create_v1(&server, TEST_IMAGE);
+    exec(&server, &id, "echo kept > /workspace/kept", 20);
+    // The command kills the helper that runs it: the answer is lost, not the sandbox.
+    // The shell's parent is its shepherd, whose parent is the helper (field 4 of `stat`).
+    let kill = "read -r _ _ _ helper _ < /proc/$PPID/stat; kill -9 \"$helper\"; sleep 5";
+    let body = json!({"command": kill, "timeout_seconds": 20});
+    let (status, out) = server.request("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&body));
+    assert_eq!(status, 502, "{out}");
+    // The next command gets a new helper, with nobody's help.
+    let out = exec(&server, &id, "cat /workspace/kept", 20);
+    assert_eq!(out["stdout"], "kept\n", "{out}");
+}

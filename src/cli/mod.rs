@@ -90,6 +90,9 @@ pub enum Command {
     /// Serve the sandbox tools to an MCP client over stdio.
     Mcp(mcp::McpArgs),
     /// Remove labeled containers and volumes that no running server claims (talks to Docker).
+    #[command(after_help = "Examples:
+  agent-sandbox gc --dry-run
+  agent-sandbox gc --all-servers --selector io.agent-sandbox.id=demo")]
     Gc(crate::gc::GcArgs),
 }
 
