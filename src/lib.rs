@@ -14,6 +14,8 @@
 //! - [`archive`]: validation of snapshot tars before anything is restored.
 //! - [`api`]: the HTTP server: the resource API, the `/v1` wire contract, health and OpenAPI.
 //! - [`cli`]: the command line (`serve`, kubectl-style client commands, `mcp`).
+//! - [`gc`]: `agent-sandbox gc`, removing labeled objects no running server claims, and the
+//!   heartbeat by which a running server claims its own.
 //! - [`config`]: settings; [`server`]: wiring it all together for `agent-sandbox serve`.
 //!
 //! Data flows one way: the API and folders write the store; the controller reads the store and
