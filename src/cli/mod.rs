@@ -1,7 +1,8 @@
 //! The command line. `serve` runs the server; `gc` (module [`crate::gc`]) removes orphaned Docker
 //! objects; `schemas` and `openapi` regenerate committed contracts; `validate` checks manifests
-//! offline; every other command is a kubectl-style client of a running server over HTTP (`AGENT_SANDBOX_URL`, `AGENT_SANDBOX_API_KEY`), and `mcp` is an
-//! MCP server over stdio backed by that same client.
+//! offline; every other command is a kubectl-style client of a running server over HTTP
+//! (`AGENT_SANDBOX_URL`, `AGENT_SANDBOX_API_KEY`), and `mcp` is an MCP server over stdio backed
+//! by that same client.
 //!
 //! Client commands never touch the data directory or Docker, and never parse YAML themselves:
 //! manifests go through `resource::yaml`. Every failure is one line on stderr and a non-zero exit.
