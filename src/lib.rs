@@ -21,6 +21,8 @@
 //! - [`export`]: the same resources as Kubernetes objects for the kubernetes-sigs/agent-sandbox
 //!   controllers (`agent-sandbox export --to kubernetes`), with what does not carry over.
 //! - [`cli`]: the command line (`serve`, kubectl-style client commands, `mcp`).
+//! - [`gc`]: `agent-sandbox gc`, removing labeled objects no running server claims, and the
+//!   heartbeat by which a running server claims its own.
 //! - [`config`]: settings; [`server`]: wiring it all together for `agent-sandbox serve`;
 //!   [`doctor`]: the start-up checks `agent-sandbox doctor` prints and `serve` logs.
 //!
@@ -36,6 +38,7 @@ pub mod dataplane;
 pub mod docker;
 pub mod doctor;
 pub mod export;
+pub mod gc;
 pub mod helper_binary;
 pub mod resource;
 pub mod server;

@@ -87,11 +87,20 @@ pub async fn run(
     let keys =
         api::auth::load_or_create_keys(&settings).map_err(|e| StartError::Auth(e.to_string()))?;
 
+    let server_id = store.server_id()?;
+    // Claim this identity's objects before making any (see `gc`).
+    if let Err(e) = crate::gc::beat(engine.as_ref(), &server_id).await {
+        tracing::warn!("cannot write the server's heartbeat: {e}");
+    }
+    let _heartbeat = AbortOnDrop(tokio::spawn(crate::gc::keep_beating(
+        Arc::clone(&engine),
+        server_id.clone(),
+    )));
     let controller = Controller::new(
         Arc::clone(&store),
         Arc::clone(&engine),
         Arc::clone(&settings),
-        store.server_id()?,
+        server_id,
         crate::helper_binary::helper_binary(),
     );
     let _watchers = AbortOnDrop(store.spawn_watchers());

@@ -526,6 +526,84 @@ async fn a_stale_resource_version_is_a_conflict() {
     assert_error(&body, "conflict");
 }
 
+#[tokio::test]
+async fn changing_an_immutable_field_is_422_naming_it() {
+    let api = start().await;
+    let put = |plural: &'static str, name: &'static str, body: Value| {
+        let request = api
+            .request(Method::PUT, &format!("{API}/{plural}/{name}"))
+            .json(&body);
+        async { api.send(request).await }
+    };
+    let snapshot = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Snapshot",
+        "metadata": {"name": "snap"}, "spec": {"sandbox": "a"}});
+    let (status, created) = api.post_json("snapshots", snapshot).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+
+    let mut changed = created.clone();
+    changed["spec"]["sandbox"] = json!("b");
+    let (status, _, body) = put("snapshots", "snap", changed.clone()).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_error(&body, "validation_error");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("spec.sandbox: field is immutable"),
+        "{message}"
+    );
+    // A dry run is refused the same way.
+    let request = api
+        .request(Method::PUT, &format!("{API}/snapshots/snap?dryRun=All"))
+        .json(&changed);
+    let (status, _, _) = api.send(request).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    // Every field of a snapshot's spec is immutable; labels are not.
+    let mut changed = created.clone();
+    changed["spec"]["displayName"] = json!("renamed");
+    let (status, _, body) = put("snapshots", "snap", changed).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("spec.displayName: field is immutable"));
+    let mut labelled = created.clone();
+    labelled["metadata"]["labels"] = json!({"keep": "yes"});
+    let (status, _, body) = put("snapshots", "snap", labelled).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let stored = api.store.get(Kind::Snapshot, "snap").unwrap();
+    assert_eq!(stored.resource.as_snapshot().unwrap().spec.sandbox, "a");
+    assert_eq!(
+        stored.resource.as_snapshot().unwrap().spec.display_name,
+        None
+    );
+
+    // A sandbox's source is immutable, its other fields are not.
+    let mut forked = sandbox("forked");
+    forked["spec"]["source"] = json!({"snapshot": "snap"});
+    let (status, created) = api.post_json("sandboxes", forked).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    for source in [json!({"snapshot": "other"}), Value::Null] {
+        let mut changed = created.clone();
+        changed["spec"]["source"] = source;
+        let (status, _, body) = put("sandboxes", "forked", changed).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert!(body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.source: field is immutable"));
+    }
+    let mut changed = created.clone();
+    changed["spec"]["cpus"] = json!(2.0);
+    let (status, _, body) = put("sandboxes", "forked", changed).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["spec"]["source"]["snapshot"], "snap");
+    // Adding a source to a sandbox made without one is a change too.
+    let (_, plain) = api.post_json("sandboxes", sandbox("plain")).await;
+    let mut changed = plain.clone();
+    changed["spec"]["source"] = json!({"snapshot": "snap"});
+    let (status, _, _) = put("sandboxes", "plain", changed).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+}
+
 const FOLDER_SANDBOX: &str = "\
 apiVersion: agent-sandbox.io/v1
 kind: Sandbox

@@ -220,7 +220,7 @@ fn apply_get_diff_and_delete_a_folder() {
         &dir.path().join("1.yaml"),
         &sandbox_doc(
             &a,
-            "  cpus: 2\n  readOnlyRootfs: false\n  env: {MODE: test}\n  source: {snapshot: snap_0000000000000000}\n",
+            "  cpus: 2\n  readOnlyRootfs: false\n  env: {MODE: test}\n",
         ),
     );
     let d = cli(&server, &["diff", "-f", folder]);
@@ -250,12 +250,22 @@ fn apply_get_diff_and_delete_a_folder() {
         rootfs_line.contains("replaces the container"),
         "{rootfs_line}"
     );
-    let source_line = d
-        .stdout
-        .lines()
-        .find(|l| l.contains("spec.source.snapshot"))
-        .unwrap();
-    assert!(source_line.contains("immutable"), "{source_line}");
+    // A change of an immutable field would be refused: diff says so and exits 2.
+    write(
+        &dir.path().join("1.yaml"),
+        &sandbox_doc(
+            &a,
+            "  cpus: 2\n  source: {snapshot: snap_0000000000000000}\n",
+        ),
+    );
+    let d = cli(&server, &["diff", "-f", folder]);
+    assert_eq!(d.code, 2, "{}", d.stdout);
+    assert!(
+        d.stderr.contains("spec.source: field is immutable"),
+        "{}",
+        d.stderr
+    );
+    write(&dir.path().join("1.yaml"), &sandbox_doc(&a, "  cpus: 2\n"));
 
     // A document the server would refuse is an error: exit 2, with the file and line.
     let bad = dir.path().join("bad/bad.yaml");

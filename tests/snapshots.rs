@@ -320,7 +320,7 @@ fn snapshot_rollback_and_fork_restore_the_workspace_faithfully() {
 }
 
 #[test]
-fn a_sandbox_started_from_a_source_gets_the_snapshot_and_ignores_later_source_changes() {
+fn a_sandbox_started_from_a_source_gets_the_snapshot_and_refuses_later_source_changes() {
     let server = Server::start();
     let (origin, copy) = (unique("orig"), unique("copy"));
     sandbox(&server, &origin, json!({}));
@@ -343,23 +343,23 @@ fn a_sandbox_started_from_a_source_gets_the_snapshot_and_ignores_later_source_ch
     assert_eq!(listing(&copy), before);
     exec(&copy, "echo mine > /workspace/mine");
 
-    // A changed source is reported, and the workspace is not rebuilt.
-    replace(
-        &server,
-        "sandboxes",
-        "Sandbox",
-        &copy,
-        json!({"image": TEST_IMAGE, "source": {"snapshot": other}}),
+    // A changed source is refused (the field is immutable), and the workspace is not rebuilt.
+    let body = json!({
+        "apiVersion": "agent-sandbox.io/v1",
+        "kind": "Sandbox",
+        "metadata": {"name": copy},
+        "spec": {"image": TEST_IMAGE, "source": {"snapshot": other}},
+    });
+    let (status, answer) = server.request("PUT", &format!("{API}/sandboxes/{copy}"), Some(&body));
+    assert_eq!(status, 422, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("spec.source: field is immutable"),
+        "{answer}"
     );
-    let reported = server
-        .wait_for(
-            "sandboxes",
-            &copy,
-            "reporting the ignored change",
-            LONG,
-            |r| r.is_some_and(|r| condition(r, "SourceApplied")["reason"] == "Immutable"),
-        )
-        .unwrap();
+    let reported = server.wait_running(&copy);
     assert_eq!(reported["status"]["sourceSnapshot"], snap.as_str());
     assert_eq!(exec(&copy, "cat /workspace/mine"), "mine\n");
     assert_ne!(docker_exec(&copy, "test -e /workspace/other").0, 0);

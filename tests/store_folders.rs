@@ -233,3 +233,82 @@ async fn the_data_directory_is_watched_and_api_writes_echo_nothing() {
     assert_eq!(w.next_for("handmade").await.event_type, EventType::Added);
     assert!(Path::new(&loose).exists());
 }
+
+fn snapshot_doc(name: &str, sandbox: &str) -> String {
+    format!(
+        "apiVersion: agent-sandbox.io/v1\nkind: Snapshot\nmetadata:\n  name: {name}\nspec:\n  sandbox: {sandbox}\n"
+    )
+}
+
+fn snapshot_of(store: &Store, name: &str) -> Option<String> {
+    let entry = store.get(Kind::Snapshot, name)?;
+    Some(entry.resource.as_snapshot()?.spec.sandbox.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_edit_of_an_immutable_field_is_a_document_error_and_changes_nothing() {
+    let mut w = watched().await;
+    let file = w.folder.join("snapshots.yaml");
+    let sandbox = format!("{}  source:\n    snapshot: base\n", doc("forked", "one"));
+    std::fs::write(
+        &file,
+        format!("{}---\n{sandbox}", snapshot_doc("snap", "a")),
+    )
+    .unwrap();
+    w.until("both declared", |s| {
+        s.get(Kind::Snapshot, "snap").is_some() && s.get(Kind::Sandbox, "forked").is_some()
+    })
+    .await;
+    let version = w
+        .store
+        .get(Kind::Snapshot, "snap")
+        .unwrap()
+        .resource
+        .metadata()
+        .resource_version
+        .clone();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while w.events.try_recv().is_ok() {}
+
+    // Change the snapshot's sandbox and the sandbox's source (and its image, which alone would
+    // be fine): both documents are refused as a whole.
+    let sandbox = format!("{}  source:\n    snapshot: other\n", doc("forked", "two"));
+    std::fs::write(
+        &file,
+        format!("{}---\n{sandbox}", snapshot_doc("snap", "b")),
+    )
+    .unwrap();
+    w.until("both errors reported", |s| s.document_errors().len() == 2)
+        .await;
+    let errors = w.store.errors_for(Kind::Snapshot, "snap");
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].file.as_deref(), Some(file.as_path()));
+    assert_eq!(errors[0].line, Some(1), "{errors:?}");
+    assert_eq!(errors[0].field.as_deref(), Some("spec.sandbox"));
+    assert!(
+        errors[0]
+            .to_string()
+            .contains("spec.sandbox: field is immutable"),
+        "{}",
+        errors[0]
+    );
+    let errors = w.store.errors_for(Kind::Sandbox, "forked");
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].field.as_deref(), Some("spec.source"));
+    assert_eq!(snapshot_of(&w.store, "snap").as_deref(), Some("a"));
+    assert_eq!(w.image("forked").as_deref(), Some("one"));
+    let now = w.store.get(Kind::Snapshot, "snap").unwrap();
+    assert_eq!(now.resource.metadata().resource_version, version);
+    w.assert_quiet().await;
+
+    // Undo the snapshot's edit and keep the sandbox's mutable change only: applied, errors gone.
+    let sandbox = format!("{}  source:\n    snapshot: base\n", doc("forked", "two"));
+    std::fs::write(
+        &file,
+        format!("{}---\n{sandbox}", snapshot_doc("snap", "a")),
+    )
+    .unwrap();
+    let forked = w.next_for("forked").await;
+    assert_eq!(image_of(&forked.resource), Some("two"));
+    assert!(w.store.document_errors().is_empty());
+}

@@ -121,6 +121,7 @@ impl From<crate::store::StoreError> for ApiError {
             }
             S::ReadOnly { .. } => ApiError::Forbidden(e.to_string()),
             S::Invalid(message) => ApiError::InvalidRequest(message),
+            S::Immutable { .. } => ApiError::Validation(e.to_string()),
             // The path is the server's business; the log has it, the client gets the cause.
             S::Io {
                 ref path,

@@ -171,7 +171,7 @@ fn classify(
         "Sandbox" => classify_sandbox(leaf, server, wanted),
         "Snapshot" => (
             Impact::Ignored,
-            Some("immutable: a snapshot is taken once; the server ignores spec changes".into()),
+            Some("immutable: a snapshot is taken once; the server refuses spec changes".into()),
         ),
         "Fork" => classify_fork(leaf, from, to),
         "SandboxPool" if leaf != "size" => (
@@ -197,7 +197,7 @@ fn classify_sandbox(leaf: &str, server: &Value, wanted: &AnyResource) -> (Impact
             Impact::Ignored,
             Some(
                 "immutable: the server keeps the workspace this sandbox was built from and \
-                 ignores the change (use a rollback to replace the workspace)"
+                 refuses the change (use a rollback to replace the workspace)"
                     .into(),
             ),
         ),

@@ -1,7 +1,8 @@
-//! The command line. `serve` runs the server; `schemas` and `openapi` regenerate committed
-//! contracts; `validate` checks manifests offline; `export` translates them for Kubernetes; every other command is a kubectl-style client
-//! of a running server over HTTP (`AGENT_SANDBOX_URL`, `AGENT_SANDBOX_API_KEY`), and `mcp` is an
-//! MCP server over stdio backed by that same client.
+//! The command line. `serve` runs the server; `doctor` checks the machine first; `gc` (module
+//! [`crate::gc`]) removes orphaned Docker objects; `schemas` and `openapi` regenerate committed
+//! contracts; `validate` checks manifests offline; `export` translates them for Kubernetes; every
+//! other command is a kubectl-style client of a running server over HTTP (`AGENT_SANDBOX_URL`,
+//! `AGENT_SANDBOX_API_KEY`), and `mcp` is an MCP server over stdio backed by that same client.
 //!
 //! Client commands never touch the data directory or Docker, and never parse YAML themselves:
 //! manifests go through `resource::yaml`. Every failure is one line on stderr and a non-zero exit.
@@ -99,6 +100,11 @@ pub enum Command {
     Timeout(ops::TimeoutArgs),
     /// Serve the sandbox tools to an MCP client over stdio.
     Mcp(mcp::McpArgs),
+    /// Remove labeled containers and volumes that no running server claims (talks to Docker).
+    #[command(after_help = "Examples:
+  agent-sandbox gc --dry-run
+  agent-sandbox gc --all-servers --selector io.agent-sandbox.id=demo")]
+    Gc(crate::gc::GcArgs),
 }
 
 /// Why a client command failed. The message is printed as `error: <message>`.
@@ -156,6 +162,7 @@ pub fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Gc(args) => crate::gc::run_blocking(args),
         other => run_client(other),
     }
 }
@@ -242,6 +249,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
         Command::Mcp(args) => mcp::mcp(args).await,
         Command::Serve(_)
         | Command::Doctor(_)
+        | Command::Gc(_)
         | Command::Schemas { .. }
         | Command::Openapi { .. } => Err(CliError::Usage("not a client command".into())),
     }

@@ -323,7 +323,13 @@ async fn update_child(
         .write(move |store| {
             store.update(Kind::Sandbox, &name, |resource| {
                 if let AnyResource::Sandbox(sandbox) = resource {
-                    sandbox.spec = spec.clone();
+                    // A child's source is immutable: after a change of the fork's snapshot,
+                    // existing children keep the workspace they were built from.
+                    let source = sandbox.spec.source.take();
+                    sandbox.spec = SandboxSpec {
+                        source,
+                        ..spec.clone()
+                    };
                 }
                 Ok(())
             })

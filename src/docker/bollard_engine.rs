@@ -243,6 +243,46 @@ impl Engine for BollardEngine {
         }
     }
 
+    async fn create_marker_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> EngineResult<()> {
+        let request = bollard::models::VolumeCreateRequest {
+            name: Some(name.to_string()),
+            labels: Some(labels.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        self.docker
+            .create_volume(request)
+            .await
+            .map(drop)
+            .map_err(map_err("create", &format!("volume {name}")))
+    }
+
+    async fn list_volumes_with_label(&self, key: &str) -> EngineResult<Vec<ManagedVolume>> {
+        let options = ListVolumesOptions {
+            filters: Some(HashMap::from([(
+                "label".to_string(),
+                vec![key.to_string()],
+            )])),
+        };
+        let response = self
+            .docker
+            .list_volumes(Some(options))
+            .await
+            .map_err(map_err("list", "volumes"))?;
+        Ok(response
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| ManagedVolume {
+                name: v.name,
+                labels: v.labels.into_iter().collect(),
+            })
+            .collect())
+    }
+
     async fn create_container(&self, plan: &ContainerPlan) -> EngineResult<String> {
         let name = plan.docker_name();
         // Only runc brings up `lo` in the fresh network namespace of a container with networking

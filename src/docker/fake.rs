@@ -331,6 +331,32 @@ impl Engine for FakeEngine {
             .collect())
     }
 
+    async fn create_marker_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> EngineResult<()> {
+        let mut state = self.enter("create_marker_volume", name)?;
+        state
+            .volumes
+            .entry(name.to_string())
+            .or_insert_with(|| labels.clone());
+        Ok(())
+    }
+
+    async fn list_volumes_with_label(&self, key: &str) -> EngineResult<Vec<ManagedVolume>> {
+        let state = self.enter("list_volumes_with_label", key)?;
+        Ok(state
+            .volumes
+            .iter()
+            .filter(|(_, labels)| labels.contains_key(key))
+            .map(|(name, labels)| ManagedVolume {
+                name: name.clone(),
+                labels: labels.clone(),
+            })
+            .collect())
+    }
+
     async fn remove_volume(&self, name: &str) -> EngineResult<()> {
         let mut state = self.enter("remove_volume", name)?;
         let in_use = state.containers.values().any(|c| {

@@ -292,6 +292,14 @@ pub trait Engine: Send + Sync + 'static {
     async fn list_volumes(&self) -> EngineResult<Vec<ManagedVolume>>;
     /// Removes the volume; a missing volume is not an error.
     async fn remove_volume(&self, name: &str) -> EngineResult<()>;
+    /// Creates a volume nothing mounts, as a marker carrying `labels`; an existing one is kept.
+    async fn create_marker_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> EngineResult<()>;
+    /// Every volume carrying the label `key`, whatever its value and whether managed or not.
+    async fn list_volumes_with_label(&self, key: &str) -> EngineResult<Vec<ManagedVolume>>;
     /// Creates (does not start) the hardened container of `plan`; returns its ID. Its workspace
     /// volume is created with it, labeled for `plan.sandbox`, if it does not exist yet.
     async fn create_container(&self, plan: &ContainerPlan) -> EngineResult<String>;

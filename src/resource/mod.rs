@@ -252,6 +252,21 @@ impl AnyResource {
             && self.metadata().annotations == other.metadata().annotations
     }
 
+    /// The immutable fields that `new`, a later declaration of the same resource, changes, as
+    /// paths (`spec.sandbox`); each kind's spec type holds its rule. Empty for kinds without
+    /// immutable fields and for documents of another kind.
+    pub fn immutable_changes(&self, new: &AnyResource) -> Vec<&'static str> {
+        match (self, new) {
+            (AnyResource::Sandbox(old), AnyResource::Sandbox(new)) => {
+                old.spec.immutable_changes(&new.spec)
+            }
+            (AnyResource::Snapshot(old), AnyResource::Snapshot(new)) => {
+                old.spec.immutable_changes(&new.spec)
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// Only what a person declares: envelope, name, labels, annotations and spec. This is what
     /// manifest files hold.
     pub fn declaration(&self) -> AnyResource {

@@ -205,6 +205,19 @@ impl SandboxSpec {
     }
 }
 
+impl SandboxSpec {
+    /// The immutable fields `new` changes, as paths: only `spec.source` (a workspace is built from
+    /// a snapshot once; a rollback replaces it). Updates through the API and folder edits are
+    /// refused when this is not empty.
+    pub fn immutable_changes(&self, new: &SandboxSpec) -> Vec<&'static str> {
+        if self.source != new.source {
+            vec!["spec.source"]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
 impl EffectiveSandbox {
     /// The part that shapes the container and cannot change in place: a different hash means a new
     /// container (the workspace volume is kept). Limits are left out: they are updated live. So
@@ -257,6 +270,23 @@ mod tests {
                 .effective(&defaults())
                 .container_hash()
         );
+    }
+
+    #[test]
+    fn only_the_source_is_immutable() {
+        let old = SandboxSpec {
+            source: Some(SandboxSource {
+                snapshot: "s1".into(),
+            }),
+            ..SandboxSpec::default()
+        };
+        let mut new = old.clone();
+        new.cpus = Some(2.0);
+        new.image = Some("other".into());
+        assert!(old.immutable_changes(&new).is_empty());
+        new.source = None;
+        assert_eq!(old.immutable_changes(&new), ["spec.source"]);
+        assert_eq!(new.immutable_changes(&old), ["spec.source"]);
     }
 
     #[test]

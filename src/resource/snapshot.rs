@@ -19,6 +19,21 @@ pub struct SnapshotSpec {
     pub display_name: Option<String>,
 }
 
+impl SnapshotSpec {
+    /// The fields `new` changes, as paths: every field of a snapshot's spec is immutable (it is
+    /// taken once). Updates through the API and folder edits are refused when this is not empty.
+    pub fn immutable_changes(&self, new: &SnapshotSpec) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        if self.sandbox != new.sandbox {
+            changed.push("spec.sandbox");
+        }
+        if self.display_name != new.display_name {
+            changed.push("spec.displayName");
+        }
+        changed
+    }
+}
+
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SnapshotPhase {
     #[default]
@@ -50,4 +65,26 @@ pub struct SnapshotStatus {
     pub ready_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spec_field_is_immutable() {
+        let old = SnapshotSpec {
+            sandbox: "a".into(),
+            display_name: None,
+        };
+        assert!(old.immutable_changes(&old.clone()).is_empty());
+        let mut new = old.clone();
+        new.sandbox = "b".into();
+        assert_eq!(old.immutable_changes(&new), ["spec.sandbox"]);
+        new.display_name = Some("x".into());
+        assert_eq!(
+            old.immutable_changes(&new),
+            ["spec.sandbox", "spec.displayName"]
+        );
+    }
 }

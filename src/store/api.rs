@@ -313,6 +313,14 @@ pub(super) fn replace(
     if record.resource.same_declaration(&declaration) {
         return Ok(record.resource);
     }
+    let fields = record.resource.immutable_changes(&declaration);
+    if !fields.is_empty() {
+        return Err(StoreError::Immutable {
+            kind: key.0,
+            name: key.1,
+            fields,
+        });
+    }
     let last_rv = inner.last_rv;
     let updated = index::redeclared(&mut inner, &record.resource, &declaration);
     if opts.dry_run {

@@ -145,6 +145,25 @@ fn clash(loser: &Declared, owner_file: Option<&PathBuf>, deleting: bool) -> Docu
     }
 }
 
+/// A folder document that changes immutable fields of the resource it declares.
+fn immutable(declared: &Declared, fields: Vec<&'static str>) -> DocumentError {
+    let (kind, name) = declared.key();
+    DocumentError {
+        file: Some(declared.file.clone()),
+        line: Some(declared.line),
+        // `Display` puts the field before the message: `…: spec.sandbox: field is immutable`.
+        field: (fields.len() == 1).then(|| fields[0].to_string()),
+        message: format!(
+            "{}; the change is not applied (delete and recreate the {kind} to change it)",
+            match fields.as_slice() {
+                [_] => "field is immutable".to_string(),
+                _ => super::immutable_message(&fields),
+            }
+        ),
+        identity: Some((kind, name)),
+    }
+}
+
 impl Store {
     /// Brings the index in line with what the sources declare: creates, updates and prunes
     /// resources, recomputes name clashes, and logs errors not logged before.
@@ -212,7 +231,11 @@ impl Store {
             Some(i) => {
                 let declared = &candidates[i].1;
                 let moved = record.file.as_ref() != Some(&declared.file);
-                if !deleting && !record.resource.same_declaration(&declared.resource) {
+                let fields = record.resource.immutable_changes(&declared.resource);
+                if !deleting && !fields.is_empty() {
+                    // The last good version stays; the document says why it is not applied.
+                    clashes.push(immutable(declared, fields));
+                } else if !deleting && !record.resource.same_declaration(&declared.resource) {
                     let resource = redeclared(inner, &record.resource, &declared.resource);
                     let mut updated = record;
                     updated.resource = resource;

@@ -111,6 +111,13 @@ pub enum StoreError {
     Terminating { kind: Kind, name: String },
     #[error("{0}")]
     Invalid(String),
+    /// An update changes fields that are fixed once the resource exists (Kubernetes' wording).
+    #[error("{kind} {name:?} is invalid: {}", immutable_message(fields))]
+    Immutable {
+        kind: Kind,
+        name: String,
+        fields: Vec<&'static str>,
+    },
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -124,6 +131,15 @@ pub enum StoreError {
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+/// `spec.sandbox: field is immutable`, one clause per field.
+pub fn immutable_message(fields: &[&str]) -> String {
+    fields
+        .iter()
+        .map(|f| format!("{f}: field is immutable"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
 
 /// Options of a write through the API.
 #[derive(Clone, Copy, Debug, Default)]

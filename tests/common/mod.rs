@@ -276,6 +276,11 @@ impl Drop for Server {
             for v in docker(&["volume", "ls", "-q", "--filter", &filter]).split_whitespace() {
                 let _ = docker_status(&["volume", "rm", "-f", v]);
             }
+            // Its heartbeat (see `gc`).
+            let filter = format!("label=io.agent-sandbox.heartbeat={}", id.trim());
+            for v in docker(&["volume", "ls", "-q", "--filter", &filter]).split_whitespace() {
+                let _ = docker_status(&["volume", "rm", "-f", v]);
+            }
         }
         for name in &names {
             let _ = docker_status(&[

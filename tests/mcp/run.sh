@@ -91,6 +91,11 @@ cleanup() {
         if grep -qxF -- "$id" <<<"$ids"; then docker volume rm -f "$name" >/dev/null || true; fi
       done
   fi
+  # The server's heartbeat (see `agent-sandbox gc`), by its identity.
+  if [ -s "$work/data/server-id" ]; then
+    docker volume ls -q --filter "label=io.agent-sandbox.heartbeat=$(cat "$work/data/server-id")" |
+      xargs -r docker volume rm -f >/dev/null 2>&1 || true
+  fi
   mkdir -p "$TARGET_DIR"
   cp "$server_log" "$TARGET_DIR/mcp-server.log" 2>/dev/null || true
   rm -rf "$work"

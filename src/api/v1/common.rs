@@ -86,6 +86,7 @@ pub fn store_error(err: StoreError) -> ApiError {
             ApiError::Conflict(err.to_string())
         }
         StoreError::Invalid(message) => ApiError::InvalidRequest(message),
+        StoreError::Immutable { .. } => ApiError::Validation(err.to_string()),
         StoreError::Io { .. } | StoreError::Interrupted(_) => ApiError::Internal(err.to_string()),
     }
 }

@@ -5,7 +5,9 @@
 
 use std::collections::HashMap;
 
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions};
+use bollard::models::{
+    ContainerCreateBody, HostConfig, Mount, MountType, MountVolumeOptions, ResourcesUlimits,
+};
 
 use crate::docker::{
     ContainerPlan, EngineError, EngineResult, HELPER_BINARY, HELPER_MOUNT, LABEL_ID, LABEL_MANAGED,
@@ -16,6 +18,12 @@ use crate::docker::{
 /// threads, which grow with concurrent activity (about 30 per running command was measured), not
 /// with the sandbox's processes.
 pub const RUNSC_PIDS_HEADROOM: u64 = 1024;
+/// Under runsc the declared pids limit becomes the sandbox user's `RLIMIT_NPROC` (soft and hard),
+/// which gVisor's kernel counts per sandbox: the pids cgroup there counts gVisor's host threads,
+/// not the sandbox's processes, so without it nothing would refuse a process beyond the limit and
+/// a process storm would spend the headroom and take the whole sandbox down. Never under runc,
+/// where the host kernel counts a uid's processes across every container on the host.
+pub const RUNSC_NPROC_ULIMIT: &str = "nproc";
 /// Where the workspace volume is mounted; also the sandbox user's home and working directory.
 pub const WORKSPACE: &str = "/workspace";
 /// Hostname every sandbox sees.
@@ -71,6 +79,14 @@ pub fn create_body(
     };
     let pids = i64::try_from(plan.pids_limit.saturating_add(headroom))
         .map_err(|_| invalid(format!("pids limit {} is out of range", plan.pids_limit)))?;
+    let nproc = pids - i64::try_from(headroom).unwrap_or(0);
+    let ulimits = (headroom > 0).then(|| {
+        vec![ResourcesUlimits {
+            name: Some(RUNSC_NPROC_ULIMIT.into()),
+            soft: Some(nproc),
+            hard: Some(nproc),
+        }]
+    });
     let nano_cpus = nano_cpus(plan.cpus).ok_or_else(|| invalid(format!("cpus {}", plan.cpus)))?;
 
     let labels = HashMap::from([
@@ -130,6 +146,7 @@ pub fn create_body(
         memory_swap: Some(memory),
         nano_cpus: Some(nano_cpus),
         pids_limit: Some(pids),
+        ulimits,
         ipc_mode: Some("private".into()),
         init: Some(true),
         runtime: plan.runtime.clone(),
@@ -243,6 +260,8 @@ mod tests {
         assert_eq!(hc.memory_swap, hc.memory);
         assert_eq!(hc.nano_cpus, Some(1_500_000_000));
         assert_eq!(hc.pids_limit, Some(64));
+        // Under runc the host kernel would count the uid across containers: no nproc limit.
+        assert_eq!(hc.ulimits, None);
         assert_eq!(hc.ipc_mode.as_deref(), Some("private"));
         assert_eq!(hc.init, Some(true));
         assert_eq!(hc.devices, Some(vec![]));
@@ -279,6 +298,18 @@ mod tests {
         assert_eq!(labels.get(LABEL_MANAGED).map(String::as_str), Some("true"));
         assert_eq!(labels.get(LABEL_ID).map(String::as_str), Some("demo"));
         assert_eq!(labels.get(LABEL_SERVER).map(String::as_str), Some("s-1"));
+    }
+
+    #[test]
+    fn under_runsc_the_pids_limit_is_the_sandbox_users_nproc_limit() {
+        let mut p = plan();
+        p.runtime = Some("runsc".into());
+        let hc = create_body(&p, None).unwrap().host_config.unwrap();
+        assert_eq!(hc.pids_limit, Some(64 + RUNSC_PIDS_HEADROOM as i64));
+        let ulimits = hc.ulimits.unwrap();
+        assert_eq!(ulimits.len(), 1);
+        assert_eq!(ulimits[0].name.as_deref(), Some("nproc"));
+        assert_eq!((ulimits[0].soft, ulimits[0].hard), (Some(64), Some(64)));
     }
 
     #[test]
