@@ -248,35 +248,23 @@ fn report(
     }
 }
 
-/// The `gc` command's entry point.
-pub fn run_blocking(args: GcArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
+/// The `gc` command: connects to the daemon, collects, and says how it went in the exit code.
+pub async fn command(args: GcArgs) -> ExitCode {
+    let engine = match crate::docker::BollardEngine::connect().await {
+        Ok(engine) => engine,
         Err(e) => {
-            eprintln!("error: cannot start: {e}");
+            eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async {
-        let engine = match crate::docker::BollardEngine::connect().await {
-            Ok(engine) => engine,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        match run(&engine, &args).await {
-            Ok(0) => ExitCode::SUCCESS,
-            Ok(_) => ExitCode::FAILURE,
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
+    match run(&engine, &args).await {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
         }
-    })
+    }
 }
 
 #[cfg(test)]

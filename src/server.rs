@@ -123,7 +123,11 @@ pub async fn run(
         })?;
     let bound = listener.local_addr().unwrap_or(address);
     tracing::info!(address = %bound, data_dir = %settings.data_dir.display(), "agent-sandbox listening");
-    crate::cli::emit(&format!("{}\n", ready_line(&settings, bound)));
+    {
+        use std::io::Write;
+        // On stdout, apart from the log on stderr; a closed stdout must not stop the server.
+        let _ = writeln!(std::io::stdout(), "{}", ready_line(&settings, bound));
+    }
     let _checks = AbortOnDrop(tokio::spawn(log_start_checks(Arc::clone(&settings))));
     api::http::serve(listener, api::router(state), shutdown).await;
     tracing::info!("shut down");

@@ -10,18 +10,10 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{http, test_runtime, TEST_IMAGE};
+use common::{free_port, http, test_runtime, TEST_IMAGE};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-sandbox");
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// The binary with a clean environment: only what a newcomer's shell would pass, plus `env`.
 fn agent_sandbox(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {

@@ -162,7 +162,7 @@ pub fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Gc(args) => crate::gc::run_blocking(args),
+        Command::Gc(args) => block_on(1, crate::gc::command(args)),
         other => run_client(other),
     }
 }
@@ -173,34 +173,37 @@ fn doctor(settings: Settings) -> ExitCode {
         emit_err(&format!("FAIL  settings   {e}"));
         return ExitCode::FAILURE;
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    block_on(1, async {
+        let findings = crate::doctor::run(&settings, crate::doctor::Occasion::Doctor).await;
+        let failed = findings
+            .iter()
+            .filter(|f| f.verdict == crate::doctor::Verdict::Fail)
+            .count();
+        let mut text: String = findings.iter().map(|f| format!("{f}\n")).collect();
+        text.push_str(&match failed {
+            0 => "no check failed\n".to_string(),
+            n => format!("{n} check(s) failed\n"),
+        });
+        emit(&text);
+        if failed == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    })
+}
+
+/// Runs `future` on a single-threaded runtime; `error_exit` if the runtime cannot start.
+fn block_on(error_exit: u8, future: impl std::future::Future<Output = ExitCode>) -> ExitCode {
+    match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
-        Ok(runtime) => runtime,
+        Ok(runtime) => runtime.block_on(future),
         Err(e) => {
             emit_err(&format!("error: cannot start: {e}"));
-            return ExitCode::FAILURE;
+            ExitCode::from(error_exit)
         }
-    };
-    let findings = runtime.block_on(crate::doctor::run(
-        &settings,
-        crate::doctor::Occasion::Doctor,
-    ));
-    let failed = findings
-        .iter()
-        .filter(|f| f.verdict == crate::doctor::Verdict::Fail)
-        .count();
-    let mut text: String = findings.iter().map(|f| format!("{f}\n")).collect();
-    text.push_str(&match failed {
-        0 => "no check failed\n".to_string(),
-        n => format!("{n} check(s) failed\n"),
-    });
-    emit(&text);
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
     }
 }
 
@@ -211,23 +214,15 @@ fn run_client(command: Command) -> ExitCode {
     } else {
         1
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            emit_err(&format!("error: cannot start: {e}"));
-            return ExitCode::from(error_exit);
+    block_on(error_exit, async move {
+        match dispatch(command).await {
+            Ok(code) => code,
+            Err(e) => {
+                emit_err(&format!("error: {e}"));
+                ExitCode::from(error_exit)
+            }
         }
-    };
-    match runtime.block_on(dispatch(command)) {
-        Ok(code) => code,
-        Err(e) => {
-            emit_err(&format!("error: {e}"));
-            ExitCode::from(error_exit)
-        }
-    }
+    })
 }
 
 async fn dispatch(command: Command) -> Result<ExitCode, CliError> {

@@ -90,6 +90,30 @@ impl BollardEngine {
 }
 
 impl BollardEngine {
+    /// Volumes matching Docker's list `filters`, with their labels.
+    async fn volumes_matching(
+        &self,
+        filters: HashMap<String, Vec<String>>,
+    ) -> EngineResult<Vec<ManagedVolume>> {
+        let options = ListVolumesOptions {
+            filters: Some(filters),
+        };
+        let response = self
+            .docker
+            .list_volumes(Some(options))
+            .await
+            .map_err(map_err("list", "volumes"))?;
+        Ok(response
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| ManagedVolume {
+                name: v.name,
+                labels: v.labels.into_iter().collect(),
+            })
+            .collect())
+    }
+
     async fn wait_gone(&self, id: &str) -> EngineResult<()> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while self.inspect_container(id).await?.is_some() {
@@ -212,23 +236,7 @@ impl Engine for BollardEngine {
     }
 
     async fn list_volumes(&self) -> EngineResult<Vec<ManagedVolume>> {
-        let options = ListVolumesOptions {
-            filters: Some(managed_filter()),
-        };
-        let response = self
-            .docker
-            .list_volumes(Some(options))
-            .await
-            .map_err(map_err("list", "volumes"))?;
-        Ok(response
-            .volumes
-            .unwrap_or_default()
-            .into_iter()
-            .map(|v| ManagedVolume {
-                name: v.name,
-                labels: v.labels.into_iter().collect(),
-            })
-            .collect())
+        self.volumes_matching(managed_filter()).await
     }
 
     async fn remove_volume(&self, name: &str) -> EngineResult<()> {
@@ -261,26 +269,11 @@ impl Engine for BollardEngine {
     }
 
     async fn list_volumes_with_label(&self, key: &str) -> EngineResult<Vec<ManagedVolume>> {
-        let options = ListVolumesOptions {
-            filters: Some(HashMap::from([(
-                "label".to_string(),
-                vec![key.to_string()],
-            )])),
-        };
-        let response = self
-            .docker
-            .list_volumes(Some(options))
-            .await
-            .map_err(map_err("list", "volumes"))?;
-        Ok(response
-            .volumes
-            .unwrap_or_default()
-            .into_iter()
-            .map(|v| ManagedVolume {
-                name: v.name,
-                labels: v.labels.into_iter().collect(),
-            })
-            .collect())
+        self.volumes_matching(HashMap::from([(
+            "label".to_string(),
+            vec![key.to_string()],
+        )]))
+        .await
     }
 
     async fn create_container(&self, plan: &ContainerPlan) -> EngineResult<String> {

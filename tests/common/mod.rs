@@ -409,7 +409,7 @@ pub fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) 
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
