@@ -21,6 +21,9 @@ cargo build --all-targets --locked
 step "cargo test (runc)"
 cargo test --locked --no-fail-fast -- --test-threads="${TEST_THREADS:-4}"
 
+step "the in-sandbox helper's own tests"
+cargo test --locked --manifest-path helper/Cargo.toml -- --test-threads="${TEST_THREADS:-4}"
+
 step "Python SDK compatibility suite"
 bash tests/sdk/run.sh
 
