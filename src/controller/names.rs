@@ -23,6 +23,34 @@ pub(super) fn retired_container_name(sandbox: &str) -> String {
     format!("{}.retired", container_name(sandbox))
 }
 
+/// Name a container of a deleted sandbox has from its kill until it is removed in the
+/// background: `container` (one of [`container_names`]) marked with the sandbox's `uid`, so that
+/// the sandbox's names are free at once and a later sandbox of the same name never maps to it.
+pub(super) fn deleted_container_name(container: &str, uid: &str) -> String {
+    format!("{container}.deleted-{}", short_uid(uid))
+}
+
+/// The workspace volume of sandbox `name` of uid `uid` when [`volume_name`] is still held by an
+/// earlier sandbox of that name (whose removal finishes in the background).
+pub(super) fn uid_volume_name(name: &str, uid: &str) -> String {
+    format!("{}-{}", volume_name(name), short_uid(uid))
+}
+
+/// Enough of a `metadata.uid` to tell sandboxes of one name apart, in characters a Docker name
+/// allows.
+fn short_uid(uid: &str) -> String {
+    let short: String = uid
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(12)
+        .collect();
+    if short.is_empty() {
+        "0".into()
+    } else {
+        short
+    }
+}
+
 /// Every Docker name a container of the sandbox can have: its own, while being built, and
 /// while waiting to be removed after a replacement.
 pub(super) fn container_names(sandbox: &str) -> [String; 3] {
@@ -106,5 +134,13 @@ mod tests {
         );
         assert!(is_workspace_of(&attempt_volume_name("a"), "a"));
         assert_eq!(container_names("a").len(), 3);
+        let uid = "0f3c2a9e-1b2c-4d5e-8f90-123456789abc";
+        let deleted = deleted_container_name(&container_name("a"), uid);
+        assert_eq!(deleted, "agent-sandbox-a.deleted-0f3c2a9e1b2c");
+        assert_eq!(staging_of(&deleted), None);
+        assert_ne!(sandbox_of(&deleted), Some("a"));
+        let own = uid_volume_name("a", uid);
+        assert!(is_workspace_of(&own, "a"));
+        assert_ne!(own, volume_name("a"));
     }
 }

@@ -326,6 +326,17 @@ pub trait Engine: Send + Sync + 'static {
             message: "not supported by this engine".into(),
         })
     }
+
+    /// Kills the container's processes (SIGKILL) and returns once it has stopped; the container
+    /// itself stays, to be renamed or removed later. A missing or stopped container is not an
+    /// error.
+    async fn kill_container(&self, id: &str) -> EngineResult<()> {
+        let _ = id;
+        Err(EngineError::Docker {
+            operation: "kill container".into(),
+            message: "not supported by this engine".into(),
+        })
+    }
 }
 
 /// File name of the helper binary at the root of the helper volume.
