@@ -1,7 +1,8 @@
 //! A sandbox's containers as Docker objects: the plan a container is created from (for a
 //! sandbox, or for a warm pool member), the shared helper volume every plan mounts, the swap that
-//! gives a new container the sandbox's name, and the removal of what a sandbox leaves behind (a
-//! replaced container and workspace, stray volumes, everything once it is gone). [`Containers`]
+//! gives a new container the sandbox's name, the choice of a new sandbox's workspace name, and the
+//! removal of what a sandbox leaves behind (a replaced container and workspace, stray volumes,
+//! and, once it is deleted, its killed containers and workspaces on a background task). [`Containers`]
 //! is the part of the controller that knows how to do this; it decides nothing about when.
 
 use std::collections::BTreeMap;

@@ -1,6 +1,7 @@
 //! Every Docker name the controller gives an object: a sandbox's container under each name it can
-//! have (its own, staging while a replacement is built, retired until removed), its workspace
-//! volumes, and a warm pool member's id, container and volume. The reconcilers and garbage
+//! have (its own, staging while a replacement is built, retired until removed, and deleted: killed
+//! and waiting for its removal after the sandbox is gone), its workspace volumes (named for the
+//! sandbox, or for its uid while an earlier sandbox's of the same name is still being removed), and a warm pool member's id, container and volume. The reconcilers and garbage
 //! collection read names only from here, so that what one builds the other recognises. This
 //! module only makes and parses names; it talks to nothing.
 
