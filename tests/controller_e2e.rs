@@ -641,3 +641,146 @@ fn an_idle_resync_makes_no_docker_writes() {
         .collect();
     assert!(ours.is_empty(), "idle resyncs wrote to Docker: {ours:?}");
 }
+
+/// Containers of ours whose Docker name starts with the sandbox's container name and a dot (its
+/// staging, replaced and deleted names), as (name, running).
+fn other_named_containers(name: &str) -> Vec<(String, bool)> {
+    let filter = format!("name=agent-sandbox-{name}.");
+    docker(&["ps", "-aq", "--filter", &filter])
+        .split_whitespace()
+        .filter_map(|id| {
+            let c = inspect(&["--type", "container", id])?;
+            Some((
+                c["Name"].as_str()?.to_string(),
+                c["State"]["Running"].as_bool()?,
+            ))
+        })
+        .collect()
+}
+
+fn workspace_of(sandbox: &Value) -> String {
+    sandbox["status"]["workspaceVolume"]
+        .as_str()
+        .expect("workspace volume")
+        .to_string()
+}
+
+#[test]
+fn delete_answers_once_killed_and_the_name_is_reusable_at_once() {
+    let server = Server::start();
+    let name = unique("fastdel");
+    let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+        "metadata": {"name": name}, "spec": {"image": TEST_IMAGE}});
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    let first = server.wait_running(&name);
+    let old_container = container_id(&name);
+    let old_volume = workspace_of(&first);
+    // Enough files that removing the workspace takes a moment.
+    let (code, _) = docker_exec(
+        &name,
+        "echo secret > /workspace/old && mkdir /workspace/many && cd /workspace/many && \
+         i=0; while [ $i -lt 2000 ]; do echo $i > f$i; i=$((i+1)); done",
+    );
+    assert_eq!(code, 0);
+
+    let (status, body) = server.request("DELETE", &format!("/v1/sandboxes/{name}"), None);
+    assert_eq!(status, 204, "{body}");
+    // At the answer: the document is gone, nothing runs under any of the sandbox's names, and
+    // the sandbox's own container name is free.
+    assert!(server.get("sandboxes", &name).is_none());
+    assert!(container(&name).is_none(), "the name is still taken");
+    let left = other_named_containers(&name);
+    assert!(
+        left.iter().all(|(_, running)| !running),
+        "a container still runs: {left:?}"
+    );
+    let old_state = inspect(&["--type", "container", &old_container]);
+    assert!(
+        old_state.is_none() || old_state.as_ref().unwrap()["State"]["Running"] == false,
+        "the old container still runs"
+    );
+
+    // The same name again, at once: its own container and an empty workspace.
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    let second = server.wait_running(&name);
+    let new_container = container_id(&name);
+    assert_ne!(new_container, old_container);
+    assert_ne!(second["metadata"]["uid"], first["metadata"]["uid"]);
+    let (code, listing) = docker_exec(&name, "ls -A /workspace");
+    assert_eq!(code, 0);
+    assert_eq!(listing, "", "the old workspace shows in the new sandbox");
+    let new_volume = workspace_of(&second);
+    let mounted = container(&name).unwrap()["Mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["Destination"] == "/workspace")
+        .map(|m| m["Name"].as_str().unwrap_or_default().to_string());
+    assert_eq!(mounted.as_deref(), Some(new_volume.as_str()));
+
+    // The background removal leaves exactly the new sandbox's objects.
+    wait_until(
+        "the deleted sandbox's objects are removed",
+        Duration::from_secs(30),
+        || {
+            containers_of(&name).len() == 1
+                && volumes_of(&name) == vec![new_volume.clone()]
+                && other_named_containers(&name).is_empty()
+        },
+    );
+    assert!(inspect(&["--type", "volume", &old_volume]).is_none() || old_volume == new_volume);
+    assert!(inspect(&["--type", "container", &old_container]).is_none());
+
+    // And deleting the second leaves nothing at all.
+    let (status, body) = server.request("DELETE", &format!("/v1/sandboxes/{name}"), None);
+    assert_eq!(status, 204, "{body}");
+    wait_until("everything removed", Duration::from_secs(30), || {
+        containers_of(&name).is_empty()
+            && volumes_of(&name).is_empty()
+            && other_named_containers(&name).is_empty()
+    });
+}
+
+#[test]
+fn kill_9_during_the_background_removal_of_a_deletion_converges_after_restart() {
+    // Garbage collection runs every second, so the restarted server finishes what the killed one
+    // left.
+    let mut server = Server::start_with(&[("AGENT_SANDBOX_RESYNC_SECONDS", "1")]);
+    let name = unique("deldie");
+    let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+        "metadata": {"name": name}, "spec": {"image": TEST_IMAGE}});
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    server.wait_running(&name);
+    let (code, _) = docker_exec(
+        &name,
+        "mkdir /workspace/many && cd /workspace/many && \
+         i=0; while [ $i -lt 3000 ]; do echo $i > f$i; i=$((i+1)); done",
+    );
+    assert_eq!(code, 0);
+    let (status, body) = server.request("DELETE", &format!("/v1/sandboxes/{name}"), None);
+    assert_eq!(status, 204, "{body}");
+    server.kill9();
+    let interrupted = !containers_of(&name).is_empty() || !volumes_of(&name).is_empty();
+    eprintln!("objects left by the killed server: {interrupted}");
+
+    server.restart();
+    wait_until(
+        "the restarted server removes what the deletion left",
+        Duration::from_secs(30),
+        || {
+            containers_of(&name).is_empty()
+                && volumes_of(&name).is_empty()
+                && other_named_containers(&name).is_empty()
+        },
+    );
+    // The name is free and gets a fresh, empty workspace.
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    server.wait_running(&name);
+    let (code, listing) = docker_exec(&name, "ls -A /workspace");
+    assert_eq!(code, 0);
+    assert_eq!(listing, "");
+}

@@ -1,7 +1,8 @@
 //! A sandbox's containers as Docker objects: the plan a container is created from (for a
 //! sandbox, or for a warm pool member), the shared helper volume every plan mounts, the swap that
-//! gives a new container the sandbox's name, and the removal of what a sandbox leaves behind (a
-//! replaced container and workspace, stray volumes, everything once it is gone). [`Containers`]
+//! gives a new container the sandbox's name, the choice of a new sandbox's workspace name, and the
+//! removal of what a sandbox leaves behind (a replaced container and workspace, stray volumes,
+//! and, once it is deleted, its killed containers and workspaces on a background task). [`Containers`]
 //! is the part of the controller that knows how to do this; it decides nothing about when.
 
 use std::collections::BTreeMap;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use super::error::ReconcileError;
 use super::names::{self, container_name, volume_name};
 use crate::config::Settings;
-use crate::docker::{ContainerPlan, Engine, EngineError, LABEL_SERVER};
+use crate::docker::{ContainerPlan, Engine, EngineError, LABEL_SERVER, LABEL_UID};
 use crate::resource::{AppliedLimits, EffectiveSandbox, Sandbox, SandboxDefaults, SandboxPool};
 
 /// What making, swapping and removing containers needs: Docker, the settings, this server's
@@ -25,6 +26,9 @@ pub(super) struct Containers {
     helper_binary: Option<&'static [u8]>,
     /// Name of the helper volume once it is known to be ready.
     helper_volume: tokio::sync::Mutex<Option<String>>,
+    /// Sandboxes whose deletion is being finished in the background (see
+    /// [`Containers::remove_deleted`]).
+    removing: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
 }
 
 impl Containers {
@@ -40,6 +44,7 @@ impl Containers {
             server_id,
             helper_binary,
             helper_volume: tokio::sync::Mutex::new(None),
+            removing: Arc::default(),
         }
     }
 
@@ -247,6 +252,35 @@ impl Containers {
         Ok(())
     }
 
+    /// What Docker still has of sandbox `name`, which no longer exists: containers under its
+    /// names go at once; its workspace volumes are removed in the background (unless a deletion
+    /// is removing them already), as a deletion's are, so that a sandbox of the same name made
+    /// meanwhile waits for none of it.
+    pub(super) async fn remove_leftovers_of(&self, name: &str) -> Result<(), ReconcileError> {
+        for container in names::container_names(name) {
+            if let Some(container) = self.engine.inspect_container(&container).await? {
+                if self.is_ours(&container.labels) {
+                    self.engine.remove_container(&container.id).await?;
+                }
+            }
+        }
+        if lock(&self.removing).contains_key(name) {
+            return Ok(());
+        }
+        let uids: Vec<String> = self
+            .engine
+            .list_volumes()
+            .await?
+            .into_iter()
+            .filter(|v| v.sandbox() == Some(name) && self.is_ours(&v.labels))
+            .filter_map(|v| v.labels.get(LABEL_UID).cloned())
+            .collect();
+        if !uids.is_empty() {
+            self.remove_deleted(name, uids, Vec::new(), None);
+        }
+        Ok(())
+    }
+
     /// Removes a container and workspace volume that were never recorded (a failed fill, a
     /// member that could not be made). Failures are left to garbage collection.
     pub(super) async fn discard(&self, container: &str, volume: &str) {
@@ -254,22 +288,127 @@ impl Containers {
         let _ = self.engine.remove_volume(volume).await;
     }
 
-    /// Removes every name a container of sandbox `name` can have and the workspace volumes the
-    /// status knows (`recorded`) or the first one has: no lookups, the resource being ours.
-    pub(super) async fn remove_by_name(
+    /// The workspace volume a sandbox `name` of uid `uid` that has none yet gets: [`volume_name`],
+    /// unless a volume of an earlier sandbox of that name still holds it (its removal finishes in
+    /// the background: its content must never show in the new one), then
+    /// [`names::uid_volume_name`]. One made by an interrupted attempt of this sandbox is taken
+    /// again, so a retry after a crash mounts what the first try created.
+    pub(super) async fn fresh_workspace(
         &self,
         name: &str,
+        uid: &str,
+    ) -> Result<String, ReconcileError> {
+        let plain = volume_name(name);
+        let own = names::uid_volume_name(name, uid);
+        let volumes = self.engine.list_volumes().await?;
+        if volumes.iter().any(|v| v.name == own) {
+            return Ok(own);
+        }
+        let held_by_another = volumes.iter().any(|v| {
+            v.name == plain
+                && (v.sandbox() != Some(name)
+                    || v.labels.get(LABEL_UID).map(String::as_str) != Some(uid))
+        });
+        Ok(if held_by_another { own } else { plain })
+    }
+
+    /// Takes a deleted sandbox's processes down and its names away, the part of a deletion that
+    /// is waited for: each container under one of the sandbox's names is killed and renamed to
+    /// its [`names::deleted_container_name`] (one whose new name is taken is removed at once).
+    /// Returns the names the containers now have, for [`Containers::remove_deleted`]. Running it
+    /// again after a crash finds nothing left to do and returns the same names.
+    pub(super) async fn retire_deleted(
+        &self,
+        name: &str,
+        uid: &str,
+    ) -> Result<Vec<String>, ReconcileError> {
+        let retirements = names::container_names(name).map(|container| async move {
+            let deleted = names::deleted_container_name(&container, uid);
+            match self.engine.kill_container(&container).await {
+                Ok(()) => {}
+                Err(EngineError::Unreachable(why)) => return Err(EngineError::Unreachable(why)),
+                Err(error) => {
+                    tracing::info!(%container, %error, "cannot kill; removing it instead");
+                    self.engine.remove_container(&container).await?;
+                    return Ok(deleted);
+                }
+            }
+            match self.engine.rename_container(&container, &deleted).await {
+                Ok(()) => Ok(deleted),
+                Err(error) if error.is_not_found() => Ok(deleted),
+                Err(EngineError::Conflict { .. }) => {
+                    self.engine.remove_container(&container).await?;
+                    Ok(deleted)
+                }
+                Err(error) => Err(error),
+            }
+        });
+        let mut retired = Vec::new();
+        for result in futures::future::join_all(retirements).await {
+            retired.push(result?);
+        }
+        Ok(retired)
+    }
+
+    /// Removes, on a task of its own, what a deletion left: the containers `containers` (killed
+    /// and renamed already), then the workspace volumes this server made for sandbox `name`
+    /// under one of `uids`, and `recorded` (the workspace its status named: a claimed pool
+    /// member's carries the member's labels). A volume labeled for another uid of that name (a
+    /// sandbox of the same name made since) is never touched. Whatever fails, or is left by a
+    /// crash, garbage collection removes.
+    pub(super) fn remove_deleted(
+        &self,
+        name: &str,
+        uids: Vec<String>,
+        containers: Vec<String>,
         recorded: Option<String>,
-    ) -> Result<(), ReconcileError> {
-        let removals = names::container_names(name)
-            .map(|container| async move { self.engine.remove_container(&container).await });
-        for removed in futures::future::join_all(removals).await {
-            removed?;
-        }
-        for volume in recorded.into_iter().chain([volume_name(name)]) {
-            self.engine.remove_volume(&volume).await?;
-        }
-        Ok(())
+    ) {
+        let engine = Arc::clone(&self.engine);
+        let server = self.server_id.clone();
+        let name = name.to_string();
+        let removing = Arc::clone(&self.removing);
+        *lock(&removing).entry(name.clone()).or_default() += 1;
+        tokio::spawn(async move {
+            let _done = Removing {
+                removing,
+                name: name.clone(),
+            };
+            for container in &containers {
+                if let Err(error) = engine.remove_container(container).await {
+                    tracing::warn!(container, %error, "removing a deleted sandbox's container failed");
+                    return;
+                }
+            }
+            let volumes = match engine.list_volumes().await {
+                Ok(volumes) => volumes,
+                Err(error) => {
+                    tracing::warn!(sandbox = %name, %error, "cannot list volumes to remove");
+                    return;
+                }
+            };
+            for volume in volumes {
+                if volume.labels.get(LABEL_SERVER) != Some(&server) {
+                    continue;
+                }
+                let uid = volume.labels.get(LABEL_UID);
+                let labeled = volume.sandbox() == Some(name.as_str())
+                    && uid.is_some_and(|uid| uids.contains(uid));
+                let other_sandbox = volume.sandbox() != Some(name.as_str());
+                let was_recorded =
+                    recorded.as_deref() == Some(volume.name.as_str()) && other_sandbox;
+                if !(labeled || was_recorded) {
+                    continue;
+                }
+                match engine.remove_volume(&volume.name).await {
+                    Ok(()) => {
+                        tracing::debug!(volume = %volume.name, "deleted sandbox's workspace removed")
+                    }
+                    Err(error) => {
+                        tracing::warn!(volume = %volume.name, %error, "removing a deleted sandbox's workspace failed")
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -299,6 +438,28 @@ impl Replaced {
             }
         }
     }
+}
+
+/// Marks a sandbox's background removal as finished when its task ends, however it ends.
+struct Removing {
+    removing: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    name: String,
+}
+
+impl Drop for Removing {
+    fn drop(&mut self) {
+        let mut removing = lock(&self.removing);
+        if let Some(count) = removing.get_mut(&self.name) {
+            *count -= 1;
+            if *count == 0 {
+                removing.remove(&self.name);
+            }
+        }
+    }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The limits a container created from `plan` has.

@@ -9,6 +9,11 @@
 //! sandbox's name (a container a rollback replaced is not), or when it is an unclaimed member of a
 //! live pool. A volume labeled for a live sandbox belongs to it unless the sandbox, with nothing in
 //! progress, names another workspace (the volume was replaced and its removal was interrupted).
+//!
+//! A deleted sandbox's containers (killed, renamed to a deleted name that is no live sandbox's) and
+//! its workspaces (labeled with a uid no live sandbox has) are finished off by a background task
+//! right after the deletion; whatever that task did not finish, a crash included, falls under
+//! these rules as belonging to nobody.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 

@@ -13,7 +13,9 @@
 //!
 //! Where things are. The reconcilers, one per kind:
 //!
-//! - `sandbox.rs`: a `Sandbox`: expiry, deletion, its container kept running as the spec says.
+//! - `sandbox.rs`: a `Sandbox`: expiry, deletion (waited for only until its containers are killed
+//!   and renamed away; their removal and the workspaces' finish in the background), its container
+//!   kept running as the spec says.
 //! - `restore.rs`: a sandbox's first workspace from `spec.source`, and rollbacks
 //!   (`spec.rollback`: `ensure_rollback`).
 //! - `replace.rs`: replacing a sandbox's container without taking it down.

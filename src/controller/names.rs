@@ -1,6 +1,7 @@
 //! Every Docker name the controller gives an object: a sandbox's container under each name it can
-//! have (its own, staging while a replacement is built, retired until removed), its workspace
-//! volumes, and a warm pool member's id, container and volume. The reconcilers and garbage
+//! have (its own, staging while a replacement is built, retired until removed, and deleted: killed
+//! and waiting for its removal after the sandbox is gone), its workspace volumes (named for the
+//! sandbox, or for its uid while an earlier sandbox's of the same name is still being removed), and a warm pool member's id, container and volume. The reconcilers and garbage
 //! collection read names only from here, so that what one builds the other recognises. This
 //! module only makes and parses names; it talks to nothing.
 
@@ -21,6 +22,34 @@ pub(super) fn staging_container_name(sandbox: &str) -> String {
 /// Name a replaced container has from the swap until it is removed.
 pub(super) fn retired_container_name(sandbox: &str) -> String {
     format!("{}.retired", container_name(sandbox))
+}
+
+/// Name a container of a deleted sandbox has from its kill until it is removed in the
+/// background: `container` (one of [`container_names`]) marked with the sandbox's `uid`, so that
+/// the sandbox's names are free at once and a later sandbox of the same name never maps to it.
+pub(super) fn deleted_container_name(container: &str, uid: &str) -> String {
+    format!("{container}.deleted-{}", short_uid(uid))
+}
+
+/// The workspace volume of sandbox `name` of uid `uid` when [`volume_name`] is still held by an
+/// earlier sandbox of that name (whose removal finishes in the background).
+pub(super) fn uid_volume_name(name: &str, uid: &str) -> String {
+    format!("{}-{}", volume_name(name), short_uid(uid))
+}
+
+/// Enough of a `metadata.uid` to tell sandboxes of one name apart, in characters a Docker name
+/// allows.
+fn short_uid(uid: &str) -> String {
+    let short: String = uid
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(12)
+        .collect();
+    if short.is_empty() {
+        "0".into()
+    } else {
+        short
+    }
 }
 
 /// Every Docker name a container of the sandbox can have: its own, while being built, and
@@ -106,5 +135,13 @@ mod tests {
         );
         assert!(is_workspace_of(&attempt_volume_name("a"), "a"));
         assert_eq!(container_names("a").len(), 3);
+        let uid = "0f3c2a9e-1b2c-4d5e-8f90-123456789abc";
+        let deleted = deleted_container_name(&container_name("a"), uid);
+        assert_eq!(deleted, "agent-sandbox-a.deleted-0f3c2a9e1b2c");
+        assert_eq!(staging_of(&deleted), None);
+        assert_ne!(sandbox_of(&deleted), Some("a"));
+        let own = uid_volume_name("a", uid);
+        assert!(is_workspace_of(&own, "a"));
+        assert_ne!(own, volume_name("a"));
     }
 }

@@ -21,7 +21,7 @@ use super::container::Replaced;
 use super::content::{self, Validated};
 use super::context::SandboxContext;
 use super::error::ReconcileError;
-use super::names::{self, container_name, staging_container_name, volume_name};
+use super::names::{self, container_name, staging_container_name};
 use super::status::{clear_condition, note_immutable};
 use super::workspace::Prepare;
 use crate::docker::ContainerPlan;
@@ -91,7 +91,8 @@ pub(super) async fn ensure_source(
         status.source_snapshot = Some(source.snapshot.clone());
         return Ok(true);
     }
-    let volume = volume_name(name);
+    let uid = sandbox.metadata.uid.as_deref().unwrap_or_default();
+    let volume = ctl.containers.fresh_workspace(name, uid).await?;
     let plan = ctl.containers.plan_for(sandbox, effective, &volume).await?;
     ctl.engine.remove_container(&container_name(name)).await?;
     let id = populate_volume(ctl, &plan, &snapshot).await?;

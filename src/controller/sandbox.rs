@@ -6,7 +6,7 @@ use chrono::Utc;
 use super::container::{limits_for, Replaced};
 use super::context::SandboxContext;
 use super::error::ReconcileError;
-use super::names::{self, container_name, volume_name};
+use super::names::{self, container_name};
 use super::policy::{Cleanup, Failure, Outcome};
 use super::status::{generation, set_ready, write_status};
 use super::{replace, restore};
@@ -31,7 +31,7 @@ pub(super) async fn reconcile(
     }
     let Some(entry) = ctl.store.get(Kind::Sandbox, name) else {
         // No resource: whatever Docker still has under this name is garbage.
-        ctl.containers.remove_all_of(name).await?;
+        ctl.containers.remove_leftovers_of(name).await?;
         return Ok(Outcome::done());
     };
     let Some(sandbox) = entry.resource.as_sandbox().cloned() else {
@@ -187,10 +187,10 @@ async fn ensure_running(
             return Ok(retired);
         }
     }
-    let volume = status
-        .workspace_volume
-        .clone()
-        .unwrap_or_else(|| volume_name(name));
+    let volume = match &status.workspace_volume {
+        Some(volume) => volume.clone(),
+        None => ctl.containers.fresh_workspace(name, &uid).await?,
+    };
     status.workspace_volume = Some(volume.clone());
 
     let limits = limits_for(effective);
@@ -351,26 +351,22 @@ async fn delete(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Result<Outcome, 
         );
         write_status(ctl.store, sandbox, &status).await?;
     }
-    // The resource is ours, so its container names are too: remove by name, no lookups (a
-    // container being built or retired may still mount the workspace). Volumes are removed by
-    // the names the status knows (a claimed pool workspace carries the pool member's name); a
-    // sandbox that was rolled back may have stray ones, so only then list.
+    // The resource is ours, so its container names are too. What the deletion waits for is only
+    // this: its processes killed and its containers renamed out of its names. Then the document
+    // goes (the name is free at once) and the containers and workspaces are removed in the
+    // background; a crash before that leaves them to garbage collection, which finds them
+    // belonging to no sandbox (their new names are none's, their labels carry this uid).
+    let uid = sandbox.metadata.uid.clone().unwrap_or_default();
+    let retired = ctl.containers.retire_deleted(name, &uid).await?;
     let recorded = sandbox
         .status
         .as_ref()
         .and_then(|s| s.workspace_volume.clone());
-    ctl.containers.remove_by_name(name, recorded).await?;
-    let rolled_back = sandbox.spec.rollback.is_some()
-        || sandbox
-            .status
-            .as_ref()
-            .is_some_and(|s| s.last_rollback.is_some());
-    if rolled_back {
-        ctl.containers.remove_all_of(name).await?;
-    }
-    let name = name.to_string();
+    let owned = name.to_string();
     ctl.store
-        .write(move |store| store.finalize(Kind::Sandbox, &name))
+        .write(move |store| store.finalize(Kind::Sandbox, &owned))
         .await?;
+    ctl.containers
+        .remove_deleted(name, vec![uid], retired, recorded);
     Ok(Outcome::done())
 }

@@ -426,3 +426,55 @@ async fn an_engine_that_cannot_rename_gets_no_pool_claims() {
     assert_eq!(pool_members(&engine).len(), 2, "the pool kept its members");
     assert_eq!(engine.call_count("rename_container"), 0);
 }
+
+#[tokio::test]
+async fn a_deletion_kills_and_renames_at_once_and_a_new_sandbox_of_the_name_gets_a_fresh_workspace()
+{
+    let (_dir, engine, ctl) = setup();
+    declare(&ctl, "a");
+    let ctx = ctl.sandbox_context();
+    super::sandbox::reconcile(&ctx, "a").await.unwrap();
+    let old = engine.container_of("a").unwrap();
+    assert_eq!(old.plan.workspace_volume, "agent-sandbox-a-workspace");
+
+    ctl.store
+        .delete(Kind::Sandbox, "a", Default::default())
+        .unwrap();
+    super::sandbox::reconcile(&ctx, "a").await.unwrap();
+    // The document is gone; the container is killed and under a name the sandbox's no longer
+    // maps to; its removal has not run yet (this runtime has not yielded to it).
+    assert!(ctl.store.get(Kind::Sandbox, "a").is_none());
+    let killed: Vec<_> = engine
+        .containers()
+        .into_iter()
+        .filter(|c| c.id == old.id)
+        .collect();
+    assert_eq!(killed.len(), 1);
+    assert_ne!(killed[0].state, "running");
+    assert!(killed[0].name().starts_with("agent-sandbox-a.deleted-"));
+    assert!(engine.volumes().contains_key("agent-sandbox-a-workspace"));
+
+    // The same name again, before the old workspace is gone: a workspace of its own.
+    declare(&ctl, "a");
+    super::sandbox::reconcile(&ctx, "a").await.unwrap();
+    let new = engine.container_of("a").unwrap();
+    assert_ne!(new.id, old.id);
+    assert_ne!(new.plan.workspace_volume, "agent-sandbox-a-workspace");
+    assert!(new
+        .plan
+        .workspace_volume
+        .starts_with("agent-sandbox-a-workspace-"));
+
+    // The background removal takes the old container and workspace, never the new ones.
+    for _ in 0..100 {
+        if engine.containers().len() == 1 && engine.volumes().len() == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(engine.containers(), vec![new.clone()]);
+    assert_eq!(
+        engine.volumes().into_keys().collect::<Vec<_>>(),
+        vec![new.plan.workspace_volume.clone()]
+    );
+}

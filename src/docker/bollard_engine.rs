@@ -437,6 +437,20 @@ impl Engine for BollardEngine {
         }
     }
 
+    async fn kill_container(&self, id: &str) -> EngineResult<()> {
+        self.thaw_before_removal(id);
+        // Docker answers a SIGKILL only once the container has stopped.
+        let options = bollard::query_parameters::KillContainerOptions {
+            signal: "SIGKILL".into(),
+        };
+        match self.docker.kill_container(id, Some(options)).await {
+            Ok(()) => Ok(()),
+            // Missing, or not running (Docker's 409): nothing runs.
+            Err(e) if is_status(&e, 404) || is_status(&e, 409) => Ok(()),
+            Err(e) => Err(map_err("kill", &format!("container {id}"))(e)),
+        }
+    }
+
     async fn ensure_network(&self, name: &str) -> EngineResult<()> {
         let what = format!("network {name}");
         let _one_creator = self.networks.lock().await;

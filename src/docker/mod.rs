@@ -362,6 +362,11 @@ pub trait Engine: Send + Sync + 'static {
     /// sandbox). [`EngineError::Conflict`] if the new name is taken, [`EngineError::NotFound`]
     /// if there is no such container. Pools and rollbacks depend on it.
     async fn rename_container(&self, id: &str, new_name: &str) -> EngineResult<()>;
+
+    /// Kills the container's processes (SIGKILL) and returns once it has stopped; the container
+    /// itself stays, to be renamed or removed later. A missing or stopped container is not an
+    /// error. A deletion depends on it.
+    async fn kill_container(&self, id: &str) -> EngineResult<()>;
 }
 
 /// File name of the helper binary at the root of the helper volume.
