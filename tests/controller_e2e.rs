@@ -784,3 +784,42 @@ fn kill_9_during_the_background_removal_of_a_deletion_converges_after_restart() 
     assert_eq!(code, 0);
     assert_eq!(listing, "");
 }
+
+#[test]
+fn a_volume_of_the_workspace_name_that_is_not_the_sandboxes_is_never_mounted() {
+    let server = Server::start();
+    let name = unique("squat");
+    // Someone else's volume under the name the sandbox's workspace would get, with a file in it.
+    let plain = format!("agent-sandbox-{name}-workspace");
+    docker(&["volume", "create", &plain]);
+    docker(&[
+        "run",
+        "--rm",
+        "-v",
+        &format!("{plain}:/v"),
+        TEST_IMAGE,
+        "sh",
+        "-c",
+        "echo theirs > /v/file",
+    ]);
+    let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+        "metadata": {"name": name}, "spec": {"image": TEST_IMAGE}});
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    let sandbox = server.wait_running(&name);
+    assert_ne!(workspace_of(&sandbox), plain);
+    let (code, listing) = docker_exec(&name, "ls -A /workspace");
+    assert_eq!(code, 0);
+    assert_eq!(listing, "", "another volume's files show in the sandbox");
+
+    let (status, body) = server.request("DELETE", &format!("/v1/sandboxes/{name}"), None);
+    assert_eq!(status, 204, "{body}");
+    wait_until(
+        "the sandbox's objects are removed",
+        Duration::from_secs(30),
+        || containers_of(&name).is_empty() && volumes_of(&name).is_empty(),
+    );
+    // The volume that was not ours is left alone.
+    assert!(inspect(&["--type", "volume", &plain]).is_some());
+    docker(&["volume", "rm", &plain]);
+}

@@ -786,12 +786,22 @@ async fn create_and_remove_are_idempotent_and_errors_are_typed() {
     assert!(volumes
         .iter()
         .any(|v| v.name == plan.workspace_volume && v.sandbox() == Some(name.as_str())));
+    // One volume looked up by name carries the same labels.
+    let looked_up = engine.inspect_volume(&plan.workspace_volume).await.unwrap();
+    let looked_up = looked_up.expect("the workspace volume exists");
+    assert_eq!(looked_up.name, plan.workspace_volume);
+    assert_eq!(looked_up.sandbox(), Some(name.as_str()));
+    assert_eq!(looked_up.labels.get(LABEL_UID), Some(&plan.uid));
 
     engine.remove_container(&id).await.unwrap();
     engine.remove_container(&id).await.unwrap();
     assert_eq!(engine.inspect_container(&id).await.unwrap(), None);
     engine.remove_volume(&plan.workspace_volume).await.unwrap();
     engine.remove_volume(&plan.workspace_volume).await.unwrap();
+    assert_eq!(
+        engine.inspect_volume(&plan.workspace_volume).await.unwrap(),
+        None
+    );
 
     let mut missing = plan.clone();
     missing.image = "agent-sandbox-test/does-not-exist:1".into();

@@ -300,14 +300,13 @@ impl Containers {
     ) -> Result<String, ReconcileError> {
         let plain = volume_name(name);
         let own = names::uid_volume_name(name, uid);
-        let volumes = self.engine.list_volumes().await?;
-        if volumes.iter().any(|v| v.name == own) {
+        if self.engine.inspect_volume(&own).await?.is_some() {
             return Ok(own);
         }
-        let held_by_another = volumes.iter().any(|v| {
-            v.name == plain
-                && (v.sandbox() != Some(name)
-                    || v.labels.get(LABEL_UID).map(String::as_str) != Some(uid))
+        // A volume of the plain name that is not this sandbox's (an older sandbox of the name
+        // still being removed, or one nobody here made) is never mounted into this one.
+        let held_by_another = self.engine.inspect_volume(&plain).await?.is_some_and(|v| {
+            v.sandbox() != Some(name) || v.labels.get(LABEL_UID).map(String::as_str) != Some(uid)
         });
         Ok(if held_by_another { own } else { plain })
     }

@@ -239,6 +239,17 @@ impl Engine for BollardEngine {
         self.volumes_matching(managed_filter()).await
     }
 
+    async fn inspect_volume(&self, name: &str) -> EngineResult<Option<ManagedVolume>> {
+        match self.docker.inspect_volume(name).await {
+            Ok(volume) => Ok(Some(ManagedVolume {
+                name: volume.name,
+                labels: volume.labels.into_iter().collect(),
+            })),
+            Err(e) if is_status(&e, 404) => Ok(None),
+            Err(e) => Err(map_err("inspect", &format!("volume {name}"))(e)),
+        }
+    }
+
     async fn remove_volume(&self, name: &str) -> EngineResult<()> {
         match self
             .docker

@@ -357,6 +357,14 @@ impl Engine for FakeEngine {
             .collect())
     }
 
+    async fn inspect_volume(&self, name: &str) -> EngineResult<Option<ManagedVolume>> {
+        let state = self.enter("inspect_volume", name)?;
+        Ok(state.volumes.get(name).map(|labels| ManagedVolume {
+            name: name.to_string(),
+            labels: labels.clone(),
+        }))
+    }
+
     async fn remove_volume(&self, name: &str) -> EngineResult<()> {
         let mut state = self.enter("remove_volume", name)?;
         let in_use = state.containers.values().any(|c| {

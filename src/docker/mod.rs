@@ -290,6 +290,9 @@ pub trait Engine: Send + Sync + 'static {
     async fn list_containers(&self) -> EngineResult<Vec<ManagedContainer>>;
     /// Every volume labeled [`LABEL_MANAGED`].
     async fn list_volumes(&self) -> EngineResult<Vec<ManagedVolume>>;
+    /// The volume of that name, whatever its labels (`None` when there is none): one lookup where
+    /// listing every managed volume would cost a scan per sandbox.
+    async fn inspect_volume(&self, name: &str) -> EngineResult<Option<ManagedVolume>>;
     /// Removes the volume; a missing volume is not an error.
     async fn remove_volume(&self, name: &str) -> EngineResult<()>;
     /// Creates a volume nothing mounts, as a marker carrying `labels`; an existing one is kept.
