@@ -1,5 +1,7 @@
 //! `?labelSelector=`: the equality-based subset of Kubernetes label selectors
-//! (`k=v`, `k==v`, `k!=v`, `k`, `!k`, comma-separated, all must hold).
+//! (`k=v`, `k==v`, `k!=v`, `k`, `!k`, comma-separated, all must hold). Keys are letters, digits
+//! and `_.-/`, values the same without `/`; spaces may surround items and operators. [`PATTERN`]
+//! says the same for the OpenAPI document.
 
 use std::collections::BTreeMap;
 
@@ -17,24 +19,49 @@ pub struct LabelSelector {
     requirements: Vec<Requirement>,
 }
 
+/// The grammar [`LabelSelector::parse`] accepts, as a regular expression (ECMA/JSON Schema).
+pub const PATTERN: &str = "^ *$|^ *(!? *[A-Za-z0-9_./-]+|[A-Za-z0-9_./-]+ *(==|!=|=) *[A-Za-z0-9_.-]*) *(, *(!? *[A-Za-z0-9_./-]+|[A-Za-z0-9_./-]+ *(==|!=|=) *[A-Za-z0-9_.-]*) *)*$";
+
+fn spaces(text: &str) -> &str {
+    text.trim_matches(' ')
+}
+
 fn key(text: &str) -> Result<String, String> {
-    let key = text.trim();
-    if key.is_empty() || key.contains(|c: char| c.is_whitespace() || "=!,".contains(c)) {
+    let key = spaces(text);
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "_./-".contains(c);
+    if key.is_empty() || !key.chars().all(allowed) {
         return Err(format!("invalid label selector: bad key {text:?}"));
     }
     Ok(key.to_string())
 }
 
+fn value(text: &str) -> Result<String, String> {
+    let value = spaces(text);
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "_.-".contains(c);
+    if !value.chars().all(allowed) {
+        return Err(format!("invalid label selector: bad value {text:?}"));
+    }
+    Ok(value.to_string())
+}
+
 impl LabelSelector {
     pub fn parse(text: &str) -> Result<LabelSelector, String> {
         let mut requirements = Vec::new();
-        for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        if spaces(text).is_empty() {
+            return Ok(LabelSelector { requirements });
+        }
+        for item in text.split(',').map(spaces) {
+            if item.is_empty() {
+                return Err(format!(
+                    "invalid label selector: empty requirement in {text:?}"
+                ));
+            }
             let requirement = if let Some((k, v)) = item.split_once("!=") {
-                Requirement::NotEquals(key(k)?, v.trim().to_string())
+                Requirement::NotEquals(key(k)?, value(v)?)
             } else if let Some((k, v)) = item.split_once("==") {
-                Requirement::Equals(key(k)?, v.trim().to_string())
+                Requirement::Equals(key(k)?, value(v)?)
             } else if let Some((k, v)) = item.split_once('=') {
-                Requirement::Equals(key(k)?, v.trim().to_string())
+                Requirement::Equals(key(k)?, value(v)?)
             } else if let Some(k) = item.strip_prefix('!') {
                 Requirement::Absent(key(k)?)
             } else {
@@ -80,5 +107,11 @@ mod tests {
         assert!(!m("team=research,missing"));
         assert!(LabelSelector::parse("=x").is_err());
         assert!(LabelSelector::parse("a b=c").is_err());
+        assert!(LabelSelector::parse("a=b=c").is_err());
+        assert!(LabelSelector::parse("a,,b").is_err());
+        assert!(LabelSelector::parse("a\t").is_err());
+        assert!(LabelSelector::parse(" ").unwrap().matches(&l));
+        assert!(m(" ! missing , team = research "));
+        assert!(m("example.com/x!=y"));
     }
 }
