@@ -2,6 +2,18 @@
 //! [`Operation`]s (one per route, contributed by each part of the API) and `components.schemas`
 //! from schemars (JSON Schema 2020-12, which OpenAPI 3.1 accepts as is).
 //!
+//! **Documenting a new route.** Next to its `.route(...)` line in the part's `routes()`, add one
+//! [`Operation`] to the same part's `operations()` (`resources::docs`, `v1::operations`, or
+//! `api::operations` for the top level): method and path exactly as routed, a unique
+//! `operationId`, the body (`json_body::<T>()` for a strictly deserialized type,
+//! `json_body_schema(name, value)` when the handler reads leniently or checks settings), every
+//! success reply with its type (`ndjson::<Line>` for a stream), **every** error status the
+//! handler can answer (`errors(&[...])`; 401 is implied), and `link(...)`s from a create to the
+//! operations taking its id or name. Then regenerate `docs/openapi.json`
+//! (`agent-sandbox openapi docs/openapi.json`) and run `bash tests/fuzz/run.sh`, which checks the
+//! route against the document; `every_documented_operation_is_routed` checks it is routed.
+//! docs/openapi.md says what the document promises and why the fuzz run has the exceptions it has.
+//!
 //! This module only describes routes; it never serves or routes anything itself. The committed copy
 //! in `docs/openapi.json` is checked against the generated one by a test.
 
