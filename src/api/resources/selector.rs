@@ -1,7 +1,8 @@
 //! `?labelSelector=`: the equality-based subset of Kubernetes label selectors
-//! (`k=v`, `k==v`, `k!=v`, `k`, `!k`, comma-separated, all must hold). Keys are letters, digits
-//! and `_.-/`, values the same without `/`; spaces may surround items and operators. [`PATTERN`]
-//! says the same for the OpenAPI document.
+//! (`k=v`, `k==v`, `k!=v`, `k`, `!k`, comma-separated, all must hold). Keys and values may hold
+//! any character but `=`, `!`, `,` and control characters (labels are free text), keys no space,
+//! values no space at either end; spaces may surround items and operators. [`PATTERN`] says the
+//! same for the OpenAPI document.
 
 use std::collections::BTreeMap;
 
@@ -20,16 +21,23 @@ pub struct LabelSelector {
 }
 
 /// The grammar [`LabelSelector::parse`] accepts, as a regular expression (ECMA/JSON Schema).
-pub const PATTERN: &str = "^ *$|^ *(!? *[A-Za-z0-9_./-]+|[A-Za-z0-9_./-]+ *(==|!=|=) *[A-Za-z0-9_.-]*) *(, *(!? *[A-Za-z0-9_./-]+|[A-Za-z0-9_./-]+ *(==|!=|=) *[A-Za-z0-9_.-]*) *)*$";
+pub const PATTERN: &str = concat!(
+    "^ *$|^ *(! *[^ =!,\\u0000-\\u001f\\u007f-\\u009f]+|[^ =!,\\u0000-\\u001f\\u007f-\\u009f]+( *(==|!=|=) *([^ =!,\\u0000-\\u001f\\u007f-\\u009f]([^=!,\\u0000-\\u001f\\u007f-\\u009f]*[^ =!,\\u0000-\\u001f\\u007f-\\u009f])?)?)?)",
+    " *(, *(! *[^ =!,\\u0000-\\u001f\\u007f-\\u009f]+|[^ =!,\\u0000-\\u001f\\u007f-\\u009f]+( *(==|!=|=) *([^ =!,\\u0000-\\u001f\\u007f-\\u009f]([^=!,\\u0000-\\u001f\\u007f-\\u009f]*[^ =!,\\u0000-\\u001f\\u007f-\\u009f])?)?)?) *)*$",
+);
 
 fn spaces(text: &str) -> &str {
     text.trim_matches(' ')
 }
 
+/// Not an operator, separator or control character.
+fn plain(c: char) -> bool {
+    !"=!,".contains(c) && !c.is_control()
+}
+
 fn key(text: &str) -> Result<String, String> {
     let key = spaces(text);
-    let allowed = |c: char| c.is_ascii_alphanumeric() || "_./-".contains(c);
-    if key.is_empty() || !key.chars().all(allowed) {
+    if key.is_empty() || !key.chars().all(|c| c != ' ' && plain(c)) {
         return Err(format!("invalid label selector: bad key {text:?}"));
     }
     Ok(key.to_string())
@@ -37,8 +45,7 @@ fn key(text: &str) -> Result<String, String> {
 
 fn value(text: &str) -> Result<String, String> {
     let value = spaces(text);
-    let allowed = |c: char| c.is_ascii_alphanumeric() || "_.-".contains(c);
-    if !value.chars().all(allowed) {
+    if !value.chars().all(plain) {
         return Err(format!("invalid label selector: bad value {text:?}"));
     }
     Ok(value.to_string())
@@ -113,5 +120,11 @@ mod tests {
         assert!(LabelSelector::parse(" ").unwrap().matches(&l));
         assert!(m(" ! missing , team = research "));
         assert!(m("example.com/x!=y"));
+        assert!(LabelSelector::parse("a=b==c").is_err());
+        assert!(LabelSelector::parse("a=b!c").is_err());
+        let free = labels(&[("équipe", "r et d")]);
+        assert!(LabelSelector::parse(" équipe = r et d ")
+            .unwrap()
+            .matches(&free));
     }
 }
