@@ -996,3 +996,42 @@ async fn every_documented_operation_is_routed() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_watch_with_timeout_seconds_ends_by_itself() {
+    let api = start().await;
+    let (status, _) = api.post_json("sandboxes", sandbox("watched")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let started = Instant::now();
+    let response = api
+        .request(
+            Method::GET,
+            &format!("{API}/sandboxes?watch=true&timeoutSeconds=1"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["content-type"], "application/x-ndjson");
+    let text = tokio::time::timeout(Duration::from_secs(10), response.text())
+        .await
+        .expect("the watch ended")
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    let first: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(first["type"], "ADDED");
+    assert_eq!(first["object"]["metadata"]["name"], "watched");
+    for bad in ["0", "x", "4294967296"] {
+        let (status, _, body) = api
+            .send(api.request(
+                Method::GET,
+                &format!("{API}/sandboxes?watch=true&timeoutSeconds={bad}"),
+            ))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+        assert!(body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("timeoutSeconds"));
+    }
+}
