@@ -189,6 +189,9 @@ fn parse_options() -> serde_saphyr::Options {
     budget.max_aliases = MAX_ALIASES;
     let mut options = serde_saphyr::Options::default();
     options.budget = Some(budget);
+    // YAML 1.2: only true/false are booleans. YAML 1.1's yes/no/on/off/y/n would turn a label or
+    // a name spelled `n` into `false` (the "Norway problem"), against what YAML 1.2 emitters mean.
+    options.strict_booleans = true;
     options
 }
 
@@ -404,6 +407,18 @@ spec:
   image: busybox
   cpus: 2
 ";
+
+    #[test]
+    fn only_yaml_1_2_booleans() {
+        let text = "apiVersion: agent-sandbox.io/v1\nkind: Sandbox\nmetadata:\n  name: n\n  \
+            labels:\n    country: NO\nspec:\n  network: true\n";
+        let parsed = parse_body(text.as_bytes(), Kind::Sandbox).unwrap();
+        assert_eq!(parsed.name(), "n");
+        assert_eq!(parsed.metadata().labels["country"], "NO");
+        let text = "apiVersion: agent-sandbox.io/v1\nkind: Sandbox\nmetadata:\n  name: a\nspec:\n  network: yes\n";
+        let err = parse_body(text.as_bytes(), Kind::Sandbox).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("spec.network"), "{err:?}");
+    }
 
     #[test]
     fn integral_floats_fill_integer_fields_and_huge_ones_are_refused() {

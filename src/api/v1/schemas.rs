@@ -58,6 +58,7 @@ pub fn sandbox_create(settings: &Settings) -> Value {
         "type": "object",
         "description": "A new sandbox; every field left out gets the server's default.",
         "additionalProperties": false,
+        "examples": [{}, {"memory_mb": 256, "timeout_seconds": 600, "env": {"MODE": "test"}}],
         "properties": {
             "image": nullable(json!({
                 "type": "string",
@@ -87,6 +88,7 @@ pub fn timeout_request(settings: &Settings) -> Value {
         "type": "object",
         "additionalProperties": false,
         "required": ["timeout_seconds"],
+        "examples": [{"timeout_seconds": 600}],
         "properties": {"timeout_seconds": lifetime(settings)},
     })
 }
@@ -97,6 +99,7 @@ pub fn exec_request(settings: &Settings) -> Value {
         "type": "object",
         "additionalProperties": false,
         "required": ["command"],
+        "examples": [{"command": "echo hello"}, {"command": ["ls", "-la"], "timeout_seconds": 5}],
         "properties": {
             "command": {
                 "description": "A string run with `/bin/sh -c`, or an argv list.",
@@ -106,7 +109,12 @@ pub fn exec_request(settings: &Settings) -> Value {
                 ],
             },
             "env": env(),
-            "workdir": nullable(path("Working directory (default /workspace).")),
+            "workdir": nullable(json!({
+                "type": "string",
+                "pattern": "^[^\\u0000]*$",
+                "description": "Working directory; empty or null for /workspace, relative paths \
+                    are under it.",
+            })),
             "timeout_seconds": nullable(json!({
                 "type": "number",
                 // Below a nanosecond a deadline rounds to nothing, which is refused.
