@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: unit and in-process tests, integration tests against the real Docker
 # daemon (under runc, and under gVisor's runsc when it is registered), the compatibility suite that
-# drives the server through the published Python SDK, and the MCP server through an MCP client.
+# drives the server through the published Python SDK, the MCP server through an MCP client, and
+# a property-based fuzz run of the HTTP API from its own OpenAPI document.
 #
 # Needs: a running Docker daemon, cargo, python3. Builds the offline test images itself.
 set -euo pipefail
@@ -29,6 +30,13 @@ bash tests/sdk/run.sh
 
 step "MCP server, driven by the Python MCP client"
 bash tests/mcp/run.sh
+
+# About half a minute on 2 cores (~300 cases over every operation, then the stateful walk);
+# bounded by the per-operation example count and a hard timeout, and fails on any failure.
+# Under runc only: it checks the document against the handlers, which the runtime does not change
+# (under runsc the same run passes and takes about three times as long).
+step "API fuzzing from the OpenAPI document (schemathesis)"
+timeout 600 bash tests/fuzz/run.sh
 
 if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
   step "integration tests under gVisor (runsc)"

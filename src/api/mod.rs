@@ -15,7 +15,7 @@ pub mod v1;
 
 use std::sync::{Arc, OnceLock};
 
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -110,7 +110,7 @@ async fn not_found(request: Request) -> Response {
 fn is_documented_path(path: &str) -> bool {
     static TEMPLATES: OnceLock<Vec<Vec<String>>> = OnceLock::new();
     let templates = TEMPLATES.get_or_init(|| {
-        operations()
+        operations(&Settings::for_tests(Default::default()))
             .iter()
             .map(|op| op.path.split('/').map(str::to_string).collect())
             .collect()
@@ -193,8 +193,9 @@ fn keep_headers(old: &mut axum::http::HeaderMap, fresh: &mut Response) {
     }
 }
 
-/// Every documented route: health, the OpenAPI document itself, the resource API and `/v1`.
-pub fn operations() -> Vec<Operation> {
+/// Every documented route: health, the OpenAPI document itself, the resource API and `/v1`, with
+/// the limits of `settings`.
+pub fn operations(settings: &Settings) -> Vec<Operation> {
     let mut ops = vec![
         Operation::new(
             Method::GET,
@@ -226,24 +227,30 @@ pub fn operations() -> Vec<Operation> {
         .json_object(200, "The OpenAPI 3.1 document"),
     ];
     ops.extend(resources::operations());
-    ops.extend(v1::operations());
+    ops.extend(v1::operations(settings));
     ops
 }
 
-/// The OpenAPI document of the whole API, as served and committed in `docs/openapi.json`.
-pub fn openapi_document() -> serde_json::Value {
-    openapi::document(&operations())
+/// The OpenAPI document of the whole API for a server with `settings` (its limits are in the
+/// schemas). `docs/openapi.json` is the one of the default settings.
+pub fn openapi_document(settings: &Settings) -> serde_json::Value {
+    openapi::document(&operations(settings))
 }
 
-async fn openapi_json() -> Response {
-    static TEXT: OnceLock<String> = OnceLock::new();
-    let text = TEXT.get_or_init(|| openapi::to_text(&openapi_document()));
+/// The document of a server with the default settings, as committed in `docs/openapi.json`.
+pub fn default_openapi_document() -> serde_json::Value {
+    openapi_document(&Settings::for_tests(Default::default()))
+}
+
+async fn openapi_json(State(state): State<AppState>) -> Response {
+    // Built per request (a few milliseconds, rarely asked for): it follows the settings.
+    let text = openapi::to_text(&openapi_document(&state.settings));
     (
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         )],
-        text.as_str(),
+        text,
     )
         .into_response()
 }
@@ -256,7 +263,7 @@ mod tests {
     fn committed_openapi_is_current() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/openapi.json");
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
-        let current = openapi::to_text(&openapi_document());
+        let current = openapi::to_text(&default_openapi_document());
         assert!(
             committed == current,
             "{} is stale: run `cargo run -- openapi docs/openapi.json` to regenerate it",
@@ -266,7 +273,7 @@ mod tests {
 
     #[test]
     fn every_route_is_documented_once() {
-        let ops = operations();
+        let ops = operations(&Settings::for_tests(Default::default()));
         let mut seen = std::collections::BTreeSet::new();
         for op in &ops {
             assert!(

@@ -2,6 +2,18 @@
 //! [`Operation`]s (one per route, contributed by each part of the API) and `components.schemas`
 //! from schemars (JSON Schema 2020-12, which OpenAPI 3.1 accepts as is).
 //!
+//! **Documenting a new route.** Next to its `.route(...)` line in the part's `routes()`, add one
+//! [`Operation`] to the same part's `operations()` (`resources::docs`, `v1::operations`, or
+//! `api::operations` for the top level): method and path exactly as routed, a unique
+//! `operationId`, the body (`json_body::<T>()` for a strictly deserialized type,
+//! `json_body_schema(name, value)` when the handler reads leniently or checks settings), every
+//! success reply with its type (`ndjson::<Line>` for a stream), **every** error status the
+//! handler can answer (`errors(&[...])`; 401 is implied), and `link(...)`s from a create to the
+//! operations taking its id or name. Then regenerate `docs/openapi.json`
+//! (`agent-sandbox openapi docs/openapi.json`) and run `bash tests/fuzz/run.sh`, which checks the
+//! route against the document; `every_documented_operation_is_routed` checks it is routed.
+//! docs/openapi.md says what the document promises and why the fuzz run has the exceptions it has.
+//!
 //! This module only describes routes; it never serves or routes anything itself. The committed copy
 //! in `docs/openapi.json` is checked against the generated one by a test.
 
@@ -24,8 +36,12 @@ pub fn schema<T: JsonSchema>() -> SchemaFn {
 }
 
 /// What travels in a request or response body.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum Body {
+    /// `application/json` with a hand-written schema, registered under its name in
+    /// `components.schemas` (for bodies read leniently, whose Rust type would say less or more
+    /// than the server accepts, and for limits that come from the server's settings).
+    Named(&'static str, Value),
     /// `application/json`.
     Json(SchemaFn),
     /// A resource document: `application/json` or YAML (`application/yaml`).
@@ -96,6 +112,19 @@ pub struct Operation {
     /// Error statuses, each answered with the common error shape. 401 is implied when
     /// authenticated.
     pub errors: Vec<u16>,
+    /// OpenAPI links of success responses: (status, link name, target operation id, parameters
+    /// as runtime expressions).
+    pub links: Vec<Link>,
+}
+
+/// An OpenAPI link from a response to an operation that takes a value of it.
+#[derive(Clone, Debug)]
+pub struct Link {
+    pub status: u16,
+    pub name: String,
+    pub operation_id: String,
+    /// Target parameter name -> runtime expression (e.g. `$response.body#/id`).
+    pub parameters: Vec<(String, String)>,
 }
 
 impl Operation {
@@ -118,7 +147,41 @@ impl Operation {
             request_required: false,
             replies: Vec::new(),
             errors: Vec::new(),
+            links: Vec::new(),
         }
+    }
+
+    /// A link from the `status` response to `operation_id`, filling its `parameter` from
+    /// `expression` (a runtime expression such as `$response.body#/metadata/name`).
+    pub fn link(
+        mut self,
+        status: u16,
+        operation_id: impl Into<String>,
+        parameter: impl Into<String>,
+        expression: impl Into<String>,
+    ) -> Self {
+        let operation_id = operation_id.into();
+        self.links.push(Link {
+            status,
+            name: operation_id.clone(),
+            operation_id,
+            parameters: vec![(parameter.into(), expression.into())],
+        });
+        self
+    }
+
+    /// A required JSON request body with a hand-written schema named `name`.
+    pub fn json_body_schema(mut self, name: &'static str, schema: Value) -> Self {
+        self.request = Some(Body::Named(name, schema));
+        self.request_required = true;
+        self
+    }
+
+    /// A JSON request body with a hand-written schema named `name`, which may be left out.
+    pub fn optional_json_body_schema(mut self, name: &'static str, schema: Value) -> Self {
+        self.request = Some(Body::Named(name, schema));
+        self.request_required = false;
+        self
     }
 
     pub fn description(mut self, text: impl Into<String>) -> Self {
@@ -255,8 +318,12 @@ impl Operation {
     }
 }
 
-fn content(body: Body, generator: &mut SchemaGenerator) -> Value {
+fn content(body: Body, generator: &mut SchemaGenerator, named: &mut Map<String, Value>) -> Value {
     match body {
+        Body::Named(name, schema) => {
+            named.insert(name.to_string(), schema);
+            json!({"application/json": {"schema": {"$ref": format!("#/components/schemas/{name}")}}})
+        }
         Body::Json(f) => json!({"application/json": {"schema": f(generator)}}),
         Body::Resource(f) => {
             let schema = f(generator);
@@ -265,7 +332,13 @@ fn content(body: Body, generator: &mut SchemaGenerator) -> Value {
                 "application/yaml": {"schema": schema},
             })
         }
-        Body::Ndjson(f) => json!({"application/x-ndjson": {"schema": f(generator)}}),
+        // OpenAPI 3.1 has no item schema for sequential media types (3.2's `itemSchema`): the
+        // schema is of the whole stream read as an array, one element per line.
+        Body::Ndjson(f) => json!({"application/x-ndjson": {"schema": {
+            "type": "array",
+            "description": "Newline-delimited JSON: one element per line, as it happens.",
+            "items": f(generator),
+        }}}),
         Body::JsonObject => json!({"application/json": {"schema": {"type": "object"}}}),
         Body::Binary => {
             json!({"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}})
@@ -291,7 +364,11 @@ fn error_description(status: u16) -> &'static str {
     }
 }
 
-fn operation_value(op: &Operation, generator: &mut SchemaGenerator) -> Value {
+fn operation_value(
+    op: &Operation,
+    generator: &mut SchemaGenerator,
+    named: &mut Map<String, Value>,
+) -> Value {
     let mut out = Map::new();
     if !op.tags.is_empty() {
         out.insert("tags".into(), json!(op.tags));
@@ -328,10 +405,10 @@ fn operation_value(op: &Operation, generator: &mut SchemaGenerator) -> Value {
             .collect();
         out.insert("parameters".into(), Value::Array(params));
     }
-    if let Some(body) = op.request {
+    if let Some(body) = op.request.clone() {
         out.insert(
             "requestBody".into(),
-            json!({"required": op.request_required, "content": content(body, generator)}),
+            json!({"required": op.request_required, "content": content(body, generator, named)}),
         );
     }
     let mut responses = Map::new();
@@ -340,9 +417,9 @@ fn operation_value(op: &Operation, generator: &mut SchemaGenerator) -> Value {
         let value = responses
             .entry(reply.status.to_string())
             .or_insert_with(|| json!({"description": reply.description}));
-        if let Some(body) = reply.body {
+        if let Some(body) = reply.body.clone() {
             if let (Some(value), Value::Object(more)) =
-                (value.as_object_mut(), content(body, generator))
+                (value.as_object_mut(), content(body, generator, named))
             {
                 let all = value
                     .entry("content")
@@ -350,6 +427,27 @@ fn operation_value(op: &Operation, generator: &mut SchemaGenerator) -> Value {
                 if let Some(all) = all.as_object_mut() {
                     all.extend(more);
                 }
+            }
+        }
+    }
+    for link in &op.links {
+        if let Some(response) = responses
+            .get_mut(&link.status.to_string())
+            .and_then(Value::as_object_mut)
+        {
+            let parameters: Map<String, Value> = link
+                .parameters
+                .iter()
+                .map(|(name, expression)| (name.clone(), json!(expression)))
+                .collect();
+            let links = response
+                .entry("links")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Some(links) = links.as_object_mut() {
+                links.insert(
+                    link.name.clone(),
+                    json!({"operationId": link.operation_id, "parameters": parameters}),
+                );
             }
         }
     }
@@ -378,10 +476,12 @@ pub fn document(operations: &[Operation]) -> Value {
             s.definitions_path = "/components/schemas".into();
             s.meta_schema = None;
         })
+        .with_transform(crate::resource::schema::integer_bounds)
         .into_generator();
     let mut paths = Map::new();
+    let mut named = Map::new();
     for op in operations {
-        let value = operation_value(op, &mut generator);
+        let value = operation_value(op, &mut generator, &mut named);
         let item = paths
             .entry(op.path.clone())
             .or_insert_with(|| Value::Object(Map::new()));
@@ -390,7 +490,8 @@ pub fn document(operations: &[Operation]) -> Value {
         }
     }
     schema::<ErrorBody>()(&mut generator);
-    let schemas = generator.take_definitions(true);
+    let mut schemas = generator.take_definitions(true);
+    schemas.extend(named);
     json!({
         "openapi": "3.1.0",
         "info": {

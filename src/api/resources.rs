@@ -74,6 +74,22 @@ fn flag(params: &HashMap<String, String>, name: &str) -> Result<bool, ApiError> 
     }
 }
 
+/// `timeoutSeconds`: how long a watch stays open (unbounded without it).
+fn watch_timeout(
+    params: &HashMap<String, String>,
+) -> Result<Option<std::time::Duration>, ApiError> {
+    match params.get("timeoutSeconds").map(String::as_str) {
+        None | Some("") => Ok(None),
+        Some(text) => match text.parse::<u32>() {
+            Ok(seconds) if seconds >= 1 => Ok(Some(std::time::Duration::from_secs(seconds.into()))),
+            _ => Err(ApiError::InvalidRequest(format!(
+                "timeoutSeconds must be a whole number of seconds in [1, {}], got {text:?}",
+                u32::MAX
+            ))),
+        },
+    }
+}
+
 fn selector(params: &HashMap<String, String>) -> Result<LabelSelector, ApiError> {
     LabelSelector::parse(
         params
@@ -136,8 +152,9 @@ async fn list(
 ) -> Result<Response, ApiError> {
     let kind = kind_of(&plural)?;
     let selector = selector(&params)?;
+    let timeout = watch_timeout(&params)?;
     if flag(&params, "watch")? {
-        return Ok(watch(&state.store, kind, selector));
+        return Ok(watch(&state.store, kind, selector, timeout));
     }
     let entries = state.store.list(kind);
     let items = entries
@@ -180,7 +197,13 @@ fn line<T: Serialize>(value: &T) -> Bytes {
 
 /// `?watch=true`: an `ADDED` line for every current object, then live changes, as NDJSON. A
 /// watcher too slow to keep up gets one `ERROR` line and the end of the stream, and re-lists.
-fn watch(store: &Store, kind: Kind, selector: LabelSelector) -> Response {
+/// With a `timeout`, the stream ends (cleanly) when it has passed.
+fn watch(
+    store: &Store,
+    kind: Kind,
+    selector: LabelSelector,
+    timeout: Option<std::time::Duration>,
+) -> Response {
     // Subscribe before listing, so nothing between the two is lost (at worst seen twice).
     let receiver = store.subscribe();
     let initial: Vec<Result<Bytes, Infallible>> = store
@@ -213,7 +236,11 @@ fn watch(store: &Store, kind: Kind, selector: LabelSelector) -> Response {
             }
         }
     });
-    let stream = futures::stream::iter(initial).chain(live);
+    let ends = match timeout {
+        Some(after) => futures::future::Either::Left(tokio::time::sleep(after)),
+        None => futures::future::Either::Right(futures::future::pending::<()>()),
+    };
+    let stream = futures::stream::iter(initial).chain(live).take_until(ends);
     (
         StatusCode::OK,
         [

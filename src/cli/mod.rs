@@ -140,7 +140,7 @@ pub fn main() -> ExitCode {
         Command::Serve(settings) => crate::server::run_blocking(*settings),
         Command::Doctor(settings) => doctor(*settings),
         Command::Openapi { path } => {
-            let document = crate::api::openapi_document();
+            let document = crate::api::default_openapi_document();
             match path {
                 None => {
                     print!("{}", crate::api::openapi::to_text(&document));

@@ -30,13 +30,47 @@ impl FieldError {
     }
 }
 
+/// Gives fixed-size integers the bounds of their Rust type (schemars writes only a `format`), so
+/// that what the schema allows also fits the field: `6e27` is a valid JSON Schema integer, and no
+/// `u64`.
+pub fn integer_bounds(schema: &mut schemars::Schema) {
+    let bounds: Option<(i128, i128)> = match schema.get("format").and_then(Value::as_str) {
+        Some("uint8") => Some((0, u8::MAX.into())),
+        Some("uint16") => Some((0, u16::MAX.into())),
+        Some("uint32") => Some((0, u32::MAX.into())),
+        Some("uint64") | Some("uint") => Some((0, u64::MAX.into())),
+        Some("int8") => Some((i8::MIN.into(), i8::MAX.into())),
+        Some("int16") => Some((i16::MIN.into(), i16::MAX.into())),
+        Some("int32") => Some((i32::MIN.into(), i32::MAX.into())),
+        Some("int64") | Some("int") => Some((i64::MIN.into(), i64::MAX.into())),
+        _ => None,
+    };
+    if let (Some((min, max)), Some(obj)) = (bounds, schema.as_object_mut()) {
+        let number = |n: i128| {
+            u64::try_from(n)
+                .map(Value::from)
+                .unwrap_or_else(|_| Value::from(n as i64))
+        };
+        obj.entry("minimum").or_insert_with(|| number(min));
+        obj.entry("maximum").or_insert_with(|| number(max));
+    }
+    schemars::transform::transform_subschemas(&mut integer_bounds, schema);
+}
+
+fn root_schema<T: schemars::JsonSchema>() -> schemars::Schema {
+    schemars::generate::SchemaSettings::draft2020_12()
+        .with_transform(integer_bounds)
+        .into_generator()
+        .into_root_schema_for::<T>()
+}
+
 /// The JSON Schema of a kind, as committed in `schemas/<kind>.json`.
 pub fn schema_of(kind: Kind) -> Value {
     let schema = match kind {
-        Kind::Sandbox => schemars::schema_for!(Sandbox),
-        Kind::Snapshot => schemars::schema_for!(Snapshot),
-        Kind::Fork => schemars::schema_for!(Fork),
-        Kind::SandboxPool => schemars::schema_for!(SandboxPool),
+        Kind::Sandbox => root_schema::<Sandbox>(),
+        Kind::Snapshot => root_schema::<Snapshot>(),
+        Kind::Fork => root_schema::<Fork>(),
+        Kind::SandboxPool => root_schema::<SandboxPool>(),
     };
     let mut value = schema.to_value();
     if let Some(obj) = value.as_object_mut() {

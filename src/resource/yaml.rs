@@ -189,6 +189,9 @@ fn parse_options() -> serde_saphyr::Options {
     budget.max_aliases = MAX_ALIASES;
     let mut options = serde_saphyr::Options::default();
     options.budget = Some(budget);
+    // YAML 1.2: only true/false are booleans. YAML 1.1's yes/no/on/off/y/n would turn a label or
+    // a name spelled `n` into `false` (the "Norway problem"), against what YAML 1.2 emitters mean.
+    options.strict_booleans = true;
     options
 }
 
@@ -259,6 +262,9 @@ pub fn value_to_resource(
         }
         return Err(fail(message, Some(first.field()), &first.pointer));
     }
+    // JSON Schema counts `64.0` as an integer, and so does the schema check above; the typed
+    // fields must agree.
+    let value = integral_floats_as_integers(value);
     let converted = match kind {
         Kind::Sandbox => serde_json::from_value(value).map(AnyResource::Sandbox),
         Kind::Snapshot => serde_json::from_value(value).map(AnyResource::Snapshot),
@@ -266,6 +272,32 @@ pub fn value_to_resource(
         Kind::SandboxPool => serde_json::from_value(value).map(AnyResource::SandboxPool),
     };
     converted.map_err(|e| fail(e.to_string(), None, ""))
+}
+
+/// Every number with no fractional part written as an integer (`64.0` becomes `64`), so that
+/// integer fields take what the schema allows; floating-point fields read both alike.
+fn integral_floats_as_integers(value: Value) -> Value {
+    match value {
+        Value::Number(n) if !n.is_i64() && !n.is_u64() => match n.as_f64() {
+            // Only values the schema check let through get here, so the casts do not clip.
+            Some(f) if f.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&f) => {
+                Value::from(f as u64)
+            }
+            Some(f) if f.fract() == 0.0 && (-9_223_372_036_854_775_808.0..0.0).contains(&f) => {
+                Value::from(f as i64)
+            }
+            _ => Value::Number(n),
+        },
+        Value::Array(items) => {
+            Value::Array(items.into_iter().map(integral_floats_as_integers).collect())
+        }
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| (k, integral_floats_as_integers(v)))
+                .collect(),
+        ),
+        other => other,
+    }
 }
 
 fn identity_of(value: &Value) -> Option<(Kind, String)> {
@@ -375,6 +407,41 @@ spec:
   image: busybox
   cpus: 2
 ";
+
+    #[test]
+    fn only_yaml_1_2_booleans() {
+        let text = "apiVersion: agent-sandbox.io/v1\nkind: Sandbox\nmetadata:\n  name: n\n  \
+            labels:\n    country: NO\nspec:\n  network: true\n";
+        let parsed = parse_body(text.as_bytes(), Kind::Sandbox).unwrap();
+        assert_eq!(parsed.name(), "n");
+        assert_eq!(parsed.metadata().labels["country"], "NO");
+        let text = "apiVersion: agent-sandbox.io/v1\nkind: Sandbox\nmetadata:\n  name: a\nspec:\n  network: yes\n";
+        let err = parse_body(text.as_bytes(), Kind::Sandbox).unwrap_err();
+        assert_eq!(err.field.as_deref(), Some("spec.network"), "{err:?}");
+    }
+
+    #[test]
+    fn integral_floats_fill_integer_fields_and_huge_ones_are_refused() {
+        let body = br#"{"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+            "metadata": {"name": "f"}, "spec": {"memoryMB": 256.0, "cpus": 2.0, "ttlSeconds": 1e3}}"#;
+        let parsed = parse_body(body, Kind::Sandbox).unwrap();
+        let sandbox = parsed.as_sandbox().unwrap();
+        assert_eq!(sandbox.spec.memory_mb, Some(256));
+        assert_eq!(sandbox.spec.ttl_seconds, Some(1000));
+        assert_eq!(sandbox.spec.cpus, Some(2.0));
+        for bad in ["256.5", "6.2e27", "-1"] {
+            let body = format!(
+                r#"{{"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+                "metadata": {{"name": "f"}}, "spec": {{"memoryMB": {bad}}}}}"#
+            );
+            let err = parse_body(body.as_bytes(), Kind::Sandbox).unwrap_err();
+            assert_eq!(
+                err.field.as_deref(),
+                Some("spec.memoryMB"),
+                "{bad}: {err:?}"
+            );
+        }
+    }
 
     #[test]
     fn reads_several_documents_with_their_lines() {

@@ -69,8 +69,9 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 AGENT_SANDBOX_PORT=$port AGENT_SANDBOX_DATA_DIR="$work/data" AGENT_SANDBOX_API_KEYS="$key" \
-  AGENT_SANDBOX_DEFAULT_IMAGE=$IMAGE AGENT_SANDBOX_DOCKER_RUNTIME="${AGENT_SANDBOX_TEST_RUNTIME:-}" \
-  AGENT_SANDBOX_MAX_SANDBOXES=8 AGENT_SANDBOX_MAX_EXEC_TIMEOUT_SECONDS=10 \
+  AGENT_SANDBOX_DEFAULT_IMAGE=$IMAGE AGENT_SANDBOX_ALLOWED_IMAGES=$IMAGE \
+  AGENT_SANDBOX_DOCKER_RUNTIME="${AGENT_SANDBOX_TEST_RUNTIME:-}" \
+  AGENT_SANDBOX_MAX_CPUS="$(nproc)" AGENT_SANDBOX_MAX_SANDBOXES=8 AGENT_SANDBOX_MAX_EXEC_TIMEOUT_SECONDS=10 \
   AGENT_SANDBOX_DEFAULT_EXEC_TIMEOUT_SECONDS=5 \
   "$bin" serve >"$work/server.log" 2>&1 &
 server_pid=$!
@@ -80,7 +81,7 @@ for _ in $(seq 1 200); do
 done
 
 say "schemathesis against http://127.0.0.1:$port (max $MAX_EXAMPLES examples per operation)"
-"$venv/bin/schemathesis" run "http://127.0.0.1:$port/openapi.json" \
+"$venv/bin/schemathesis" --config-file tests/fuzz/schemathesis.toml run "http://127.0.0.1:$port/openapi.json" \
   -H "Authorization: Bearer $key" \
   --checks all \
   --phases examples,fuzzing,stateful \

@@ -92,7 +92,7 @@ fn with_types<R: JsonSchema, L: JsonSchema, E: JsonSchema>(kind: Kind) -> Vec<Op
             "dryRun",
             false,
             "`All`: validate and answer with the would-be object, writing nothing",
-            serde_json::json!({"type": "string", "enum": ["All"]}),
+            serde_json::json!({"type": "string", "enum": ["All", ""]}),
         )
     };
     let tag = "resources";
@@ -114,10 +114,17 @@ fn with_types<R: JsonSchema, L: JsonSchema, E: JsonSchema>(kind: Kind) -> Vec<Op
             "Stream changes as NDJSON",
             serde_json::json!({"type": "boolean"}),
         )
-        .query(
+        .query_with_schema(
+            "timeoutSeconds",
+            false,
+            "With watch=true: end the stream after this many seconds (default: never)",
+            serde_json::json!({"type": "integer", "minimum": 1, "maximum": u32::MAX}),
+        )
+        .query_with_schema(
             "labelSelector",
             false,
             "`k=v`, `k!=v`, `k`, `!k`, comma-separated; all must hold",
+            serde_json::json!({"type": "string", "pattern": super::selector::PATTERN}),
         )
         .resource::<L>(
             200,
@@ -141,6 +148,24 @@ fn with_types<R: JsonSchema, L: JsonSchema, E: JsonSchema>(kind: Kind) -> Vec<Op
             .resource_body::<R>(),
         )
         .resource::<R>(201, "Created (with server metadata)")
+        .link(
+            201,
+            format!("get{kind}"),
+            "name",
+            "$response.body#/metadata/name",
+        )
+        .link(
+            201,
+            format!("replace{kind}"),
+            "name",
+            "$response.body#/metadata/name",
+        )
+        .link(
+            201,
+            format!("delete{kind}"),
+            "name",
+            "$response.body#/metadata/name",
+        )
         .errors(&[400, 404, 409, 413, 415, 422]),
         Operation::new(
             Method::GET,
@@ -184,7 +209,7 @@ fn with_types<R: JsonSchema, L: JsonSchema, E: JsonSchema>(kind: Kind) -> Vec<Op
             .path_param("name", "Resource name"),
         )
         .resource::<R>(202, "Deletion started (the object shows deletionTimestamp)")
-        .errors(&[403, 404, 409]),
+        .errors(&[400, 403, 404, 409]),
     ]
 }
 

@@ -14,6 +14,7 @@ pub mod lax;
 mod request;
 mod rules;
 mod sandboxes;
+pub mod schemas;
 mod snapshots;
 pub mod wait;
 pub mod wire;
@@ -30,11 +31,9 @@ use serde_json::json;
 use crate::api::error::ApiError;
 use crate::api::openapi::Operation;
 use crate::api::AppState;
+use crate::config::Settings;
 use crate::dataplane::{paths, DataPlaneError, SandboxTarget};
 use crate::resource::{Sandbox, SandboxPhase};
-
-pub use sandboxes::{SandboxCreate, TimeoutRequest};
-pub use snapshots::{ForkRequest, RollbackBody, SnapshotCreate};
 
 /// Tunables of the `/v1` routes.
 #[derive(Clone, Debug)]
@@ -136,11 +135,38 @@ fn dataplane_error(err: DataPlaneError) -> ApiError {
     }
 }
 
+/// The operations that take a sandbox's `{id}`, for the links from the creating ones.
+const TAKES_SANDBOX_ID: [&str; 10] = [
+    "v1GetSandbox",
+    "v1DeleteSandbox",
+    "v1SetTimeout",
+    "v1Exec",
+    "v1ExecStream",
+    "v1ReadFile",
+    "v1WriteFile",
+    "v1ListFiles",
+    "v1CreateSnapshot",
+    "v1Rollback",
+];
+
+trait SandboxLinks {
+    /// Links from the 201 answer (a `SandboxInfo`) to every operation taking its `id`.
+    fn links_to_sandbox(self) -> Self;
+}
+
+impl SandboxLinks for Operation {
+    fn links_to_sandbox(self) -> Operation {
+        TAKES_SANDBOX_ID.iter().fold(self, |op, target| {
+            op.link(201, *target, "id", "$response.body#/id")
+        })
+    }
+}
+
 const SANDBOX_ID: &str = "Sandbox ID (`sb_` + 16 hex digits for API-created sandboxes)";
 const SNAPSHOT_ID: &str = "Snapshot ID (`snap_` + 16 hex digits)";
 
-/// The documented `/v1` routes, for the OpenAPI document.
-pub fn operations() -> Vec<Operation> {
+/// The documented `/v1` routes, for the OpenAPI document; limits are those of `settings`.
+pub fn operations(settings: &Settings) -> Vec<Operation> {
     let op = |method: Method, path: &str, id: &str, summary: &str| {
         Operation::new(method, path, id, summary).tag("v1")
     };
@@ -155,8 +181,9 @@ pub fn operations() -> Vec<Operation> {
             "Writes a Sandbox resource with every value resolved from the request and the \
                  server's defaults, and answers once the controller reports it running.",
         )
-        .json_body::<SandboxCreate>()
+        .json_body_schema("SandboxCreate", schemas::sandbox_create(settings))
         .json::<wire::SandboxInfo>(201, "The new sandbox, running")
+        .links_to_sandbox()
         .errors(&[400, 403, 413, 422, 429, 502, 503]),
         op(
             Method::GET,
@@ -173,7 +200,7 @@ pub fn operations() -> Vec<Operation> {
         )
         .path_param("id", SANDBOX_ID)
         .json::<wire::SandboxInfo>(200, "The sandbox")
-        .errors(&[404]),
+        .errors(&[400, 404]),
         op(
             Method::DELETE,
             "/v1/sandboxes/{id}",
@@ -183,7 +210,7 @@ pub fn operations() -> Vec<Operation> {
         .description("Its snapshots remain.")
         .path_param("id", SANDBOX_ID)
         .empty(204, "Deleted: container and workspace are gone")
-        .errors(&[403, 404, 503]),
+        .errors(&[400, 403, 404, 503]),
         op(
             Method::POST,
             "/v1/sandboxes/{id}/timeout",
@@ -192,9 +219,9 @@ pub fn operations() -> Vec<Operation> {
         )
         .description("The sandbox now expires `timeout_seconds` from now.")
         .path_param("id", SANDBOX_ID)
-        .json_body::<TimeoutRequest>()
+        .json_body_schema("TimeoutRequest", schemas::timeout_request(settings))
         .json::<wire::SandboxInfo>(200, "The sandbox, with its new expires_at")
-        .errors(&[400, 403, 404, 422]),
+        .errors(&[400, 403, 404, 413, 422]),
         op(
             Method::POST,
             "/v1/sandboxes/{id}/exec",
@@ -202,9 +229,9 @@ pub fn operations() -> Vec<Operation> {
             "Run a command",
         )
         .path_param("id", SANDBOX_ID)
-        .json_body::<wire::ExecRequest>()
+        .json_body_schema("ExecRequest", schemas::exec_request(settings))
         .json::<wire::ExecResponse>(200, "The command's output and exit code")
-        .errors(&[400, 404, 422, 502]),
+        .errors(&[400, 404, 413, 422, 502]),
         op(
             Method::POST,
             "/v1/sandboxes/{id}/exec/stream",
@@ -215,9 +242,9 @@ pub fn operations() -> Vec<Operation> {
             "One JSON object per line as output arrives; the last line is the `exit` event.",
         )
         .path_param("id", SANDBOX_ID)
-        .json_body::<wire::ExecRequest>()
+        .json_body_schema("ExecRequest", schemas::exec_request(settings))
         .ndjson::<wire::ExecEvent>(200, "Output events, then exactly one exit event")
-        .errors(&[400, 404, 422, 502]),
+        .errors(&[400, 404, 413, 422, 502]),
         op(
             Method::GET,
             "/v1/sandboxes/{id}/files",
@@ -225,10 +252,11 @@ pub fn operations() -> Vec<Operation> {
             "Read a file",
         )
         .path_param("id", SANDBOX_ID)
-        .query(
+        .query_with_schema(
             "path",
             true,
             "File path; relative paths are under /workspace",
+            schemas::path("File path; relative paths are under /workspace"),
         )
         .binary(200, "The file's bytes")
         .errors(&[400, 404, 413, 422, 502]),
@@ -240,12 +268,17 @@ pub fn operations() -> Vec<Operation> {
         )
         .description("Parent directories are created. The body is the file's content.")
         .path_param("id", SANDBOX_ID)
-        .query("path", true, "File path, strictly under /workspace")
+        .query_with_schema(
+            "path",
+            true,
+            "File path, strictly under /workspace",
+            schemas::path_in_workspace(),
+        )
         .query_with_schema(
             "mode",
             false,
             "Octal permission bits (default 644)",
-            json!({"type": "string", "pattern": "^[0-7]{3,4}$", "default": "644"}),
+            json!({"type": "string", "pattern": "^0?[0-7]{3}$", "default": "644"}),
         )
         .binary_body()
         .json::<wire::FileInfo>(200, "The written file")
@@ -257,7 +290,12 @@ pub fn operations() -> Vec<Operation> {
             "List a directory",
         )
         .path_param("id", SANDBOX_ID)
-        .query("path", false, "Directory (default /workspace)")
+        .query_with_schema(
+            "path",
+            false,
+            "Directory (default /workspace)",
+            schemas::path("Directory; relative paths are under /workspace"),
+        )
         .json::<wire::FileList>(200, "The directory's entries, sorted by name")
         .errors(&[400, 404, 502]),
         op(
@@ -267,9 +305,12 @@ pub fn operations() -> Vec<Operation> {
             "Snapshot a sandbox's workspace",
         )
         .path_param("id", SANDBOX_ID)
-        .optional_json_body::<SnapshotCreate>()
+        .optional_json_body_schema("SnapshotCreate", schemas::snapshot_create())
         .json::<wire::SnapshotInfo>(201, "The snapshot, ready")
-        .errors(&[404, 413, 422, 502, 503]),
+        .link(201, "v1GetSnapshot", "id", "$response.body#/id")
+        .link(201, "v1Fork", "id", "$response.body#/id")
+        .link(201, "v1DeleteSnapshot", "id", "$response.body#/id")
+        .errors(&[400, 404, 413, 422, 502, 503]),
         op(
             Method::POST,
             "/v1/sandboxes/{id}/rollback",
@@ -281,9 +322,9 @@ pub fn operations() -> Vec<Operation> {
                  with the snapshot's content. Running processes stop and /tmp is cleared.",
         )
         .path_param("id", SANDBOX_ID)
-        .json_body::<RollbackBody>()
+        .json_body_schema("RollbackRequest", schemas::rollback_request())
         .json::<wire::SandboxInfo>(200, "The sandbox, with source_snapshot_id set")
-        .errors(&[403, 404, 422, 502, 503]),
+        .errors(&[400, 403, 404, 413, 422, 502, 503]),
         op(
             Method::GET,
             "/v1/snapshots",
@@ -300,7 +341,7 @@ pub fn operations() -> Vec<Operation> {
         )
         .path_param("id", SNAPSHOT_ID)
         .json::<wire::SnapshotInfo>(200, "The snapshot")
-        .errors(&[404]),
+        .errors(&[400, 404]),
         op(
             Method::DELETE,
             "/v1/snapshots/{id}",
@@ -309,7 +350,7 @@ pub fn operations() -> Vec<Operation> {
         )
         .path_param("id", SNAPSHOT_ID)
         .empty(204, "Deleted, with its data")
-        .errors(&[403, 404, 503]),
+        .errors(&[400, 403, 404, 503]),
         op(
             Method::POST,
             "/v1/snapshots/{id}/fork",
@@ -321,8 +362,9 @@ pub fn operations() -> Vec<Operation> {
                  lifetime, and the snapshot's workspace.",
         )
         .path_param("id", SNAPSHOT_ID)
-        .optional_json_body::<ForkRequest>()
+        .optional_json_body_schema("ForkRequest", schemas::fork_request(settings))
         .json::<wire::SandboxInfo>(201, "The new sandbox, running")
-        .errors(&[400, 403, 404, 422, 429, 502, 503]),
+        .links_to_sandbox()
+        .errors(&[400, 403, 404, 413, 422, 429, 502, 503]),
     ]
 }

@@ -55,6 +55,12 @@ pub fn resolve(settings: &Settings, wanted: Wanted) -> Result<SandboxSpec, ApiEr
             py_float(settings.max_cpus)
         )));
     }
+    if cpus < super::schemas::MIN_CPUS {
+        return Err(ApiError::InvalidRequest(format!(
+            "cpus must be at least {}",
+            py_float(super::schemas::MIN_CPUS)
+        )));
+    }
     let memory_mb = in_range(
         wanted.memory_mb,
         settings.default_memory_mb,
@@ -167,6 +173,15 @@ mod tests {
         assert_eq!(
             message(resolve(&settings, w).unwrap_err()),
             (400, "cpus must be in (0, 4.0]".into())
+        );
+        // Docker refuses less than a hundredth of a CPU; that is the caller's mistake, not a 502.
+        let w = Wanted {
+            cpus: Some(0.005),
+            ..wanted()
+        };
+        assert_eq!(
+            message(resolve(&settings, w).unwrap_err()),
+            (400, "cpus must be at least 0.01".into())
         );
         let w = Wanted {
             memory_mb: Some(5000),

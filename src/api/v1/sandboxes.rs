@@ -2,8 +2,6 @@
 //! reference's order, writes desired state to the store, and answers from what the controller
 //! then observes. [`create_from_spec`] is shared with fork.
 
-use std::collections::BTreeMap;
-
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -23,39 +21,6 @@ use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::resource::{AnyResource, Condition, Kind, Sandbox, SandboxPhase, SandboxSpec};
 use crate::store::{StoreError, WriteOptions};
-
-/// Body of `POST /v1/sandboxes` (documentation; parsing is lenient, see `lax`).
-#[derive(serde::Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-pub struct SandboxCreate {
-    /// Default: the server's default image. Must match the server's allowlist.
-    image: Option<String>,
-    /// CPU cores, > 0 and at most the server's maximum.
-    cpus: Option<f64>,
-    /// At least 16 and at most the server's maximum.
-    memory_mb: Option<u64>,
-    /// At least 8 and at most the server's maximum.
-    pids_limit: Option<u64>,
-    /// Default false.
-    network: Option<bool>,
-    /// Default true.
-    read_only_rootfs: Option<bool>,
-    /// Lifetime in seconds (default: the server's default timeout).
-    timeout_seconds: Option<u64>,
-    /// Environment of the sandbox's processes.
-    #[serde(default)]
-    env: BTreeMap<String, String>,
-}
-
-/// Body of `POST /v1/sandboxes/{id}/timeout`.
-#[derive(serde::Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-pub struct TimeoutRequest {
-    /// New lifetime from now, in seconds (at least 1).
-    timeout_seconds: u64,
-}
 
 /// Sandboxes that count against `max_sandboxes`: all but those being deleted or expired.
 fn live_count(state: &AppState) -> usize {

@@ -26,36 +26,6 @@ use crate::resource::{
 };
 use crate::store::{StoreError, WriteOptions};
 
-/// Body of `POST /v1/sandboxes/{id}/snapshots` (optional).
-#[derive(serde::Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-pub struct SnapshotCreate {
-    /// A label for people, at most 128 characters.
-    name: Option<String>,
-}
-
-/// Body of `POST /v1/sandboxes/{id}/rollback`.
-#[derive(serde::Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-pub struct RollbackBody {
-    snapshot_id: String,
-}
-
-/// Body of `POST /v1/snapshots/{id}/fork` (optional). Everything else comes from the spec the
-/// snapshot captured.
-#[derive(serde::Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-pub struct ForkRequest {
-    /// Lifetime of the new sandbox (default: the server's default; not inherited).
-    timeout_seconds: Option<u64>,
-    network: Option<bool>,
-    cpus: Option<f64>,
-    memory_mb: Option<u64>,
-}
-
 pub async fn create(
     State(state): State<AppState>,
     Extension(opts): Extension<V1Options>,
