@@ -36,6 +36,8 @@ pub enum Body {
     Binary,
     /// `application/json`: any JSON object (a document with no Rust type of its own).
     JsonObject,
+    /// `application/merge-patch+json`: a JSON merge patch (RFC 7386) of this schema's document.
+    MergePatch,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -267,6 +269,9 @@ fn content(body: Body, generator: &mut SchemaGenerator) -> Value {
         }
         Body::Ndjson(f) => json!({"application/x-ndjson": {"schema": f(generator)}}),
         Body::JsonObject => json!({"application/json": {"schema": {"type": "object"}}}),
+        Body::MergePatch => {
+            json!({"application/merge-patch+json": {"schema": {"type": "object"}}})
+        }
         Body::Binary => {
             json!({"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}})
         }

@@ -367,6 +367,12 @@ pub trait Engine: Send + Sync + 'static {
     /// itself stays, to be renamed or removed later. A missing or stopped container is not an
     /// error. A deletion depends on it.
     async fn kill_container(&self, id: &str) -> EngineResult<()>;
+
+    /// Stops the container the way `docker stop` does (SIGTERM, then SIGKILL after `grace`),
+    /// thawing it first if it is paused; the container, its root filesystem and its volumes stay,
+    /// and [`Engine::start_container`] starts the same container again. A missing or stopped
+    /// container is not an error.
+    async fn stop_container(&self, id: &str, grace: std::time::Duration) -> EngineResult<()>;
 }
 
 /// File name of the helper binary at the root of the helper volume.

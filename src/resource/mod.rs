@@ -25,8 +25,8 @@ pub use meta::{
 };
 pub use pool::{SandboxPoolSpec, SandboxPoolStatus};
 pub use sandbox::{
-    AppliedLimits, EffectiveSandbox, RollbackRecord, RollbackRequest, SandboxDefaults,
-    SandboxPhase, SandboxSource, SandboxSpec, SandboxStatus,
+    AppliedLimits, EffectiveSandbox, IdleAction, IdlePolicy, RollbackRecord, RollbackRequest,
+    SandboxDefaults, SandboxPhase, SandboxSource, SandboxSpec, SandboxState, SandboxStatus,
 };
 pub use snapshot::{SnapshotPhase, SnapshotSpec, SnapshotStatus};
 
