@@ -20,6 +20,7 @@
 //!   (`spec.rollback`: `ensure_rollback`).
 //! - `replace.rs`: replacing a sandbox's container without taking it down.
 //! - `power.rs`: a sandbox held paused or stopped (`spec.state`), resumes, the idle policy.
+//! - `pulls.rs`: image pulls, one per image, for sandboxes and pools alike.
 //! - `snapshot/`: a `Snapshot`: taking it (`mod.rs`) and exporting the workspace (`export.rs`).
 //! - `fork.rs`: a `Fork`'s children. `pool.rs`: a `SandboxPool`'s warm members.
 //! - `gc.rs`: garbage collection of Docker objects that belong to no resource.
@@ -53,6 +54,7 @@ mod fork;
 mod gc;
 mod pool;
 mod power;
+mod pulls;
 pub mod queue;
 mod replace;
 mod restore;

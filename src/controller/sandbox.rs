@@ -8,11 +8,12 @@ use super::context::SandboxContext;
 use super::error::ReconcileError;
 use super::names::{self, container_name};
 use super::policy::{Cleanup, Failure, Outcome};
-use super::status::{generation, set_ready, write_status};
+use super::status::{generation, note_pulled, set_ready, write_status};
 use super::{power, replace, restore};
 use crate::docker::EngineError;
 use crate::resource::{
-    ConditionStatus, EffectiveSandbox, Kind, Sandbox, SandboxPhase, SandboxState, SandboxStatus,
+    ConditionStatus, EffectiveSandbox, ImagePullProgress, Kind, Sandbox, SandboxPhase,
+    SandboxState, SandboxStatus,
 };
 use crate::store::Entry;
 
@@ -138,6 +139,16 @@ pub(super) async fn reconcile(
     status.phase = SandboxPhase::Running;
     status.message.clear();
     status.observed_generation = Some(generation);
+    if status.image_pull.is_some() {
+        // The pull's final count.
+        if let Some((done, total)) = ctl.containers.pulls.progress(&effective.image) {
+            status.image_pull = Some(ImagePullProgress {
+                bytes_done: done,
+                bytes_total: total,
+            });
+        }
+    }
+    note_pulled(&mut status, generation);
     let rolled_back = sandbox.spec.rollback.is_some() || status.last_rollback.is_some();
     let current_volume = status.workspace_volume.clone();
     if let Some(error) = rollback_error {

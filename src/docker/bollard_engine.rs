@@ -24,6 +24,7 @@ mod events;
 mod freezer;
 mod helper;
 mod plan;
+mod pull;
 
 pub use daemon::DaemonReport;
 pub use plan::RUNSC_PIDS_HEADROOM;
@@ -465,6 +466,15 @@ impl Engine for BollardEngine {
             Err(e) if is_status(&e, 404) || is_status(&e, 409) => Ok(()),
             Err(e) => Err(map_err("kill", &format!("container {id}"))(e)),
         }
+    }
+
+    async fn pull_image(
+        &self,
+        image: &str,
+        auth_file: Option<&std::path::Path>,
+        progress: PullProgress,
+    ) -> EngineResult<()> {
+        self.pull(image, auth_file, progress).await
     }
 
     async fn stop_container(&self, id: &str, grace: std::time::Duration) -> EngineResult<()> {

@@ -68,6 +68,9 @@ pub enum EngineError {
     ImageMissing(String),
     #[error("docker refused {operation}: {message}")]
     Docker { operation: String, message: String },
+    /// A pull the registry (or the daemon on its behalf) refused; `message` is theirs.
+    #[error("pulling image {image} failed: {message}")]
+    PullFailed { image: String, message: String },
     /// The container exists but is not running (stopped, or paused), so it cannot take an exec.
     /// Told apart from [`EngineError::Docker`] here, where Docker's words are known, so that no
     /// caller has to read them.
@@ -373,7 +376,21 @@ pub trait Engine: Send + Sync + 'static {
     /// and [`Engine::start_container`] starts the same container again. A missing or stopped
     /// container is not an error.
     async fn stop_container(&self, id: &str, grace: std::time::Duration) -> EngineResult<()>;
+
+    /// Pulls `image` from its registry, with the credentials of `auth_file` (a Docker client
+    /// config) or the server user's own Docker config when they name its registry, reporting
+    /// `(bytes done, bytes total)` over its layers to `progress` as they arrive.
+    /// [`EngineError::PullFailed`] carries the registry's reason.
+    async fn pull_image(
+        &self,
+        image: &str,
+        auth_file: Option<&std::path::Path>,
+        progress: PullProgress,
+    ) -> EngineResult<()>;
 }
+
+/// Where a pull reports its bytes: `(done, total)` over the image's layers.
+pub type PullProgress = Box<dyn Fn(u64, u64) + Send + Sync>;
 
 /// File name of the helper binary at the root of the helper volume.
 pub const HELPER_BINARY: &str = "agent-sandbox-helper";

@@ -65,6 +65,42 @@ pub struct SandboxSpec {
     /// true); when false such calls answer 409 `sandbox_paused`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_resume: Option<bool>,
+    /// When the image is pulled: `IfNotPresent` (when missing), `Always` (before every new
+    /// container) or `Never`. Default: the server's `AGENT_SANDBOX_IMAGE_PULL_POLICY`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+}
+
+/// When a sandbox's image is pulled from its registry.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ImagePullPolicy {
+    #[default]
+    IfNotPresent,
+    Always,
+    Never,
+}
+
+impl std::str::FromStr for ImagePullPolicy {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<ImagePullPolicy, String> {
+        match text {
+            "IfNotPresent" => Ok(ImagePullPolicy::IfNotPresent),
+            "Always" => Ok(ImagePullPolicy::Always),
+            "Never" => Ok(ImagePullPolicy::Never),
+            other => Err(format!(
+                "{other:?} is not an image pull policy (IfNotPresent, Always or Never)"
+            )),
+        }
+    }
+}
+
+/// How far the pull of a sandbox's image has come, in bytes of its layers.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImagePullProgress {
+    pub bytes_done: u64,
+    pub bytes_total: u64,
 }
 
 /// What a sandbox's container should be doing.
@@ -195,6 +231,9 @@ pub struct SandboxStatus {
     /// How many times it was resumed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub resumes: u64,
+    /// The pull of the image, while one runs (and its totals once it is done).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull: Option<ImagePullProgress>,
     /// Set when the idle policy paused or stopped the sandbox: the last activity before that.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_since: Option<DateTime<Utc>>,
