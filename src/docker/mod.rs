@@ -69,7 +69,12 @@ pub enum EngineError {
     #[error("docker refused {operation}: {message}")]
     Docker { operation: String, message: String },
     /// A pull the registry (or the daemon on its behalf) refused; `message` is theirs.
-    #[error("pulling image {image} failed: {message}")]
+    #[error(
+        "image {image} is not present on the docker host and pulling it failed: {message}; load \
+         it there (`docker load`, or a pull from a reachable registry), or use another \
+         (AGENT_SANDBOX_DEFAULT_IMAGE sets the default; `scripts/build-test-images.sh` in the \
+         source tree builds a small offline one); `agent-sandbox doctor` checks this"
+    )]
     PullFailed { image: String, message: String },
     /// The container exists but is not running (stopped, or paused), so it cannot take an exec.
     /// Told apart from [`EngineError::Docker`] here, where Docker's words are known, so that no
