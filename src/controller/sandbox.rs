@@ -468,5 +468,6 @@ async fn delete(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Result<Outcome, 
         .await?;
     ctl.containers
         .remove_deleted(name, vec![uid], retired, recorded);
+    ctl.activity.forget(name);
     Ok(Outcome::done())
 }
