@@ -125,6 +125,7 @@ fn condition<'a>(doc: &'a Value, type_: &str) -> Option<&'a Value> {
 fn twenty_sandboxes_waiting_for_one_image_cause_one_pull_and_then_run() {
     let registry = Registry::start();
     let image = registry.push_unique("pulltest/busybox", &unique("t"), 24);
+    let _pulled = RemoveImage(image.clone());
     let pushed = registry.log().len();
     let server = Server::start();
     let names: Vec<String> = (0..20).map(|i| unique(&format!("pull{i}"))).collect();
@@ -186,8 +187,15 @@ fn twenty_sandboxes_waiting_for_one_image_cause_one_pull_and_then_run() {
         "registry log since the push:\n{}",
         &log[pushed..]
     );
-    drop(server);
-    let _ = docker_status(&["rmi", &image]);
+}
+
+/// Removes the image this test pulled, whether it passes or not (after its server's sandboxes).
+struct RemoveImage(String);
+
+impl Drop for RemoveImage {
+    fn drop(&mut self) {
+        let _ = docker_status(&["rmi", "-f", &self.0]);
+    }
 }
 
 #[test]
