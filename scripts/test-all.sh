@@ -52,3 +52,6 @@ step "Docker daemon restart under a running server"
 AGENT_SANDBOX_TEST_DOCKER_RESTART=1 cargo test --locked --test crash_safety -- --ignored --exact \
   docker_daemon_restart_under_a_running_server
 docker info > /dev/null
+AGENT_SANDBOX_TEST_DOCKER_RESTART=1 cargo test --locked --test pause_resume -- --ignored --exact \
+  pause_and_stop_survive_a_docker_daemon_restart
+docker info > /dev/null

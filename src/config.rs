@@ -52,6 +52,20 @@ pub struct Settings {
         default_value = "*"
     )]
     pub allowed_images: Vec<String>,
+    /// When a sandbox that names no `imagePullPolicy` has its image pulled: `IfNotPresent`,
+    /// `Always` or `Never`.
+    #[arg(
+        long,
+        env = "AGENT_SANDBOX_IMAGE_PULL_POLICY",
+        default_value = "IfNotPresent",
+        value_parser = str::parse::<crate::resource::ImagePullPolicy>
+    )]
+    pub image_pull_policy: crate::resource::ImagePullPolicy,
+    /// A Docker client config file (`auths`) with registry credentials for pulls; default: the
+    /// one of the user the server runs as (`$DOCKER_CONFIG/config.json` or
+    /// `~/.docker/config.json`).
+    #[arg(long, env = "AGENT_SANDBOX_REGISTRY_AUTH_FILE")]
+    pub registry_auth_file: Option<PathBuf>,
     /// `uid:gid` the sandbox's processes run as; never 0.
     #[arg(long, env = "AGENT_SANDBOX_SANDBOX_USER", default_value = "1000:1000")]
     pub sandbox_user: String,

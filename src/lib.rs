@@ -23,12 +23,14 @@
 //! - [`cli`]: the command line (`serve`, kubectl-style client commands, `mcp`).
 //! - [`gc`]: `agent-sandbox gc`, removing labeled objects no running server claims, and the
 //!   heartbeat by which a running server claims its own.
+//! - [`activity`]: which sandboxes are in use (API calls, running commands), for idle policies.
 //! - [`config`]: settings; [`server`]: wiring it all together for `agent-sandbox serve`;
 //!   [`doctor`]: the start-up checks `agent-sandbox doctor` prints and `serve` logs.
 //!
 //! Data flows one way: the API and folders write the store; the controller reads the store and
 //! writes Docker and status; exec and file calls go straight to a sandbox's container.
 
+pub mod activity;
 pub mod api;
 pub mod archive;
 pub mod cli;

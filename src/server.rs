@@ -113,6 +113,7 @@ pub async fn run(
         engine: Arc::clone(&engine),
         create_lock: Arc::new(tokio::sync::Mutex::new(())),
         keys: Arc::new(keys),
+        activity: Arc::clone(controller.activity()),
     };
     let address = std::net::SocketAddr::new(settings.host, settings.port);
     let listener = tokio::net::TcpListener::bind(address)

@@ -54,6 +54,7 @@ async fn start_with(keys: ApiKeys, folder: Option<(&str, &str)>) -> Api {
         engine: dyn_engine,
         create_lock: Arc::new(tokio::sync::Mutex::new(())),
         keys: Arc::new(keys),
+        activity: Arc::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -1034,4 +1035,117 @@ async fn a_watch_with_timeout_seconds_ends_by_itself() {
             .unwrap()
             .contains("timeoutSeconds"));
     }
+}
+
+#[tokio::test]
+async fn a_merge_patch_changes_only_what_it_names_and_is_validated_as_a_put() {
+    let api = start().await;
+    let (status, created) = api.post_json("sandboxes", sandbox("patched")).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let patch = |body: &str, content_type: &str| {
+        let request = api
+            .request(Method::PATCH, &format!("{API}/sandboxes/patched"))
+            .header("content-type", content_type)
+            .body(body.to_string());
+        async { api.send(request).await }
+    };
+    const MERGE: &str = "application/merge-patch+json";
+
+    let (status, _, body) = patch(
+        r#"{"metadata": {"labels": {"team": null, "tier": "gold"}},
+            "spec": {"state": "Paused", "cpus": 2}}"#,
+        MERGE,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["spec"]["state"], "Paused");
+    assert_eq!(body["spec"]["cpus"], 2.0);
+    assert_eq!(body["spec"]["image"], "busybox", "untouched fields stay");
+    assert_eq!(body["metadata"]["labels"], json!({"tier": "gold"}));
+    assert_eq!(body["metadata"]["generation"], 2);
+
+    // Unknown fields are named; invalid values too; nothing is written.
+    let (status, _, body) = patch(r#"{"spec": {"stat": "Paused"}}"#, MERGE).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("stat"),
+        "{body}"
+    );
+    let (status, _, body) = patch(r#"{"spec": {"state": "Asleep"}}"#, MERGE).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.state"),
+        "{body}"
+    );
+    // Immutable fields as for PUT.
+    let (status, _, body) = patch(r#"{"spec": {"source": {"snapshot": "s"}}}"#, MERGE).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.source"),
+        "{body}"
+    );
+    // A stale resourceVersion is a conflict; the wrong media type is 415; a rename is refused.
+    let (status, _, body) = patch(r#"{"metadata": {"resourceVersion": "1"}}"#, MERGE).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (status, _, _) = patch(r#"{"spec": {"cpus": 3}}"#, "application/json").await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let (status, _, _) = patch(r#"{"metadata": {"name": "other"}}"#, MERGE).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (_, _, got) = api
+        .send(api.request(Method::GET, &format!("{API}/sandboxes/patched")))
+        .await;
+    assert_eq!(got["spec"]["cpus"], 2.0);
+    assert_eq!(
+        got["metadata"]["generation"], 2,
+        "the refused patches wrote nothing"
+    );
+
+    // Every kind takes a patch.
+    let snapshot = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Snapshot",
+        "metadata": {"name": "snap"}, "spec": {"sandbox": "patched"}});
+    let (status, _) = api.post_json("snapshots", snapshot).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let request = api
+        .request(Method::PATCH, &format!("{API}/snapshots/snap"))
+        .header("content-type", MERGE)
+        .body(r#"{"metadata": {"labels": {"keep": "yes"}}}"#);
+    let (status, _, body) = api.send(request).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["metadata"]["labels"]["keep"], "yes");
+}
+
+#[tokio::test]
+async fn pause_takes_only_a_known_mode() {
+    let api = start().await;
+    let (status, _) = api.post_json("sandboxes", sandbox("p")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let pause = |body: Value| {
+        let request = api
+            .request(Method::POST, &format!("{API}/sandboxes/p/pause"))
+            .json(&body);
+        async { api.send(request).await }
+    };
+    let (status, _, body) = pause(json!({"mode": "Frozen"})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let (status, _, body) = pause(json!({"mood": "Paused"})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("mood"),
+        "{body}"
+    );
+    let (status, _, body) = api
+        .send(api.request(Method::POST, &format!("{API}/sandboxes/missing/resume")))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    // Nothing was written by the refusals.
+    let (_, _, got) = api
+        .send(api.request(Method::GET, &format!("{API}/sandboxes/p")))
+        .await;
+    assert!(got["spec"].get("state").is_none(), "{got}");
 }

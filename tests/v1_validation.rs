@@ -44,6 +44,7 @@ fn app_with(wait: Duration, adjust: impl FnOnce(&mut Settings)) -> App {
         engine,
         create_lock: Arc::new(tokio::sync::Mutex::new(())),
         keys: Arc::new(ApiKeys::disabled()),
+        activity: Arc::default(),
     };
     let router = routes_with(V1Options { wait_timeout: wait }).with_state(state);
     App {

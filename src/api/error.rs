@@ -17,7 +17,7 @@ pub struct ErrorBody {
 #[derive(Serialize, JsonSchema, Clone, Debug)]
 pub struct ErrorDetail {
     /// Machine-readable: `invalid_request`, `unauthorized`, `forbidden`, `not_found`,
-    /// `method_not_allowed`, `conflict`, `payload_too_large`, `unsupported_media_type`,
+    /// `method_not_allowed`, `conflict`, `sandbox_paused`, `payload_too_large`, `unsupported_media_type`,
     /// `validation_error`,
     /// `limit_exceeded`, `backend_error`, `unavailable` or `internal_error`.
     pub code: String,
@@ -46,6 +46,10 @@ pub enum ApiError {
     /// 409 `conflict`
     #[error("{0}")]
     Conflict(String),
+    /// 409 `sandbox_paused`: a call that needs a running sandbox, on one that is paused or
+    /// stopped and does not resume by itself (`spec.autoResume: false`).
+    #[error("{0}")]
+    SandboxPaused(String),
     /// 413 `payload_too_large`
     #[error("{0}")]
     PayloadTooLarge(String),
@@ -78,6 +82,7 @@ impl ApiError {
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            ApiError::SandboxPaused(_) => (StatusCode::CONFLICT, "sandbox_paused"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             ApiError::UnsupportedMediaType(_) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")

@@ -9,6 +9,7 @@ pub mod error;
 pub mod health;
 pub mod http;
 pub mod openapi;
+pub mod power;
 pub mod resources;
 pub mod root;
 pub mod v1;
@@ -41,6 +42,8 @@ pub struct AppState {
     pub create_lock: Arc<tokio::sync::Mutex<()>>,
     /// The API keys requests must present (or none, when authentication is off).
     pub keys: Arc<auth::ApiKeys>,
+    /// Where calls on a sandbox and its running commands are reported, for idle policies.
+    pub activity: Arc<crate::activity::Activity>,
 }
 
 /// The whole HTTP API. Routing comes first (unknown path 404, wrong method 405, both without a

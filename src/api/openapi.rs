@@ -52,6 +52,8 @@ pub enum Body {
     Binary,
     /// `application/json`: any JSON object (a document with no Rust type of its own).
     JsonObject,
+    /// `application/merge-patch+json`: a JSON merge patch (RFC 7386) of this schema's document.
+    MergePatch,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -340,6 +342,9 @@ fn content(body: Body, generator: &mut SchemaGenerator, named: &mut Map<String, 
             "items": f(generator),
         }}}),
         Body::JsonObject => json!({"application/json": {"schema": {"type": "object"}}}),
+        Body::MergePatch => {
+            json!({"application/merge-patch+json": {"schema": {"type": "object"}}})
+        }
         Body::Binary => {
             json!({"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}})
         }

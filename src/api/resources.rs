@@ -1,5 +1,6 @@
 //! The Kubernetes-style resource API: `/apis/agent-sandbox.io/v1/{plural}[/{name}]` to list,
-//! watch, create, get, replace and delete `Sandbox`, `Snapshot` and `Fork` documents, plus
+//! watch, create, get, replace, merge-patch (`patch.rs`) and delete `Sandbox`, `Snapshot` and
+//! `Fork` documents, a sandbox's `pause` and `resume` (`state.rs`), plus
 //! `/apis/agent-sandbox.io/v1/errors` for documents that did not apply.
 //!
 //! Handlers only parse (through `resource::yaml`), call the store and shape the answer; they never
@@ -28,9 +29,13 @@ use crate::resource::yaml::{self, DocumentError};
 use crate::resource::{is_valid_name, AnyResource, Kind, API_VERSION};
 use crate::store::{EventType, Store, WatchEvent, WriteOptions};
 
+mod patch;
+mod power_docs;
 mod selector;
+mod state;
 
 pub use selector::LabelSelector;
+pub use state::{PauseMode, PauseRequest};
 
 /// Where the resource API lives.
 pub const PREFIX: &str = "/apis/agent-sandbox.io/v1";
@@ -42,7 +47,15 @@ pub fn routes() -> Router<AppState> {
         .route(&format!("{PREFIX}/{{plural}}"), get(list).post(create))
         .route(
             &format!("{PREFIX}/{{plural}}/{{name}}"),
-            get(get_one).put(replace).delete(delete),
+            get(get_one).put(replace).patch(patch::patch).delete(delete),
+        )
+        .route(
+            &format!("{PREFIX}/sandboxes/{{name}}/pause"),
+            axum::routing::post(state::pause),
+        )
+        .route(
+            &format!("{PREFIX}/sandboxes/{{name}}/resume"),
+            axum::routing::post(state::resume),
         )
 }
 
@@ -393,6 +406,7 @@ pub fn operations() -> Vec<Operation> {
     for kind in Kind::ALL {
         ops.extend(docs::operations_of(kind));
     }
+    ops.extend(power_docs::operations());
     ops.push(
         Operation::new(
             Method::GET,

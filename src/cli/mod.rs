@@ -17,6 +17,7 @@ mod get;
 mod manifests;
 pub mod mcp;
 mod ops;
+mod power;
 mod util;
 mod validate;
 
@@ -98,6 +99,10 @@ pub enum Command {
     Fork(ops::ForkArgs),
     /// Set how long a sandbox lives from now.
     Timeout(ops::TimeoutArgs),
+    /// Pause a sandbox (freeze its processes), or stop it with --stop.
+    Pause(power::PauseArgs),
+    /// Resume a paused or stopped sandbox.
+    Resume(power::ResumeArgs),
     /// Serve the sandbox tools to an MCP client over stdio.
     Mcp(mcp::McpArgs),
     /// Remove labeled containers and volumes that no running server claims (talks to Docker).
@@ -241,6 +246,8 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
         Command::Rollback(args) => ops::rollback(args).await,
         Command::Fork(args) => ops::fork(args).await,
         Command::Timeout(args) => ops::timeout(args).await,
+        Command::Pause(args) => power::pause(args).await,
+        Command::Resume(args) => power::resume(args).await,
         Command::Mcp(args) => mcp::mcp(args).await,
         Command::Serve(_)
         | Command::Doctor(_)

@@ -26,6 +26,8 @@ pub(super) struct Containers {
     helper_binary: Option<&'static [u8]>,
     /// Name of the helper volume once it is known to be ready.
     helper_volume: tokio::sync::Mutex<Option<String>>,
+    /// Image pulls, one per image.
+    pub(super) pulls: super::pulls::Pulls,
     /// Sandboxes whose deletion is being finished in the background (see
     /// [`Containers::remove_deleted`]).
     removing: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
@@ -39,6 +41,7 @@ impl Containers {
         helper_binary: Option<&'static [u8]>,
     ) -> Containers {
         Containers {
+            pulls: super::pulls::Pulls::new(Arc::clone(&engine), Arc::clone(&settings)),
             engine,
             settings,
             server_id,
@@ -92,9 +95,9 @@ impl Containers {
         effective: &EffectiveSandbox,
         volume: &str,
     ) -> Result<ContainerPlan, ReconcileError> {
-        if !self.engine.image_exists(&effective.image).await? {
-            return Err(EngineError::ImageMissing(effective.image.clone()).into());
-        }
+        self.pulls
+            .ensure(&effective.image, sandbox.spec.image_pull_policy)
+            .await?;
         let network = self.network(effective.network).await?;
         Ok(ContainerPlan {
             sandbox: sandbox.metadata.name.clone(),
@@ -129,9 +132,8 @@ impl Containers {
         key: &str,
         runtime: String,
     ) -> Result<ContainerPlan, ReconcileError> {
-        if !self.engine.image_exists(&pool.spec.image).await? {
-            return Err(EngineError::ImageMissing(pool.spec.image.clone()).into());
-        }
+        // Pools pull ahead: their members wait for the pull, not the sandboxes they serve.
+        self.pulls.ensure(&pool.spec.image, None).await?;
         let network = self.network(pool.spec.network.unwrap_or(false)).await?;
         let defaults = self.defaults();
         Ok(ContainerPlan {

@@ -17,7 +17,8 @@ use crate::docker::Engine;
 use crate::store::Store;
 
 /// A `Sandbox` needs Docker, its containers and workspace, the pools it may claim from, the
-/// snapshots it may be restored from, and the snapshots in progress on it.
+/// snapshots it may be restored from, the snapshots in progress on it, and its activity (for its
+/// idle policy).
 pub(super) struct SandboxContext<'a> {
     pub(super) store: &'a Arc<Store>,
     pub(super) engine: &'a Arc<dyn Engine>,
@@ -27,6 +28,7 @@ pub(super) struct SandboxContext<'a> {
     pub(super) pools: &'a Pools,
     pub(super) snapshots: &'a Arc<Tracker>,
     pub(super) validated_files: &'a ValidatedFiles,
+    pub(super) activity: &'a Arc<crate::activity::Activity>,
 }
 
 /// A `Snapshot` needs Docker to export a workspace, the snapshots in progress, and the queue to

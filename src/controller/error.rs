@@ -11,6 +11,16 @@ use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
+    /// The image is being pulled (bytes so far of its layers); the reconcile looks again.
+    #[error("pulling image {image}: {done} of {total} bytes")]
+    ImagePulling {
+        image: String,
+        done: u64,
+        total: u64,
+    },
+    /// The image is missing and the server's allowlist does not let it be pulled.
+    #[error("image {0} is not in the server's allowed_images list, so it is not pulled")]
+    ImageNotAllowed(String),
     #[error("docker: {0}")]
     Engine(#[from] EngineError),
     #[error("store: {0}")]

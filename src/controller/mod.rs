@@ -19,6 +19,8 @@
 //! - `restore.rs`: a sandbox's first workspace from `spec.source`, and rollbacks
 //!   (`spec.rollback`: `ensure_rollback`).
 //! - `replace.rs`: replacing a sandbox's container without taking it down.
+//! - `power.rs`: a sandbox held paused or stopped (`spec.state`), resumes, the idle policy.
+//! - `pulls.rs`: image pulls, one per image, for sandboxes and pools alike.
 //! - `snapshot/`: a `Snapshot`: taking it (`mod.rs`) and exporting the workspace (`export.rs`).
 //! - `fork.rs`: a `Fork`'s children. `pool.rs`: a `SandboxPool`'s warm members.
 //! - `gc.rs`: garbage collection of Docker objects that belong to no resource.
@@ -51,6 +53,8 @@ mod workspace;
 mod fork;
 mod gc;
 mod pool;
+mod power;
+mod pulls;
 pub mod queue;
 mod replace;
 mod restore;
@@ -69,7 +73,7 @@ use tokio::task::JoinSet;
 
 use crate::config::Settings;
 use crate::docker::Engine;
-use crate::resource::Kind;
+use crate::resource::{Kind, SandboxPhase};
 use crate::store::Store;
 use claims::Pools;
 use container::Containers;
@@ -98,6 +102,8 @@ pub struct Controller {
     validated_files: content::ValidatedFiles,
     /// When progressing forks last wrote their progress (see `fork.rs`).
     fork_progress: status::ProgressWrites,
+    /// Which sandboxes are in use, for their idle policies (see `power.rs`).
+    activity: Arc<crate::activity::Activity>,
 }
 
 impl Controller {
@@ -130,7 +136,13 @@ impl Controller {
             snapshots: Arc::default(),
             validated_files: Default::default(),
             fork_progress: Default::default(),
+            activity: Arc::default(),
         })
+    }
+
+    /// Where the API reports sandbox activity (calls, running commands) for idle policies.
+    pub fn activity(&self) -> &Arc<crate::activity::Activity> {
+        &self.activity
     }
 
     pub fn queue(&self) -> &Arc<WorkQueue<Key>> {
@@ -147,8 +159,8 @@ impl Controller {
     }
 
     /// The periodic resync: every resource except the sandboxes that are visibly as their status
-    /// says (phase Running at the current generation, not expiring, on a running container of
-    /// their own name with the recorded ID), judged from one container listing. An idle server
+    /// says (phase Running, Paused or Stopped as the spec asks, at the current generation, not
+    /// expiring, on a container of their own name with the recorded ID in that state), judged from one container listing. An idle server
     /// with many sandboxes thus costs one Docker call per resync, not one per sandbox. A lost
     /// Docker event is still caught here; a failed listing falls back to queueing everything.
     async fn enqueue_drifted(&self) {
@@ -160,10 +172,9 @@ impl Controller {
                 return;
             }
         };
-        let running: HashMap<&str, &str> = containers
+        let present: HashMap<&str, (&str, &str)> = containers
             .iter()
-            .filter(|c| c.is_running())
-            .map(|c| (c.id.as_str(), c.name.as_str()))
+            .map(|c| (c.id.as_str(), (c.name.as_str(), c.state.as_str())))
             .collect();
         let now = Utc::now();
         let mut skipped = 0usize;
@@ -174,12 +185,21 @@ impl Controller {
                     let Some(status) = &sandbox.status else {
                         return false;
                     };
+                    // A container frozen through its cgroup is `running` to Docker.
+                    let states: &[&str] = match status.phase {
+                        SandboxPhase::Running => &["running"],
+                        SandboxPhase::Paused => &["paused", "running"],
+                        SandboxPhase::Stopped => &["exited", "created"],
+                        _ => &[],
+                    };
                     sandbox.metadata.deletion_timestamp.is_none()
-                        && status.phase == crate::resource::SandboxPhase::Running
+                        && sandbox.spec.desired_state().phase() == status.phase
                         && status.observed_generation == sandbox.metadata.generation
                         && status.expires_at.is_none_or(|at| at > now)
                         && status.container_id.as_deref().is_some_and(|id| {
-                            running.get(id).copied() == Some(container_name(&name).as_str())
+                            present.get(id).is_some_and(|(name_now, state)| {
+                                *name_now == container_name(&name) && states.contains(state)
+                            })
                         })
                 });
                 if settled {
@@ -263,6 +283,7 @@ impl Controller {
             pools: &self.pools,
             snapshots: &self.snapshots,
             validated_files: &self.validated_files,
+            activity: &self.activity,
         }
     }
 

@@ -13,17 +13,19 @@ use chrono::{DateTime, Utc};
 
 use super::container::{Containers, Replaced};
 use super::error::ReconcileError;
-use super::status::{generation, set_ready, write_status, Reported};
+use super::status::{generation, note_pull, set_ready, write_status, Reported};
 use crate::docker::EngineError;
 use crate::resource::{
-    ConditionStatus, Sandbox, SandboxPhase, SandboxPool, SandboxPoolStatus, SandboxStatus,
-    Snapshot, SnapshotStatus,
+    ConditionStatus, ImagePullProgress, Sandbox, SandboxPhase, SandboxPool, SandboxPoolStatus,
+    SandboxStatus, Snapshot, SnapshotStatus,
 };
 use crate::store::Store;
 
 /// How long to wait before looking again at a sandbox that cannot start for a reason outside our
 /// control (a missing image, say).
 const EXTERNAL_RETRY: Duration = Duration::from_secs(30);
+/// How often a sandbox waiting for its image's pull looks again (and reports its progress).
+const PULL_POLL: Duration = Duration::from_millis(500);
 /// How often a sandbox waiting for its source snapshot to become ready looks again.
 const SNAPSHOT_WAIT: Duration = Duration::from_secs(1);
 
@@ -162,6 +164,10 @@ pub(super) fn error_policy(error: &ReconcileError) -> Verdict {
         },
         ReconcileError::Export(_) => ("ExportFailed", None),
         ReconcileError::MembersNotCreated(_) => ("CreateFailed", None),
+        ReconcileError::ImagePulling { .. } => ("PullingImage", Some(PULL_POLL)),
+        ReconcileError::ImageNotAllowed(_) => ("ImageNotAllowed", Some(EXTERNAL_RETRY)),
+        // The registry's reason is in the message; retried with the queue's backoff.
+        ReconcileError::Engine(EngineError::PullFailed { .. }) => ("ImagePullFailed", None),
         ReconcileError::Engine(EngineError::ImageMissing(image)) => {
             return Verdict {
                 reason: "ImageMissing",
@@ -200,6 +206,33 @@ impl Failable for Sandbox {
         match error {
             // The sandbox runs on as it was.
             ReconcileError::RollbackFailed { .. } => {}
+            ReconcileError::ImagePulling { done, total, .. } => {
+                status.phase = SandboxPhase::Pending;
+                status.observed_generation = Some(generation);
+                status.image_pull = Some(ImagePullProgress {
+                    bytes_done: *done,
+                    bytes_total: *total,
+                });
+                note_pull(
+                    status,
+                    ConditionStatus::False,
+                    "Pulling",
+                    &verdict.message,
+                    generation,
+                );
+            }
+            ReconcileError::Engine(EngineError::PullFailed { .. })
+            | ReconcileError::ImageNotAllowed(_) => {
+                status.phase = SandboxPhase::Failed;
+                status.observed_generation = Some(generation);
+                note_pull(
+                    status,
+                    ConditionStatus::False,
+                    verdict.reason,
+                    &verdict.message,
+                    generation,
+                );
+            }
             ReconcileError::Source(_) if verdict.retry_after.is_some() => {
                 status.phase = SandboxPhase::Pending;
                 status.observed_generation = Some(generation);

@@ -1,18 +1,19 @@
 //! Reconciling one `Sandbox`: its workspace volume and hardened container, expiry, deletion, and
 //! the status that reports all of it.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 
 use super::container::{limits_for, Replaced};
 use super::context::SandboxContext;
 use super::error::ReconcileError;
 use super::names::{self, container_name};
 use super::policy::{Cleanup, Failure, Outcome};
-use super::status::{generation, set_ready, write_status};
-use super::{replace, restore};
-use crate::docker::{EngineError, LABEL_SPEC_HASH, LABEL_UID};
+use super::status::{generation, note_pulled, set_ready, write_status};
+use super::{power, replace, restore};
+use crate::docker::EngineError;
 use crate::resource::{
-    ConditionStatus, EffectiveSandbox, Kind, Sandbox, SandboxPhase, SandboxStatus,
+    ConditionStatus, EffectiveSandbox, ImagePullProgress, Kind, Sandbox, SandboxPhase,
+    SandboxState, SandboxStatus,
 };
 use crate::store::Entry;
 
@@ -66,6 +67,18 @@ pub(super) async fn reconcile(
 
     let effective = sandbox.spec.effective(&ctl.containers.defaults());
 
+    // Paused or stopped as the spec asks, on the container it already has: nothing else to do
+    // (a pending rollback or a container to rebuild goes the long way below).
+    let desired = sandbox.spec.desired_state();
+    let was = status.phase;
+    if desired != SandboxState::Running && sandbox.spec.pending_rollback(Some(&status)).is_none() {
+        match power::hold(ctl, &sandbox, &effective, &status, desired).await {
+            Ok(true) => return Ok(held(ctl, &sandbox, status, desired, expires_at).await?),
+            Ok(false) => {}
+            Err(error) => return Err(Failure::reported(error, &sandbox, status)),
+        }
+    }
+
     // A sandbox started from a snapshot gets its first workspace from it before anything runs.
     let built = match restore::ensure_source(ctl, &sandbox, &effective, &mut status).await {
         Ok(built) => built,
@@ -99,9 +112,43 @@ pub(super) async fn reconcile(
         Ok(retired) => retired,
         Err(error) => return Err(Failure::reported(error, &sandbox, status)),
     };
+    if desired != SandboxState::Running && rollback_error.is_none() {
+        // Made or rebuilt just now: held as the spec asks from the start.
+        match power::hold(ctl, &sandbox, &effective, &status, desired).await {
+            Ok(true) => {
+                let outcome = held(ctl, &sandbox, status, desired, expires_at).await?;
+                retired.remove(ctl.engine.as_ref()).await;
+                if let Some(leftovers) = replaced {
+                    leftovers.remove(ctl.engine.as_ref()).await;
+                }
+                return Ok(outcome);
+            }
+            Ok(false) => {
+                let error = ReconcileError::Vanished {
+                    container: names::container_name(name),
+                    when: " before it could be paused or stopped",
+                };
+                return Err(Failure::reported(error, &sandbox, status));
+            }
+            Err(error) => return Err(Failure::reported(error, &sandbox, status)),
+        }
+    }
+    if matches!(was, SandboxPhase::Paused | SandboxPhase::Stopped) {
+        power::note_resumed(ctl, name, &mut status);
+    }
     status.phase = SandboxPhase::Running;
     status.message.clear();
     status.observed_generation = Some(generation);
+    if status.image_pull.is_some() {
+        // The pull's final count.
+        if let Some((done, total)) = ctl.containers.pulls.progress(&effective.image) {
+            status.image_pull = Some(ImagePullProgress {
+                bytes_done: done,
+                bytes_total: total,
+            });
+        }
+    }
+    note_pulled(&mut status, generation);
     let rolled_back = sandbox.spec.rollback.is_some() || status.last_rollback.is_some();
     let current_volume = status.workspace_volume.clone();
     if let Some(error) = rollback_error {
@@ -145,6 +192,69 @@ pub(super) async fn reconcile(
             tracing::warn!(sandbox = name, %error, "removing replaced workspaces failed");
         }
     }
+    match power::idle(ctl, &sandbox) {
+        power::Idle::Until(at) => Ok(Outcome::at(earliest(expires_at, at))),
+        power::Idle::Since(last) => {
+            if power::act_on_idle(ctl, &sandbox).await? {
+                status.idle_since = Some(last);
+                write_status(ctl.store, &sandbox, &status).await?;
+            }
+            Ok(Outcome::at(expires_at))
+        }
+    }
+}
+
+fn earliest(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Reports a sandbox held paused or stopped as its spec asks.
+async fn held(
+    ctl: &SandboxContext<'_>,
+    sandbox: &Sandbox,
+    mut status: SandboxStatus,
+    state: SandboxState,
+    expires_at: Option<DateTime<Utc>>,
+) -> Result<Outcome, ReconcileError> {
+    let generation = generation(&sandbox.metadata);
+    status.phase = state.phase();
+    status.message.clear();
+    status.observed_generation = Some(generation);
+    let word = if state == SandboxState::Paused {
+        "paused"
+    } else {
+        "stopped"
+    };
+    let (reason, message) = match (status.idle_since, &sandbox.spec.idle) {
+        (Some(_), Some(policy)) => (
+            "Idle",
+            format!("{word} after {} s without activity", policy.after_seconds),
+        ),
+        _ => (
+            if state == SandboxState::Paused {
+                "Paused"
+            } else {
+                "Stopped"
+            },
+            format!("{word} as spec.state says"),
+        ),
+    };
+    let message = if sandbox.spec.auto_resumes() {
+        format!("{message}; the next exec or file call resumes it")
+    } else {
+        message
+    };
+    set_ready(
+        &mut status.conditions,
+        ConditionStatus::True,
+        reason,
+        &message,
+        generation,
+    );
+    write_status(ctl.store, sandbox, &status).await?;
     Ok(Outcome::at(expires_at))
 }
 
@@ -197,17 +307,7 @@ async fn ensure_running(
     let current = container_name(name);
     let existing = ctl.engine.inspect_container(&current).await?;
     let occupant = existing.clone();
-    let claimed_id = status
-        .container_hash
-        .as_deref()
-        .filter(|h| *h == hash)
-        .and(status.container_id.clone());
-    let reusable = existing.filter(|c| {
-        let built_for_us = c.labels.get(LABEL_UID) == Some(&uid)
-            && c.labels.get(LABEL_SPEC_HASH) == Some(&hash)
-            && status.container_id.as_deref().is_none_or(|id| id == c.id);
-        built_for_us || claimed_id.as_deref() == Some(c.id.as_str())
-    });
+    let reusable = existing.filter(|c| power::is_current(c, status, &uid, &hash));
     let details = match reusable {
         Some(details) => details,
         None => {
@@ -368,5 +468,6 @@ async fn delete(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Result<Outcome, 
         .await?;
     ctl.containers
         .remove_deleted(name, vec![uid], retired, recorded);
+    ctl.activity.forget(name);
     Ok(Outcome::done())
 }

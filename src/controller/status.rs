@@ -74,6 +74,45 @@ pub(super) fn note_immutable(
     );
 }
 
+/// Sets the `ImagePulled` condition of a sandbox whose image is (being) pulled, keeping its
+/// transition time while its verdict and reason stay the same.
+pub(super) fn note_pull(
+    status: &mut crate::resource::SandboxStatus,
+    verdict: ConditionStatus,
+    reason: &str,
+    message: &str,
+    generation: u64,
+) {
+    let same = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == IMAGE_PULLED)
+        .filter(|c| c.status == verdict && c.reason == reason)
+        .map(|c| c.last_transition_time);
+    set_condition(
+        &mut status.conditions,
+        Condition {
+            type_: IMAGE_PULLED.into(),
+            status: verdict,
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: same.unwrap_or_else(Utc::now),
+            observed_generation: Some(generation),
+        },
+    );
+}
+
+/// Once a sandbox whose image was pulled runs: its `ImagePulled` condition says so.
+pub(super) fn note_pulled(status: &mut crate::resource::SandboxStatus, generation: u64) {
+    let pulled = status.conditions.iter().any(|c| c.type_ == IMAGE_PULLED);
+    if pulled {
+        note_pull(status, ConditionStatus::True, "Pulled", "", generation);
+    }
+}
+
+/// The condition reporting a sandbox's image pull.
+pub(super) const IMAGE_PULLED: &str = "ImagePulled";
+
 /// Drops condition `type_`.
 pub(super) fn clear_condition(conditions: &mut Vec<Condition>, type_: &str) {
     conditions.retain(|c| c.type_ != type_);

@@ -36,6 +36,8 @@ pub struct Channels {
     shared: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Slot>>>>,
     /// Opened, idle private channels per container (at most [`SPARES_PER_CONTAINER`]).
     spares: Spares,
+    /// When each container was started, as its callers last said.
+    starts: Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>,
 }
 
 enum Slot {
@@ -61,6 +63,38 @@ impl Channels {
             user,
             shared: Mutex::default(),
             spares: Arc::default(),
+            starts: Mutex::default(),
+        }
+    }
+
+    /// Drops every channel of `container` when it was started again since they were opened (its
+    /// ID is the same, its processes are not; gVisor keeps the old streams open, so they would
+    /// not be seen to die).
+    pub fn renew_if_restarted(
+        &self,
+        container: &str,
+        started_at: Option<chrono::DateTime<chrono::Utc>>,
+    ) {
+        let Some(started_at) = started_at else {
+            return;
+        };
+        let restarted = {
+            let mut starts = self.starts.lock().unwrap_or_else(|p| p.into_inner());
+            match starts.insert(container.to_string(), started_at) {
+                Some(before) => before != started_at,
+                None => false,
+            }
+        };
+        if restarted {
+            tracing::debug!(%container, "container started again; dropping its helper channels");
+            self.shared
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(container);
+            self.spares
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(container);
         }
     }
 

@@ -36,6 +36,10 @@ pub struct SandboxTarget {
     pub container_id: String,
     /// The sandbox's own environment; a request's env is applied on top.
     pub env: BTreeMap<String, String>,
+    /// When the controller last started the container. A container started again (a stopped
+    /// sandbox resumed) keeps its ID but none of its processes: channels into the run before
+    /// are dropped, since some runtimes (gVisor) leave their streams open.
+    pub started_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// A command: a string run as `/bin/sh -c`, or an argv list.
@@ -169,6 +173,8 @@ impl DataPlane {
         let container = &target.container_id;
         let fail = |e| exec::channel_error(&target.name, e);
         if self.helper {
+            self.channels
+                .renew_if_restarted(container, target.started_at);
             let opened = if private {
                 self.channels.private(container).await
             } else {

@@ -24,6 +24,7 @@ mod events;
 mod freezer;
 mod helper;
 mod plan;
+mod pull;
 
 pub use daemon::DaemonReport;
 pub use plan::RUNSC_PIDS_HEADROOM;
@@ -112,6 +113,15 @@ impl BollardEngine {
                 labels: v.labels.into_iter().collect(),
             })
             .collect())
+    }
+
+    /// Thaws the container if it is paused, by Docker or by a freeze of this host's (a missing
+    /// container is left to the caller).
+    async fn thaw_if_paused(&self, id: &str) -> EngineResult<()> {
+        match self.inspect_container(id).await? {
+            Some(details) if details.paused => self.thaw_or_unpause(id).await,
+            _ => Ok(()),
+        }
     }
 
     async fn wait_gone(&self, id: &str) -> EngineResult<()> {
@@ -339,6 +349,10 @@ impl Engine for BollardEngine {
             ..Default::default()
         };
         self.thaw_before_removal(id);
+        // A frozen cgroup's processes take no SIGKILL until thawed.
+        if let Err(error) = self.thaw_if_paused(id).await {
+            tracing::debug!(container = id, %error, "cannot thaw before removal");
+        }
         let removed = {
             let _one_at_a_time = self.removals.lock().await;
             self.docker.remove_container(id, Some(options)).await
@@ -449,7 +463,10 @@ impl Engine for BollardEngine {
     }
 
     async fn kill_container(&self, id: &str) -> EngineResult<()> {
+        // A frozen container takes no signal: Docker refuses to kill a paused one (409), and a
+        // cgroup frozen here, by this run or one before it, would hold the SIGKILL pending.
         self.thaw_before_removal(id);
+        self.thaw_if_paused(id).await?;
         // Docker answers a SIGKILL only once the container has stopped.
         let options = bollard::query_parameters::KillContainerOptions {
             signal: "SIGKILL".into(),
@@ -459,6 +476,30 @@ impl Engine for BollardEngine {
             // Missing, or not running (Docker's 409): nothing runs.
             Err(e) if is_status(&e, 404) || is_status(&e, 409) => Ok(()),
             Err(e) => Err(map_err("kill", &format!("container {id}"))(e)),
+        }
+    }
+
+    async fn pull_image(
+        &self,
+        image: &str,
+        auth_file: Option<&std::path::Path>,
+        progress: PullProgress,
+    ) -> EngineResult<()> {
+        self.pull(image, auth_file, progress).await
+    }
+
+    async fn stop_container(&self, id: &str, grace: std::time::Duration) -> EngineResult<()> {
+        self.thaw_before_removal(id);
+        self.thaw_if_paused(id).await?;
+        let options = bollard::query_parameters::StopContainerOptions {
+            t: Some(i32::try_from(grace.as_secs()).unwrap_or(i32::MAX)),
+            signal: None,
+        };
+        // 304 (already stopped) counts as success in bollard.
+        match self.docker.stop_container(id, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(e) if is_status(&e, 404) => Ok(()),
+            Err(e) => Err(map_err("stop", &format!("container {id}"))(e)),
         }
     }
 

@@ -605,6 +605,34 @@ impl Engine for FakeEngine {
         })
     }
 
+    async fn stop_container(&self, id: &str, _grace: std::time::Duration) -> EngineResult<()> {
+        let mut state = self.enter("stop_container", id)?;
+        if find(&state, id).is_none() {
+            return Ok(());
+        }
+        with_container(&mut state, id, |c| {
+            if c.state == "running" || c.state == "paused" {
+                c.state = "exited".into();
+                c.exit_code = Some(0);
+            }
+            Ok(())
+        })
+    }
+
+    async fn pull_image(
+        &self,
+        image: &str,
+        _auth_file: Option<&std::path::Path>,
+        progress: super::PullProgress,
+    ) -> EngineResult<()> {
+        let mut state = self.enter("pull_image", image)?;
+        if let Some(images) = state.images.as_mut() {
+            images.insert(image.to_string());
+        }
+        progress(1, 1);
+        Ok(())
+    }
+
     async fn prepare_workspace(&self, container: &str, uid: u32, gid: u32) -> EngineResult<()> {
         let mut state = self.enter("prepare_workspace", container)?;
         with_container(&mut state, container, |c| {

@@ -68,6 +68,14 @@ pub enum EngineError {
     ImageMissing(String),
     #[error("docker refused {operation}: {message}")]
     Docker { operation: String, message: String },
+    /// A pull the registry (or the daemon on its behalf) refused; `message` is theirs.
+    #[error(
+        "image {image} is not present on the docker host and pulling it failed: {message}; load \
+         it there (`docker load`, or a pull from a reachable registry), or use another \
+         (AGENT_SANDBOX_DEFAULT_IMAGE sets the default; `scripts/build-test-images.sh` in the \
+         source tree builds a small offline one); `agent-sandbox doctor` checks this"
+    )]
+    PullFailed { image: String, message: String },
     /// The container exists but is not running (stopped, or paused), so it cannot take an exec.
     /// Told apart from [`EngineError::Docker`] here, where Docker's words are known, so that no
     /// caller has to read them.
@@ -370,7 +378,27 @@ pub trait Engine: Send + Sync + 'static {
     /// itself stays, to be renamed or removed later. A missing or stopped container is not an
     /// error. A deletion depends on it.
     async fn kill_container(&self, id: &str) -> EngineResult<()>;
+
+    /// Stops the container the way `docker stop` does (SIGTERM, then SIGKILL after `grace`),
+    /// thawing it first if it is paused; the container, its root filesystem and its volumes stay,
+    /// and [`Engine::start_container`] starts the same container again. A missing or stopped
+    /// container is not an error.
+    async fn stop_container(&self, id: &str, grace: std::time::Duration) -> EngineResult<()>;
+
+    /// Pulls `image` from its registry, with the credentials of `auth_file` (a Docker client
+    /// config) or the server user's own Docker config when they name its registry, reporting
+    /// `(bytes done, bytes total)` over its layers to `progress` as they arrive.
+    /// [`EngineError::PullFailed`] carries the registry's reason.
+    async fn pull_image(
+        &self,
+        image: &str,
+        auth_file: Option<&std::path::Path>,
+        progress: PullProgress,
+    ) -> EngineResult<()>;
 }
+
+/// Where a pull reports its bytes: `(done, total)` over the image's layers.
+pub type PullProgress = Box<dyn Fn(u64, u64) + Send + Sync>;
 
 /// File name of the helper binary at the root of the helper volume.
 pub const HELPER_BINARY: &str = "agent-sandbox-helper";

@@ -25,8 +25,9 @@ pub use meta::{
 };
 pub use pool::{SandboxPoolSpec, SandboxPoolStatus};
 pub use sandbox::{
-    AppliedLimits, EffectiveSandbox, RollbackRecord, RollbackRequest, SandboxDefaults,
-    SandboxPhase, SandboxSource, SandboxSpec, SandboxStatus,
+    AppliedLimits, EffectiveSandbox, IdleAction, IdlePolicy, ImagePullPolicy, ImagePullProgress,
+    RollbackRecord, RollbackRequest, SandboxDefaults, SandboxPhase, SandboxSource, SandboxSpec,
+    SandboxState, SandboxStatus,
 };
 pub use snapshot::{SnapshotPhase, SnapshotSpec, SnapshotStatus};
 

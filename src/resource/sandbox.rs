@@ -53,6 +53,103 @@ pub struct SandboxSpec {
     /// A new `requestId` asks the controller for exactly one rollback to `snapshot`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback: Option<RollbackRequest>,
+    /// `Running` (the default), `Paused` (every process frozen, memory kept) or `Stopped` (the
+    /// container stopped; `/workspace`, and the root filesystem when it is writable, kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<SandboxState>,
+    /// Pause or stop the sandbox after this long without activity (API calls on it, running
+    /// commands).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<IdlePolicy>,
+    /// Whether an exec or file call on a paused or stopped sandbox resumes it first (default
+    /// true); when false such calls answer 409 `sandbox_paused`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_resume: Option<bool>,
+    /// When the image is pulled: `IfNotPresent` (when missing), `Always` (before every new
+    /// container) or `Never`. Default: the server's `AGENT_SANDBOX_IMAGE_PULL_POLICY`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+}
+
+/// When a sandbox's image is pulled from its registry.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ImagePullPolicy {
+    #[default]
+    IfNotPresent,
+    Always,
+    Never,
+}
+
+impl std::str::FromStr for ImagePullPolicy {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<ImagePullPolicy, String> {
+        match text {
+            "IfNotPresent" => Ok(ImagePullPolicy::IfNotPresent),
+            "Always" => Ok(ImagePullPolicy::Always),
+            "Never" => Ok(ImagePullPolicy::Never),
+            other => Err(format!(
+                "{other:?} is not an image pull policy (IfNotPresent, Always or Never)"
+            )),
+        }
+    }
+}
+
+/// How far the pull of a sandbox's image has come, in bytes of its layers.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImagePullProgress {
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+}
+
+/// What a sandbox's container should be doing.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SandboxState {
+    #[default]
+    Running,
+    Paused,
+    Stopped,
+}
+
+/// `spec.idle`: what to do with a sandbox nobody has used for a while.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IdlePolicy {
+    /// Seconds without activity after which `action` is taken.
+    #[schemars(range(min = 1))]
+    pub after_seconds: u64,
+    /// `Pause` (the default) or `Stop`.
+    #[serde(default)]
+    pub action: IdleAction,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IdleAction {
+    #[default]
+    Pause,
+    Stop,
+}
+
+impl SandboxState {
+    /// The phase of a sandbox held in this state.
+    pub fn phase(self) -> SandboxPhase {
+        match self {
+            SandboxState::Running => SandboxPhase::Running,
+            SandboxState::Paused => SandboxPhase::Paused,
+            SandboxState::Stopped => SandboxPhase::Stopped,
+        }
+    }
+}
+
+impl IdleAction {
+    /// The state this action puts a sandbox in.
+    pub fn state(self) -> SandboxState {
+        match self {
+            IdleAction::Pause => SandboxState::Paused,
+            IdleAction::Stop => SandboxState::Stopped,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
@@ -78,6 +175,7 @@ pub enum SandboxPhase {
     Creating,
     Running,
     Paused,
+    Stopped,
     Failed,
     Expired,
     Terminating,
@@ -127,8 +225,24 @@ pub struct SandboxStatus {
     /// The CPU, memory and pids limits last applied to the container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_limits: Option<AppliedLimits>,
+    /// When the sandbox was last resumed from `Paused` or `Stopped`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_resumed_at: Option<DateTime<Utc>>,
+    /// How many times it was resumed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub resumes: u64,
+    /// The pull of the image, while one runs (and its totals once it is done).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull: Option<ImagePullProgress>,
+    /// Set when the idle policy paused or stopped the sandbox: the last activity before that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_since: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq)]
@@ -189,6 +303,16 @@ impl SandboxSpec {
             read_only_rootfs: self.read_only_rootfs.unwrap_or(true),
             env: self.env.clone(),
         }
+    }
+
+    /// The state the spec asks for.
+    pub fn desired_state(&self) -> SandboxState {
+        self.state.unwrap_or_default()
+    }
+
+    /// Whether calls on a paused or stopped sandbox resume it.
+    pub fn auto_resumes(&self) -> bool {
+        self.auto_resume.unwrap_or(true)
     }
 
     /// When this sandbox's lifetime ends, counted from `anchor` (creation, or a revival).

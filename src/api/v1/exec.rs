@@ -19,7 +19,7 @@ use super::lax::{Bound, Fields};
 use super::request::json_object;
 use super::rules::check_env;
 use super::wire::{self, ndjson_line, py_number};
-use super::{dataplane_error, path_id, target, valid_path};
+use super::{awake_target, dataplane_error, path_id, valid_path};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::dataplane::{Command, ExecRequest, SandboxTarget};
@@ -31,6 +31,7 @@ pub async fn exec(
     body: Body,
 ) -> Result<Json<wire::ExecResponse>, ApiError> {
     let (target, request) = prepare(&state, path, &headers, body).await?;
+    let _busy = state.activity.busy(&target.name);
     let response = state
         .dataplane
         .exec(&target, request)
@@ -51,7 +52,12 @@ pub async fn exec_stream(
         .exec_stream(&target, request)
         .await
         .map_err(dataplane_error)?;
-    let lines = events.map(|event| Ok::<_, Infallible>(Bytes::from(ndjson_line(&event))));
+    // The sandbox is busy for as long as the stream runs.
+    let busy = state.activity.busy(&target.name);
+    let lines = events.map(move |event| {
+        let _busy = &busy;
+        Ok::<_, Infallible>(Bytes::from(ndjson_line(&event)))
+    });
     let mut response = (StatusCode::OK, Body::from_stream(lines)).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -106,7 +112,7 @@ async fn prepare(
         None => None,
         Some(w) => Some(valid_path(&w)?),
     };
-    let target = target(&sandbox, true)?;
+    let target = awake_target(state, sandbox, true).await?;
     Ok((
         target,
         ExecRequest {

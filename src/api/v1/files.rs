@@ -12,7 +12,7 @@ use axum::Json;
 use super::common::live_sandbox;
 use super::request::{query_params, read_capped, ReadError};
 use super::wire::{FileInfo, FileList};
-use super::{dataplane_error, path_id, target, valid_path};
+use super::{awake_target, dataplane_error, path_id, valid_path};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::dataplane::paths;
@@ -33,7 +33,7 @@ pub async fn read(
     let sandbox = live_sandbox(&state.store, &id)?;
     let file = valid_path(&file)?;
     // Reads may work on a stopped container (the archive API does), so only a container is needed.
-    let target = target(&sandbox, false)?;
+    let target = awake_target(&state, sandbox, false).await?;
     let bytes = state
         .dataplane
         .read_file(&target, &file)
@@ -107,7 +107,7 @@ pub async fn write(
             "mode must be between 0 and 0o777".into(),
         ));
     }
-    let target = target(&sandbox, true)?;
+    let target = awake_target(&state, sandbox, true).await?;
     let info = state
         .dataplane
         .write_file(&target, &file, contents, mode)
@@ -127,7 +127,7 @@ pub async fn list(
         .unwrap_or_else(|| paths::WORKSPACE.to_string());
     let sandbox = live_sandbox(&state.store, &id)?;
     let dir = valid_path(&dir)?;
-    let target = target(&sandbox, true)?;
+    let target = awake_target(&state, sandbox, true).await?;
     let (normalized, entries) = state
         .dataplane
         .list_files(&target, &dir)

@@ -117,7 +117,19 @@ fn target(sandbox: &Sandbox, require_running: bool) -> Result<SandboxTarget, Api
         name: name.clone(),
         container_id,
         env: sandbox.spec.env.clone(),
+        started_at: status.started_at,
     })
+}
+
+/// [`target`] of a sandbox woken first: the call counts as activity, and a paused or stopped
+/// sandbox is resumed (or the call refused) as its `spec.autoResume` says.
+async fn awake_target(
+    state: &AppState,
+    sandbox: Sandbox,
+    require_running: bool,
+) -> Result<SandboxTarget, ApiError> {
+    let sandbox = crate::api::power::awake(state, sandbox).await?;
+    target(&sandbox, require_running)
 }
 
 /// Data-plane refusals with the reference's statuses; it answers 400 for a stopped sandbox.

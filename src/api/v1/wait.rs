@@ -24,6 +24,8 @@ const POLL: Duration = Duration::from_millis(500);
 /// sandbox running on its old workspace, so the reason is all there is to go by.)
 pub const TERMINAL_REASONS: &[&str] = &[
     "ImageMissing",
+    "ImageNotAllowed",
+    "ImagePullFailed",
     "SnapshotNotFound",
     "SnapshotFailed",
     "SnapshotDataMissing",

@@ -1,0 +1,182 @@
+//! Pausing, stopping and resuming sandboxes from the API: writing `spec.state` and waiting until
+//! the controller reports it, and waking a paused or stopped sandbox before a call that needs it
+//! running (`spec.autoResume`), reporting every such call as activity for idle policies. The
+//! resource API's `pause`/`resume` routes and the `/v1` exec and file calls use it. Like every
+//! handler it only writes the store; the controller does the Docker work.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use super::error::ApiError;
+use super::AppState;
+use crate::resource::{AnyResource, Kind, Sandbox, SandboxPhase, SandboxState};
+use crate::store::{Store, StoreError};
+
+/// How long a state change waits for the controller.
+pub const STATE_WAIT: Duration = Duration::from_secs(60);
+
+/// Re-read the store at least this often while waiting, events or not.
+const POLL: Duration = Duration::from_millis(250);
+
+/// Writes `spec.state` of sandbox `name` and waits until the controller reports the sandbox in
+/// that state at the written generation; answers the sandbox as it then is.
+pub async fn set_state(
+    store: &Arc<Store>,
+    name: &str,
+    state: SandboxState,
+    timeout: Duration,
+) -> Result<Sandbox, ApiError> {
+    // Subscribed before the write, so the controller's answer cannot slip by.
+    let mut events = store.subscribe();
+    let owned = name.to_string();
+    let written = store
+        .write(move |store| {
+            store.update(Kind::Sandbox, &owned, |resource| match resource {
+                AnyResource::Sandbox(sandbox) => {
+                    if sandbox.metadata.deletion_timestamp.is_some() {
+                        return Err(StoreError::Terminating {
+                            kind: Kind::Sandbox,
+                            name: sandbox.metadata.name.clone(),
+                        });
+                    }
+                    sandbox.spec.state = Some(state);
+                    Ok(())
+                }
+                _ => Err(StoreError::Invalid(format!("{owned} is not a sandbox"))),
+            })
+        })
+        .await?;
+    let generation = written.metadata().generation.unwrap_or(0);
+    let wanted = state.phase();
+    let deadline = Instant::now() + timeout;
+    loop {
+        let current = store
+            .get(Kind::Sandbox, name)
+            .and_then(|e| e.resource.as_sandbox().cloned())
+            .ok_or_else(|| {
+                ApiError::NotFound(format!("sandbox {name} was deleted while it changed state"))
+            })?;
+        if current.metadata.deletion_timestamp.is_some() {
+            return Err(ApiError::Conflict(format!(
+                "sandbox {name} is being deleted"
+            )));
+        }
+        let status = current.status.clone().unwrap_or_default();
+        let observed = status.observed_generation.unwrap_or(0) >= generation;
+        if observed && status.phase == wanted {
+            return Ok(current);
+        }
+        if observed && status.phase == SandboxPhase::Failed {
+            return Err(ApiError::Backend(format!(
+                "sandbox {name} failed instead of becoming {wanted:?}: {}",
+                status.message
+            )));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(ApiError::Unavailable(format!(
+                "timed out after {}s waiting for sandbox {name} to be {wanted:?} (it is {:?}); \
+                 the controller may be busy, ask again later",
+                timeout.as_secs_f64(),
+                status.phase
+            )));
+        }
+        wait_for_change(&mut events, name, (deadline - now).min(POLL)).await;
+    }
+}
+
+/// Waits until the store reports a change to sandbox `name`, or `nap` passes.
+async fn wait_for_change(
+    events: &mut broadcast::Receiver<crate::store::WatchEvent>,
+    name: &str,
+    nap: Duration,
+) {
+    let changed = async {
+        loop {
+            match events.recv().await {
+                Ok(event)
+                    if event.resource.kind() == Kind::Sandbox && event.resource.name() == name =>
+                {
+                    return
+                }
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => return,
+                Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(nap, changed).await;
+}
+
+/// Whether a call on `sandbox` must wait for it to run again first.
+pub fn needs_resume(sandbox: &Sandbox) -> bool {
+    let phase = sandbox.status.as_ref().map(|s| s.phase);
+    sandbox.spec.desired_state() != SandboxState::Running
+        || matches!(phase, Some(SandboxPhase::Paused | SandboxPhase::Stopped))
+}
+
+/// Before a call that needs `sandbox` running: counts the call as activity, and resumes a paused
+/// or stopped sandbox first (or refuses with 409 `sandbox_paused` when it does not resume by
+/// itself). Answers the sandbox as it is when the call may go ahead.
+pub async fn awake(state: &AppState, sandbox: Sandbox) -> Result<Sandbox, ApiError> {
+    let name = sandbox.metadata.name.clone();
+    state.activity.touch(&name);
+    if !needs_resume(&sandbox) {
+        return Ok(sandbox);
+    }
+    if !sandbox.spec.auto_resumes() {
+        return Err(ApiError::SandboxPaused(format!(
+            "sandbox {name} is {} and spec.autoResume is false: resume it first",
+            match sandbox.spec.desired_state() {
+                SandboxState::Stopped => "stopped",
+                _ => "paused",
+            }
+        )));
+    }
+    let resumed = set_state(&state.store, &name, SandboxState::Running, STATE_WAIT).await?;
+    // The resume itself is activity: the idle count starts again from now.
+    state.activity.touch(&name);
+    Ok(resumed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::{SandboxSpec, SandboxStatus};
+
+    fn sandbox(state: Option<SandboxState>, phase: SandboxPhase) -> Sandbox {
+        let mut sb = Sandbox::new(
+            "a",
+            SandboxSpec {
+                state,
+                ..SandboxSpec::default()
+            },
+        );
+        sb.status = Some(SandboxStatus {
+            phase,
+            ..SandboxStatus::default()
+        });
+        sb
+    }
+
+    #[test]
+    fn a_sandbox_needs_a_resume_when_it_is_or_will_be_paused_or_stopped() {
+        assert!(!needs_resume(&sandbox(None, SandboxPhase::Running)));
+        assert!(!needs_resume(&sandbox(
+            Some(SandboxState::Running),
+            SandboxPhase::Pending
+        )));
+        assert!(needs_resume(&sandbox(
+            Some(SandboxState::Paused),
+            SandboxPhase::Running
+        )));
+        assert!(needs_resume(&sandbox(
+            Some(SandboxState::Running),
+            SandboxPhase::Stopped
+        )));
+        assert!(needs_resume(&sandbox(None, SandboxPhase::Paused)));
+    }
+}

@@ -1,0 +1,252 @@
+//! Image pulls against a real registry on 127.0.0.1 (Debian's `docker-registry`, which
+//! `.ci/run` installs): a missing image is pulled once however many sandboxes wait for it, its
+//! progress shows in their status, and a missing tag fails with the registry's reason. The
+//! daemon allows plain-HTTP registries on loopback addresses by default, so nothing is
+//! configured on it.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// A registry of this test's own: port, storage and log in a temporary directory.
+struct Registry {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Registry {
+    fn start() -> Registry {
+        let binary = "/usr/bin/docker-registry";
+        assert!(
+            std::path::Path::new(binary).exists(),
+            "the image pull tests need Debian's docker-registry: apt-get install docker-registry"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+                dir.path().join("data").display()
+            ),
+        )
+        .unwrap();
+        let log = dir.path().join("registry.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(binary)
+            .args(["serve", config.to_str().unwrap()])
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .expect("start docker-registry");
+        let registry = Registry {
+            child,
+            port,
+            log,
+            _dir: dir,
+        };
+        wait_until("the registry answers", Duration::from_secs(30), || {
+            http(
+                "GET",
+                &format!("http://127.0.0.1:{port}/v2/"),
+                None,
+                None,
+                "",
+            )
+            .0 == 200
+        });
+        registry
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Pushes an image of the test image plus `mb` MiB of random bytes as `repo:tag`, then
+    /// removes it locally, so that only the registry has it. Returns its full reference.
+    fn push_unique(&self, repo: &str, tag: &str, mb: u32) -> String {
+        let reference = format!("127.0.0.1:{}/{repo}:{tag}", self.port);
+        let builder = unique("pull-build");
+        let script = format!("head -c {} /dev/urandom > /blob", mb * 1024 * 1024);
+        assert!(docker_status(&[
+            "run",
+            "--name",
+            &builder,
+            "--entrypoint",
+            "sh",
+            TEST_IMAGE,
+            "-c",
+            &script,
+        ]));
+        assert!(docker_status(&["commit", &builder, &reference]));
+        let _ = docker_status(&["rm", "-f", &builder]);
+        assert!(
+            docker_status(&["push", &reference]),
+            "push to the local registry:\n{}",
+            self.log()
+        );
+        assert!(docker_status(&["rmi", &reference]));
+        reference
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn create(server: &Server, name: &str, image: &str) {
+    let doc = json!({
+        "apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+        "metadata": { "name": name }, "spec": { "image": image },
+    });
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "create {name}: {body}");
+}
+
+fn condition<'a>(doc: &'a Value, type_: &str) -> Option<&'a Value> {
+    doc["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+#[test]
+fn twenty_sandboxes_waiting_for_one_image_cause_one_pull_and_then_run() {
+    let registry = Registry::start();
+    let image = registry.push_unique("pulltest/busybox", &unique("t"), 24);
+    let _pulled = RemoveImage(image.clone());
+    let pushed = registry.log().len();
+    let server = Server::start();
+    let names: Vec<String> = (0..20).map(|i| unique(&format!("pull{i}"))).collect();
+    // All at once, so that they wait for the pull together.
+    std::thread::scope(|scope| {
+        for name in &names {
+            let (server, image) = (&server, &image);
+            scope.spawn(move || create(server, name, image));
+        }
+    });
+    // The first shows the pull while it runs, or its final count once it ran.
+    let first = server
+        .wait_for(
+            "sandboxes",
+            &names[0],
+            "pulling",
+            Duration::from_secs(120),
+            |r| r.is_some_and(|r| r["status"]["imagePull"].is_object()),
+        )
+        .unwrap();
+    eprintln!("while pulling: {}", first["status"]);
+    let mut waited = 0;
+    for name in &names {
+        let doc = server.wait_running(name);
+        // One created after the pull finished found the image there and waited for nothing.
+        let Some(pulled) = condition(&doc, "ImagePulled") else {
+            continue;
+        };
+        waited += 1;
+        assert_eq!(pulled["status"], "True", "{doc}");
+        let progress = &doc["status"]["imagePull"];
+        let total = progress["bytesTotal"].as_u64().unwrap_or(0);
+        assert!(total >= 24 * 1024 * 1024 / 2, "the layer's bytes: {doc}");
+        assert_eq!(progress["bytesDone"], progress["bytesTotal"], "{doc}");
+    }
+    eprintln!("{waited} of 20 sandboxes waited for the pull");
+    assert!(
+        waited >= 2,
+        "several sandboxes waited for the one pull ({waited})"
+    );
+    let (code, out) = server.exec(&names[7], "test -s /blob && echo pulled");
+    assert_eq!((code, out.as_str()), (0, "pulled\n"));
+    let pulls = server.log().matches("pulling image").count();
+    assert_eq!(pulls, 1, "one pull for twenty sandboxes:\n{}", server.log());
+    // And the registry was asked for the tag once (a pull resolves it, then fetches by digest).
+    let log = registry.log();
+    let tag = image.rsplit(':').next().unwrap();
+    let lookups = log[pushed..]
+        .lines()
+        .filter(|l| {
+            l.starts_with("127.0.0.1 - -")
+                && (l.contains("\"HEAD /v2/") || l.contains("\"GET /v2/"))
+                && l.contains(&format!("/manifests/{tag} "))
+        })
+        .count();
+    assert_eq!(
+        lookups,
+        1,
+        "registry log since the push:\n{}",
+        &log[pushed..]
+    );
+}
+
+/// Removes the image this test pulled, whether it passes or not (after its server's sandboxes).
+struct RemoveImage(String);
+
+impl Drop for RemoveImage {
+    fn drop(&mut self) {
+        let _ = docker_status(&["rmi", "-f", &self.0]);
+    }
+}
+
+#[test]
+fn a_missing_tag_fails_with_the_registrys_reason_and_never_pulls_what_is_not_allowed() {
+    let registry = Registry::start();
+    let repo = format!("127.0.0.1:{}/pulltest/none", registry.port);
+    let server = Server::start_with(&[(
+        "AGENT_SANDBOX_ALLOWED_IMAGES",
+        &format!("{TEST_IMAGE},{repo}:*"),
+    )]);
+    let missing = unique("pull-missing");
+    create(&server, &missing, &format!("{repo}:nope"));
+    let doc = server
+        .wait_for(
+            "sandboxes",
+            &missing,
+            "Failed",
+            Duration::from_secs(60),
+            |r| r.is_some_and(|r| r["status"]["phase"] == "Failed"),
+        )
+        .unwrap();
+    let pulled = condition(&doc, "ImagePulled").expect("an ImagePulled condition");
+    assert_eq!(pulled["status"], "False", "{doc}");
+    assert_eq!(pulled["reason"], "ImagePullFailed", "{doc}");
+    let message = pulled["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("manifest unknown") || message.contains("not found"),
+        "the registry's reason: {message}"
+    );
+
+    // An image outside the allowlist is not pulled at all.
+    let refused = unique("pull-refused");
+    let other = format!("127.0.0.1:{}/elsewhere/x:1", registry.port);
+    create(&server, &refused, &other);
+    let doc = server
+        .wait_for(
+            "sandboxes",
+            &refused,
+            "Failed",
+            Duration::from_secs(60),
+            |r| r.is_some_and(|r| r["status"]["phase"] == "Failed"),
+        )
+        .unwrap();
+    assert_eq!(
+        condition(&doc, "ImagePulled").unwrap()["reason"],
+        "ImageNotAllowed",
+        "{doc}"
+    );
+    assert!(
+        !registry.log().contains("/v2/elsewhere/"),
+        "nothing was asked of the registry:\n{}",
+        registry.log()
+    );
+}
