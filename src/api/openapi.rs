@@ -342,9 +342,19 @@ fn content(body: Body, generator: &mut SchemaGenerator, named: &mut Map<String, 
             "items": f(generator),
         }}}),
         Body::JsonObject => json!({"application/json": {"schema": {"type": "object"}}}),
-        Body::MergePatch => {
-            json!({"application/merge-patch+json": {"schema": {"type": "object"}}})
-        }
+        // The fields a patch may name are the document's own; what a named field may hold is
+        // judged on the merged document (RFC 7386: `null` removes), which no schema of the
+        // patch alone can say, so the fields' values are left open.
+        Body::MergePatch => json!({"application/merge-patch+json": {"schema": {
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "apiVersion": {"type": "string"},
+                "kind": {"type": "string"},
+                "metadata": {"type": "object"},
+                "spec": {"type": "object"},
+            },
+        }}}),
         Body::Binary => {
             json!({"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}})
         }

@@ -39,7 +39,7 @@ def ndjson(ctx, response):
 
 @schemathesis.hook
 def map_case(context, case):
-    """A replace names its object twice, in the URL and in `metadata.name`, which must agree
+    """A replace (or a patch naming `metadata.name`) names its object twice, in the URL and in `metadata.name`, which must agree
     (else 400). No schema can tie a body field to a path parameter; a client sends the name it
     read. Only well-formed cases are touched, so a malformed name still reaches the server."""
     operation_id = case.operation.definition.raw.get("operationId", "")
@@ -47,7 +47,7 @@ def map_case(context, case):
     positive = meta is not None and meta.generation.mode.is_positive
     if (
         positive
-        and operation_id.startswith("replace")
+        and operation_id.startswith(("replace", "patch"))
         and isinstance(case.body, dict)
         and isinstance(case.body.get("metadata"), dict)
         and "name" in case.body["metadata"]

@@ -147,10 +147,10 @@ pub fn path_in_workspace() -> Value {
     })
 }
 
-/// `POST /v1/sandboxes/{id}/snapshots` (optional).
+/// `POST /v1/sandboxes/{id}/snapshots` (optional; a `null` body is no body).
 pub fn snapshot_create() -> Value {
     json!({
-        "type": "object",
+        "type": ["object", "null"],
         "additionalProperties": false,
         "properties": {
             "name": nullable(json!({
@@ -172,10 +172,11 @@ pub fn rollback_request() -> Value {
     })
 }
 
-/// `POST /v1/snapshots/{id}/fork` (optional): overrides of the snapshot's captured spec.
+/// `POST /v1/snapshots/{id}/fork` (optional; a `null` body is no body): overrides of the
+/// snapshot's captured spec.
 pub fn fork_request(settings: &Settings) -> Value {
     json!({
-        "type": "object",
+        "type": ["object", "null"],
         "additionalProperties": false,
         "properties": {
             "timeout_seconds": nullable(lifetime(settings)),
