@@ -338,6 +338,7 @@ impl Supervisor {
                 Some(p) => {
                     let info = self.procs[p].info();
                     self.conns[i].reply(&Reply::Process(info));
+                    self.conns[i].reply(&Reply::Ok);
                     (Wait::None, true)
                 }
                 None => {
@@ -494,6 +495,7 @@ impl Supervisor {
                 let Some(p) = self.find(&id) else { return };
                 let info = self.procs[p].info();
                 self.conns[i].reply(&Reply::Process(info));
+                self.conns[i].reply(&Reply::Ok);
             }
             SupRequest::Output {
                 id,

@@ -142,8 +142,8 @@ impl Client {
             retain_bytes: 1 << 20,
             max_running: 8,
         }));
-        match self.next() {
-            Reply::Process(p) => p,
+        match self.collect().as_slice() {
+            [Reply::Process(p), Reply::Ok] => p.clone(),
             other => panic!("start answered {other:?}"),
         }
     }
@@ -257,6 +257,7 @@ fn a_running_process_ends_a_non_following_read_with_running() {
         c.next(),
         Reply::Process(ProcInfo { running: true, .. })
     ));
+    assert_eq!(c.next(), Reply::Ok);
     c.req(&SupRequest::Delete { id: p.id.clone() });
     assert_eq!(c.next(), Reply::Ok);
     c.req(&SupRequest::Get { id: p.id.clone() });

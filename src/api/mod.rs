@@ -9,6 +9,7 @@ pub mod error;
 pub mod health;
 pub mod http;
 pub mod openapi;
+pub mod processes;
 pub mod resources;
 pub mod root;
 pub mod v1;
@@ -36,6 +37,8 @@ pub struct AppState {
     pub settings: Arc<Settings>,
     pub store: Arc<Store>,
     pub dataplane: Arc<DataPlane>,
+    /// Long-lived processes of sandboxes.
+    pub processes: Arc<crate::processes::Processes>,
     pub engine: Arc<dyn Engine>,
     /// Serializes `/v1` creates so that `max_sandboxes` is never overshot by concurrent requests.
     pub create_lock: Arc<tokio::sync::Mutex<()>>,
@@ -49,6 +52,7 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     let protected = Router::new()
         .merge(resources::routes())
+        .merge(processes::routes())
         .merge(v1::routes())
         .route_layer(middleware::from_fn_with_state(
             state.keys.clone(),
@@ -226,6 +230,7 @@ pub fn operations() -> Vec<Operation> {
         .json_object(200, "The OpenAPI 3.1 document"),
     ];
     ops.extend(resources::operations());
+    ops.extend(processes::operations());
     ops.extend(v1::operations());
     ops
 }

@@ -7,7 +7,8 @@
 //! with their own kinds: requests `0x20..=0x2f`, replies `0xa0..=0xaf`. On one connection the
 //! client sends requests one at a time; the supervisor answers each with zero or more
 //! [`Reply::Process`], [`Reply::Chunk`] or [`Reply::Truncated`] frames and then exactly one final
-//! frame: [`Reply::Ok`], [`Reply::Error`], [`Reply::Exit`] or [`Reply::Running`]. An output
+//! frame: [`Reply::Ok`], [`Reply::Error`], [`Reply::Exit`] or [`Reply::Running`]. A start or a get
+//! answers one `Process` then `Ok`; a list, one `Process` per process then `Ok`. An output
 //! request with `follow` keeps streaming chunks as they are captured and ends only with `Exit`
 //! (the process really ended) or when the connection closes.
 //!
