@@ -25,8 +25,9 @@ use super::error::ApiError;
 use super::openapi::Operation;
 use super::resources::PREFIX;
 use super::AppState;
-use crate::dataplane::SandboxTarget;
-use crate::processes::{OutputEvent, Process, ProcessError, StartSpec, State as PState, Stream};
+use crate::processes::{
+    OutputEvent, Process, ProcessError, StartSpec, State as PState, Stream, Target,
+};
 use crate::resource::Kind;
 
 /// Largest stdin body taken in one request.
@@ -216,7 +217,7 @@ fn process_error(e: ProcessError) -> ApiError {
 }
 
 /// The sandbox's current container, or 404 / 409.
-fn target(state: &AppState, name: &str) -> Result<SandboxTarget, ApiError> {
+fn target(state: &AppState, name: &str) -> Result<Target, ApiError> {
     let sandbox = state
         .store
         .get(Kind::Sandbox, name)
@@ -228,8 +229,9 @@ fn target(state: &AppState, name: &str) -> Result<SandboxTarget, ApiError> {
         .as_ref()
         .and_then(|s| s.container_id.clone())
         .ok_or_else(|| ApiError::Conflict(format!("sandbox {name} is not running")))?;
-    Ok(SandboxTarget {
+    Ok(Target {
         name: name.to_string(),
+        uid: sandbox.metadata.uid.clone().unwrap_or_default(),
         container_id,
         env: sandbox.spec.env.clone(),
     })

@@ -26,7 +26,6 @@ use chrono::{DateTime, TimeZone, Utc};
 use futures::stream::BoxStream;
 
 use crate::config::Settings;
-use crate::dataplane::SandboxTarget;
 use crate::docker::{Engine, EngineError};
 use bridge::{Bridge, BridgeError};
 use helper_protocol::supervisor::{ErrorCode, ProcInfo, ProcStart, Reply, SupRequest};
@@ -36,6 +35,26 @@ use helper_protocol::MAX_CHUNK_LEN;
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Where processes run unless the request says otherwise.
 pub const DEFAULT_WORKDIR: &str = "/workspace";
+
+/// The sandbox an operation targets, as the controller last observed it.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub name: String,
+    /// The sandbox's `metadata.uid`: a new sandbox of the same name starts with nothing seen.
+    pub uid: String,
+    pub container_id: String,
+    /// The sandbox's own environment; a request's env is applied on top.
+    pub env: BTreeMap<String, String>,
+}
+
+impl Target {
+    fn key(&self) -> String {
+        format!("{}/{}", self.name, self.uid)
+    }
+}
+
+/// Lost processes remembered per sandbox (the oldest are forgotten first).
+const KEEP_LOST: usize = 64;
 
 /// What to start.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -212,6 +231,17 @@ impl Seen {
                 self.lost.insert(id, p);
             }
         }
+        while self.lost.len() > KEEP_LOST {
+            let oldest = self
+                .lost
+                .values()
+                .min_by_key(|p| p.started_at)
+                .map(|p| p.id.clone());
+            match oldest {
+                Some(id) => self.lost.remove(&id),
+                None => break,
+            };
+        }
     }
 }
 
@@ -224,7 +254,7 @@ pub struct Processes {
 const REPLACED: &str = "the sandbox's container was replaced; its processes ended with it";
 const GONE: &str = "the sandbox's container went away; its processes ended with it";
 
-fn bridge_error(target: &SandboxTarget, e: BridgeError) -> ProcessError {
+fn bridge_error(target: &Target, e: BridgeError) -> ProcessError {
     match e {
         BridgeError::Engine(EngineError::NotFound { .. })
         | BridgeError::Engine(EngineError::NotRunning { .. }) => {
@@ -273,9 +303,9 @@ impl Processes {
     }
 
     /// Notes the container a sandbox runs in now; processes of an earlier one become `Lost`.
-    fn note_container(&self, target: &SandboxTarget) {
+    fn note_container(&self, target: &Target) {
         let mut seen = self.seen();
-        let s = seen.entry(target.name.clone()).or_default();
+        let s = seen.entry(target.key()).or_default();
         if s.container_id != target.container_id {
             if !s.container_id.is_empty() {
                 s.lose_all(REPLACED);
@@ -284,34 +314,29 @@ impl Processes {
         }
     }
 
-    fn note(&self, target: &SandboxTarget, p: &Process) {
+    fn note(&self, target: &Target, p: &Process) {
         let mut seen = self.seen();
-        let s = seen.entry(target.name.clone()).or_default();
+        let s = seen.entry(target.key()).or_default();
         if s.container_id == target.container_id {
             s.processes.insert(p.id.clone(), p.clone());
         }
     }
 
     /// The sandbox's container is gone or stopped: what ran there is lost.
-    fn note_gone(&self, target: &SandboxTarget) {
+    fn note_gone(&self, target: &Target) {
         let mut seen = self.seen();
-        if let Some(s) = seen.get_mut(&target.name) {
+        if let Some(s) = seen.get_mut(&target.key()) {
             s.lose_all(GONE);
         }
     }
 
-    /// Forgets a sandbox (it was deleted).
-    pub fn forget_sandbox(&self, name: &str) {
-        self.seen().remove(name);
-    }
-
-    fn lost(&self, target: &SandboxTarget, id: &str) -> Option<Process> {
+    fn lost(&self, target: &Target, id: &str) -> Option<Process> {
         self.seen()
-            .get(&target.name)
+            .get(&target.key())
             .and_then(|s| s.lost.get(id).cloned())
     }
 
-    async fn connect(&self, target: &SandboxTarget) -> Result<Bridge, ProcessError> {
+    async fn connect(&self, target: &Target) -> Result<Bridge, ProcessError> {
         self.note_container(target);
         match Bridge::open(
             &self.engine,
@@ -334,20 +359,12 @@ impl Processes {
         }
     }
 
-    async fn call(
-        &self,
-        target: &SandboxTarget,
-        req: SupRequest,
-    ) -> Result<Vec<Reply>, ProcessError> {
+    async fn call(&self, target: &Target, req: SupRequest) -> Result<Vec<Reply>, ProcessError> {
         let mut b = self.connect(target).await?;
         b.call(&req).await.map_err(|e| bridge_error(target, e))
     }
 
-    pub async fn start(
-        &self,
-        target: &SandboxTarget,
-        spec: StartSpec,
-    ) -> Result<Process, ProcessError> {
+    pub async fn start(&self, target: &Target, spec: StartSpec) -> Result<Process, ProcessError> {
         let mut env = BTreeMap::from([("HOME".to_string(), DEFAULT_WORKDIR.to_string())]);
         env.extend(target.env.clone());
         env.extend(spec.env);
@@ -394,7 +411,7 @@ impl Processes {
     }
 
     /// Every process of the sandbox: the supervisor's, then those lost with earlier containers.
-    pub async fn list(&self, target: &SandboxTarget) -> Result<Vec<Process>, ProcessError> {
+    pub async fn list(&self, target: &Target) -> Result<Vec<Process>, ProcessError> {
         let current = match self.call(target, SupRequest::List).await {
             Ok(replies) => {
                 expect_ok(&replies)?;
@@ -406,13 +423,13 @@ impl Processes {
                     })
                     .collect();
                 let mut seen = self.seen();
-                let s = seen.entry(target.name.clone()).or_default();
+                let s = seen.entry(target.key()).or_default();
                 s.processes = procs.iter().map(|p| (p.id.clone(), p.clone())).collect();
                 procs
             }
             Err(ProcessError::Unavailable(m)) => {
                 let seen = self.seen();
-                if seen.get(&target.name).is_none_or(|s| s.lost.is_empty()) {
+                if seen.get(&target.key()).is_none_or(|s| s.lost.is_empty()) {
                     return Err(ProcessError::Unavailable(m));
                 }
                 Vec::new()
@@ -421,13 +438,13 @@ impl Processes {
         };
         let seen = self.seen();
         let lost = seen
-            .get(&target.name)
+            .get(&target.key())
             .map(|s| s.lost.values().cloned().collect::<Vec<_>>())
             .unwrap_or_default();
         Ok(current.into_iter().chain(lost).collect())
     }
 
-    pub async fn get(&self, target: &SandboxTarget, id: &str) -> Result<Process, ProcessError> {
+    pub async fn get(&self, target: &Target, id: &str) -> Result<Process, ProcessError> {
         if let Some(p) = self.lost(target, id) {
             return Ok(p);
         }
@@ -453,10 +470,10 @@ impl Processes {
     }
 
     /// Kills the whole tree, waits for it, forgets the process.
-    pub async fn delete(&self, target: &SandboxTarget, id: &str) -> Result<(), ProcessError> {
+    pub async fn delete(&self, target: &Target, id: &str) -> Result<(), ProcessError> {
         {
             let mut seen = self.seen();
-            if let Some(s) = seen.get_mut(&target.name) {
+            if let Some(s) = seen.get_mut(&target.key()) {
                 if s.lost.remove(id).is_some() {
                     return Ok(());
                 }
@@ -474,7 +491,7 @@ impl Processes {
             .await
             .map_err(|e| bridge_error(target, e))?;
         expect_ok(&r)?;
-        if let Some(s) = self.seen().get_mut(&target.name) {
+        if let Some(s) = self.seen().get_mut(&target.key()) {
             s.processes.remove(id);
         }
         Ok(())
@@ -483,7 +500,7 @@ impl Processes {
     /// Writes `data` to the process's stdin, then closes it if `close`.
     pub async fn write_stdin(
         &self,
-        target: &SandboxTarget,
+        target: &Target,
         id: &str,
         data: &[u8],
         close: bool,
@@ -511,12 +528,7 @@ impl Processes {
         Ok(())
     }
 
-    pub async fn signal(
-        &self,
-        target: &SandboxTarget,
-        id: &str,
-        signal: i32,
-    ) -> Result<(), ProcessError> {
+    pub async fn signal(&self, target: &Target, id: &str, signal: i32) -> Result<(), ProcessError> {
         if self.lost(target, id).is_some() {
             return Err(ProcessError::Conflict(format!("process {id} is lost")));
         }
@@ -534,7 +546,7 @@ impl Processes {
 
     pub async fn resize(
         &self,
-        target: &SandboxTarget,
+        target: &Target,
         id: &str,
         cols: u16,
         rows: u16,
@@ -561,7 +573,7 @@ impl Processes {
     /// went away): it never invents an exit.
     pub async fn output(
         &self,
-        target: &SandboxTarget,
+        target: &Target,
         id: &str,
         stdout_from: u64,
         stderr_from: u64,
