@@ -512,3 +512,112 @@ fn truncation_limits_hostile_input_and_lost() {
         .count();
     assert_eq!(lost, 3, "{list}");
 }
+
+/// A WebSocket in Kubernetes' channel framing, to `path` on the server.
+fn websocket(
+    server: &Server,
+    path: &str,
+) -> tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>> {
+    use tungstenite::client::IntoClientRequest;
+    let url = format!("{}{path}", server.url.replace("http://", "ws://"));
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut().insert(
+        "Authorization",
+        format!("Bearer {}", server.key).parse().unwrap(),
+    );
+    req.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        "v5.channel.k8s.io".parse().unwrap(),
+    );
+    let (socket, response) = tungstenite::connect(req).expect("websocket");
+    assert_eq!(
+        response.headers()["sec-websocket-protocol"],
+        "v5.channel.k8s.io"
+    );
+    if let tungstenite::stream::MaybeTlsStream::Plain(s) = socket.get_ref() {
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    }
+    socket
+}
+
+/// Reads messages until the status channel speaks: (stdout, stderr, status).
+fn until_status(
+    ws: &mut tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>>,
+    want_stdout: Option<&str>,
+) -> (Vec<u8>, Vec<u8>, Option<Value>) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    loop {
+        let msg = match ws.read() {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("websocket read: {e}");
+                return (out, err, None);
+            }
+        };
+        let tungstenite::Message::Binary(b) = msg else {
+            if msg.is_close() {
+                return (out, err, None);
+            }
+            continue;
+        };
+        match b[0] {
+            1 => out.extend_from_slice(&b[1..]),
+            2 => err.extend_from_slice(&b[1..]),
+            3 => return (out, err, Some(serde_json::from_slice(&b[1..]).unwrap())),
+            other => panic!("channel {other}"),
+        }
+        if let Some(w) = want_stdout {
+            if String::from_utf8_lossy(&out).contains(w) {
+                return (out, err, None);
+            }
+        }
+    }
+}
+
+#[test]
+fn websocket_exec_and_attach_speak_kubernetes_channels() {
+    let server = Server::start();
+    let sb = sandbox(&server);
+    let framed = |ch: u8, data: &[u8]| {
+        let mut m = vec![ch];
+        m.extend_from_slice(data);
+        tungstenite::Message::Binary(m.into())
+    };
+
+    // exec: start and attach in one; stdin round-trips through cat; closing stdin ends it.
+    let mut ws = websocket(
+        &server,
+        &format!("{API}/sandboxes/{sb}/exec?command=cat&command=-&stdin=true"),
+    );
+    ws.send(framed(0, b"ping\n")).unwrap();
+    let (out, _, status) = until_status(&mut ws, Some("ping\n"));
+    assert_eq!(out, b"ping\n", "{status:?} {}", server.log());
+    assert!(status.is_none());
+    ws.send(framed(255, &[0])).unwrap();
+    let (_, _, status) = until_status(&mut ws, None);
+    let status = status.expect("a status message");
+    assert_eq!(status["status"], "Success", "{status}");
+
+    // attach to a terminal; a resize reaches stty; the exit code comes back in the status.
+    let p = start(
+        &server,
+        &sb,
+        json!({"argv": ["sh"], "tty": true, "stdin": true}),
+    );
+    let id = p["id"].as_str().unwrap();
+    let mut a = websocket(&server, &format!("{}/{id}/attach", procs(&sb)));
+    let mut b = websocket(&server, &format!("{}/{id}/attach", procs(&sb)));
+    a.send(framed(4, br#"{"Width": 120, "Height": 50}"#))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    a.send(framed(0, b"stty size; exit 3\r")).unwrap();
+    let (out_a, _, status_a) = until_status(&mut a, None);
+    let (out_b, _, status_b) = until_status(&mut b, None);
+    for (out, status) in [(out_a, status_a), (out_b, status_b)] {
+        let out = String::from_utf8_lossy(&out).to_string();
+        assert!(out.contains("50 120"), "{out:?}");
+        let status = status.expect("a status message");
+        assert_eq!(status["exitCode"], 3, "{status}");
+        assert_eq!(status["reason"], "NonZeroExitCode");
+    }
+}

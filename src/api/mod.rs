@@ -10,6 +10,7 @@ pub mod health;
 pub mod http;
 pub mod openapi;
 pub mod processes;
+pub mod processes_ws;
 pub mod resources;
 pub mod root;
 pub mod v1;
@@ -53,6 +54,7 @@ pub fn router(state: AppState) -> Router {
     let protected = Router::new()
         .merge(resources::routes())
         .merge(processes::routes())
+        .merge(processes_ws::routes())
         .merge(v1::routes())
         .route_layer(middleware::from_fn_with_state(
             state.keys.clone(),
@@ -231,6 +233,7 @@ pub fn operations() -> Vec<Operation> {
     ];
     ops.extend(resources::operations());
     ops.extend(processes::operations());
+    ops.extend(processes_ws::operations());
     ops.extend(v1::operations());
     ops
 }

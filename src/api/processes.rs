@@ -206,7 +206,7 @@ fn wire(p: Process) -> ProcessObject {
 // Handlers
 // ------------------------------------------------------------------------------------------
 
-fn process_error(e: ProcessError) -> ApiError {
+pub(super) fn process_error(e: ProcessError) -> ApiError {
     match e {
         ProcessError::NotFound(m) => ApiError::NotFound(m),
         ProcessError::Conflict(m) | ProcessError::Unavailable(m) => ApiError::Conflict(m),
@@ -217,7 +217,7 @@ fn process_error(e: ProcessError) -> ApiError {
 }
 
 /// The sandbox's current container, or 404 / 409.
-fn target(state: &AppState, name: &str) -> Result<Target, ApiError> {
+pub(super) fn target(state: &AppState, name: &str) -> Result<Target, ApiError> {
     let sandbox = state
         .store
         .get(Kind::Sandbox, name)

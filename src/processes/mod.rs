@@ -508,24 +508,10 @@ impl Processes {
         if self.lost(target, id).is_some() {
             return Err(ProcessError::Conflict(format!("process {id} is lost")));
         }
-        let mut b = self.connect(target).await?;
-        let mut chunks: Vec<&[u8]> = data.chunks(MAX_CHUNK_LEN).collect();
-        if chunks.is_empty() {
-            chunks.push(&[]);
-        }
-        let n = chunks.len();
-        for (i, chunk) in chunks.into_iter().enumerate() {
-            let r = b
-                .call(&SupRequest::Stdin {
-                    id: id.to_string(),
-                    close: close && i + 1 == n,
-                    data: chunk.to_vec(),
-                })
-                .await
-                .map_err(|e| bridge_error(target, e))?;
-            expect_ok(&r)?;
-        }
-        Ok(())
+        self.session(target)
+            .await?
+            .write_stdin(id, data, close)
+            .await
     }
 
     pub async fn signal(&self, target: &Target, id: &str, signal: i32) -> Result<(), ProcessError> {
@@ -586,6 +572,13 @@ impl Processes {
             )));
         }
         let mut b = self.connect(target).await?;
+        // Refusals (no such process) before the stream starts; the first output of a quiet
+        // process may be long in coming.
+        let r = b
+            .call(&SupRequest::Get { id: id.to_string() })
+            .await
+            .map_err(|e| bridge_error(target, e))?;
+        expect_ok(&r)?;
         b.send(&SupRequest::Output {
             id: id.to_string(),
             stdout_from,
@@ -594,13 +587,8 @@ impl Processes {
         })
         .await
         .map_err(|e| bridge_error(target, e))?;
-        // The first reply tells a refusal from a stream.
-        let first = b.next().await.map_err(|e| bridge_error(target, e))?;
-        if let Reply::Error { code, message } = first {
-            return Err(reply_error(code, message));
-        }
         let stream =
-            futures::stream::unfold((Some(b), Some(first)), |(bridge, pending)| async move {
+            futures::stream::unfold((Some(b), None::<Reply>), |(bridge, pending)| async move {
                 let mut bridge = bridge?;
                 let reply = match pending {
                     Some(r) => r,
@@ -610,6 +598,63 @@ impl Processes {
                 Some((event, (if last { None } else { Some(bridge) }, None)))
             });
         Ok(Box::pin(stream))
+    }
+}
+
+/// One kept connection for a client's stream of stdin writes and resizes (an attach), so that
+/// each keystroke costs one round trip to the supervisor, not a new `docker exec`.
+pub struct Session {
+    target: Target,
+    bridge: Bridge,
+}
+
+impl Processes {
+    pub async fn session(&self, target: &Target) -> Result<Session, ProcessError> {
+        Ok(Session {
+            target: target.clone(),
+            bridge: self.connect(target).await?,
+        })
+    }
+}
+
+impl Session {
+    pub async fn write_stdin(
+        &mut self,
+        id: &str,
+        data: &[u8],
+        close: bool,
+    ) -> Result<(), ProcessError> {
+        let mut chunks: Vec<&[u8]> = data.chunks(MAX_CHUNK_LEN).collect();
+        if chunks.is_empty() {
+            chunks.push(&[]);
+        }
+        let n = chunks.len();
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let r = self
+                .bridge
+                .call(&SupRequest::Stdin {
+                    id: id.to_string(),
+                    close: close && i + 1 == n,
+                    data: chunk.to_vec(),
+                })
+                .await
+                .map_err(|e| bridge_error(&self.target, e))?;
+            expect_ok(&r)?;
+        }
+        Ok(())
+    }
+
+    pub async fn resize(&mut self, id: &str, cols: u16, rows: u16) -> Result<(), ProcessError> {
+        let r = self
+            .bridge
+            .call(&SupRequest::Resize {
+                id: id.to_string(),
+                cols,
+                rows,
+            })
+            .await
+            .map_err(|e| bridge_error(&self.target, e))?;
+        expect_ok(&r)
     }
 }
 
