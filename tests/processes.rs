@@ -621,3 +621,63 @@ fn websocket_exec_and_attach_speak_kubernetes_channels() {
         assert_eq!(status["reason"], "NonZeroExitCode");
     }
 }
+
+/// The command line's `run --detach`, `ps`, `logs` and `kill`.
+fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
+        .args(args)
+        .env("AGENT_SANDBOX_URL", &server.url)
+        .env("AGENT_SANDBOX_API_KEY", &server.key)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn the_command_line_runs_lists_reads_and_kills() {
+    let server = Server::start();
+    let sb = sandbox(&server);
+    let (code, id, err) = cli(
+        &server,
+        &[
+            "run",
+            &sb,
+            "--detach",
+            "--",
+            "sh",
+            "-c",
+            "printf 'a\\377b'; exit 4",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let id = id.trim().to_string();
+    assert!(id.starts_with("p_"), "{id:?}");
+    let (code, _, _) = cli(&server, &["logs", &sb, &id, "-f"]);
+    assert_eq!(code, 4, "the process's exit status becomes ours");
+    let raw = std::process::Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
+        .args(["logs", &sb, &id, "--from", "1"])
+        .env("AGENT_SANDBOX_URL", &server.url)
+        .env("AGENT_SANDBOX_API_KEY", &server.key)
+        .output()
+        .unwrap();
+    assert_eq!(raw.stdout, b"\xffb", "logs print the bytes as they are");
+    let (_, sleeper, _) = cli(&server, &["run", &sb, "-d", "--", "sleep", "300"]);
+    let sleeper = sleeper.trim().to_string();
+    let (_, table, _) = cli(&server, &["ps", &sb]);
+    assert!(
+        table.contains(&id) && table.contains("Exited(4)"),
+        "{table}"
+    );
+    assert!(
+        table.contains(&sleeper) && table.contains("Running"),
+        "{table}"
+    );
+    let (code, _, err) = cli(&server, &["kill", &sb, &sleeper]);
+    assert_eq!(code, 0, "{err}");
+    let (_, table, _) = cli(&server, &["ps", &sb]);
+    assert!(!table.contains(&sleeper), "{table}");
+}
