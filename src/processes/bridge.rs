@@ -4,8 +4,9 @@
 //!
 //! Everything the supervisor says is untrusted: frames are bounded by the decoder, and a protocol
 //! error or the end of the stream ends the connection ([`Bridge::next`] returns an error). A
-//! connection is opened per operation and dropped with it, which ends the exec; the supervisor
-//! notices and forgets the connection (never the processes). Nothing is buffered beyond one read
+//! connection carries one request at a time; idle ones are pooled by the caller and checked with
+//! [`Bridge::is_alive`]. Dropping one ends the exec; the supervisor notices and forgets the
+//! connection (never the processes). Nothing is buffered beyond one read
 //! of the exec's output, so a slow reader slows the supervisor's copy to this connection only.
 
 use std::pin::Pin;
@@ -108,6 +109,13 @@ impl Bridge {
     fn keep_stderr(&mut self, b: &[u8]) {
         let room = STDERR_KEEP.saturating_sub(self.stderr.len());
         self.stderr.extend_from_slice(&b[..b.len().min(room)]);
+    }
+
+    /// Whether an idle connection is still usable: its exec has not ended and the supervisor
+    /// has said nothing unasked (never blocks).
+    pub fn is_alive(&mut self) -> bool {
+        use futures::FutureExt;
+        self.decoder.buffered() == 0 && self.output.next().now_or_never().is_none()
     }
 
     pub async fn send(&mut self, req: &SupRequest) -> Result<(), BridgeError> {

@@ -12,8 +12,10 @@
 //! there are reported `Lost` with a message until they are deleted. Server memory stays bounded
 //! whatever a process prints: output is streamed through one bridge connection per reader.
 //!
-//! Each operation opens a short connection (`bridge.rs`, one `docker exec` through the engine)
-//! and drops it when done; a follower keeps its connection for as long as it reads. This module
+//! Requests go over connections to the supervisor (`bridge.rs`, each one `docker exec` through
+//! the engine); idle ones are pooled per container (a few each) so that a start or a get costs a
+//! round trip, not an exec. An output reader, a deletion and an attach's stdin get connections of
+//! their own for as long as they need them. This module
 //! never knows the HTTP wire format (`api/processes.rs` does), and only the engine talks to
 //! Docker.
 
@@ -249,7 +251,12 @@ pub struct Processes {
     engine: Arc<dyn Engine>,
     settings: Arc<Settings>,
     seen: Mutex<HashMap<String, Seen>>,
+    /// Idle supervisor connections by container id.
+    pool: Mutex<HashMap<String, Vec<Bridge>>>,
 }
+
+/// Idle connections kept per container.
+const POOL_PER_CONTAINER: usize = 4;
 
 const REPLACED: &str = "the sandbox's container was replaced; its processes ended with it";
 const GONE: &str = "the sandbox's container went away; its processes ended with it";
@@ -295,6 +302,7 @@ impl Processes {
             engine,
             settings,
             seen: Mutex::new(HashMap::new()),
+            pool: Mutex::new(HashMap::new()),
         }
     }
 
@@ -359,9 +367,54 @@ impl Processes {
         }
     }
 
+    /// One request and its whole answer, on an idle pooled connection to the container's
+    /// supervisor when there is a live one (a `docker exec` costs tens of milliseconds). A pooled
+    /// connection is checked for life first; if it breaks anyway, only a request that is safe
+    /// to repeat (not a start) is sent again on a fresh one.
     async fn call(&self, target: &Target, req: SupRequest) -> Result<Vec<Reply>, ProcessError> {
-        let mut b = self.connect(target).await?;
-        b.call(&req).await.map_err(|e| bridge_error(target, e))
+        let pooled = self.take_pooled(&target.container_id);
+        let repeatable = !matches!(req, SupRequest::Start(_) | SupRequest::Stdin { .. });
+        let (mut b, was_pooled) = match pooled {
+            Some(b) => (b, true),
+            None => (self.connect(target).await?, false),
+        };
+        if was_pooled {
+            self.note_container(target);
+        }
+        match b.call(&req).await {
+            Ok(r) => {
+                self.give_back(&target.container_id, b);
+                Ok(r)
+            }
+            Err(_) if was_pooled && repeatable => {
+                let mut b = self.connect(target).await?;
+                let r = b.call(&req).await.map_err(|e| bridge_error(target, e))?;
+                self.give_back(&target.container_id, b);
+                Ok(r)
+            }
+            Err(e) => Err(bridge_error(target, e)),
+        }
+    }
+
+    fn take_pooled(&self, container: &str) -> Option<Bridge> {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let idle = pool.get_mut(container)?;
+        while let Some(mut b) = idle.pop() {
+            if b.is_alive() {
+                return Some(b);
+            }
+        }
+        None
+    }
+
+    fn give_back(&self, container: &str, b: Bridge) {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        // Containers that are gone leave dead connections behind; forget those pools.
+        pool.retain(|_, idle| !idle.is_empty());
+        let idle = pool.entry(container.to_string()).or_default();
+        if idle.len() < POOL_PER_CONTAINER {
+            idle.push(b);
+        }
     }
 
     pub async fn start(&self, target: &Target, spec: StartSpec) -> Result<Process, ProcessError> {
