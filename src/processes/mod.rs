@@ -257,6 +257,8 @@ pub struct Processes {
 
 /// Idle connections kept per container.
 const POOL_PER_CONTAINER: usize = 4;
+/// How long a pooled connection has to answer a request the supervisor answers at once.
+const POOLED_ANSWER: std::time::Duration = std::time::Duration::from_secs(3);
 
 const REPLACED: &str = "the sandbox's container was replaced; its processes ended with it";
 const GONE: &str = "the sandbox's container went away; its processes ended with it";
@@ -381,7 +383,16 @@ impl Processes {
         if was_pooled {
             self.note_container(target);
         }
-        match b.call(&req).await {
+        // A pooled connection into a container that was just removed may never answer (under
+        // gVisor its exec outlives the container for a while): give it a bounded time.
+        let answer = if was_pooled {
+            tokio::time::timeout(POOLED_ANSWER, b.call(&req))
+                .await
+                .unwrap_or_else(|_| Err(BridgeError::Broken("no answer".into())))
+        } else {
+            b.call(&req).await
+        };
+        match answer {
             Ok(r) => {
                 self.give_back(&target.container_id, b);
                 Ok(r)
