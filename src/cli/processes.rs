@@ -76,6 +76,8 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, CliError> {
 }
 
 #[derive(Args, Debug)]
+#[command(after_help = "Example:
+  agent-sandbox ps demo")]
 pub struct PsArgs {
     /// The sandbox.
     pub name: String,
@@ -211,6 +213,9 @@ pub async fn logs(args: LogsArgs) -> Result<ExitCode, CliError> {
 }
 
 #[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  agent-sandbox kill demo p_1f0c2d3e4f5a6b7c
+  agent-sandbox kill demo p_1f0c2d3e4f5a6b7c --signal INT")]
 pub struct KillArgs {
     /// The sandbox.
     pub name: String,
