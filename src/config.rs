@@ -132,6 +132,17 @@ pub struct Settings {
         default_value_t = 52_428_800
     )]
     pub max_file_bytes: u64,
+    /// Bytes of each output stream of each long-lived process that the sandbox retains for
+    /// replay (held in the sandbox's memory, never in its `/tmp` or `/workspace`).
+    #[arg(
+        long,
+        env = "AGENT_SANDBOX_PROCESS_OUTPUT_BYTES",
+        default_value_t = 8_388_608
+    )]
+    pub process_output_bytes: u64,
+    /// Long-lived processes running at once in one sandbox.
+    #[arg(long, env = "AGENT_SANDBOX_MAX_PROCESSES", default_value_t = 64)]
+    pub max_processes: u32,
     #[arg(
         long,
         env = "AGENT_SANDBOX_MAX_SNAPSHOT_BYTES",
@@ -189,6 +200,15 @@ impl Settings {
                 "AGENT_SANDBOX_SANDBOX_USER",
                 "sandboxes never run as root (uid or gid 0)",
             ));
+        }
+        if self.process_output_bytes < 4096 || self.process_output_bytes > 1 << 32 {
+            return Err(invalid(
+                "AGENT_SANDBOX_PROCESS_OUTPUT_BYTES",
+                "must be at least 4096 and at most 4 GiB",
+            ));
+        }
+        if self.max_processes == 0 {
+            return Err(invalid("AGENT_SANDBOX_MAX_PROCESSES", "must be at least 1"));
         }
         let positive = |v: f64| v.is_finite() && v > 0.0;
         if !positive(self.default_cpus)

@@ -16,6 +16,8 @@
 //! - [`dataplane`]: exec and file I/O against a running sandbox, through the in-sandbox helper.
 //!   Its wire format is the `helper_protocol` crate (`crates/helper-protocol/`, std only, shared
 //!   with the helper); the helper binary itself is `helper/` (start at `helper/src/main.rs`).
+//! - [`processes`]: long-lived processes of a sandbox (background commands, stdin, terminals,
+//!   output replayed by byte offset), owned by the in-sandbox supervisor (`helper/src/supervisor.rs`).
 //! - [`archive`]: validation of snapshot tars before anything is restored.
 //! - [`api`]: the HTTP server: the resource API, the `/v1` wire contract, health and OpenAPI.
 //! - [`export`]: the same resources as Kubernetes objects for the kubernetes-sigs/agent-sandbox
@@ -42,6 +44,7 @@ pub mod doctor;
 pub mod export;
 pub mod gc;
 pub mod helper_binary;
+pub mod processes;
 pub mod resource;
 pub mod server;
 pub mod store;

@@ -50,7 +50,11 @@ async fn start_with(keys: ApiKeys, folder: Option<(&str, &str)>) -> Api {
     let state = AppState {
         settings: settings.clone(),
         store: store.clone(),
-        dataplane: Arc::new(DataPlane::new(dyn_engine.clone(), settings)),
+        dataplane: Arc::new(DataPlane::new(dyn_engine.clone(), settings.clone())),
+        processes: Arc::new(agent_sandbox::processes::Processes::new(
+            dyn_engine.clone(),
+            settings,
+        )),
         engine: dyn_engine,
         create_lock: Arc::new(tokio::sync::Mutex::new(())),
         keys: Arc::new(keys),

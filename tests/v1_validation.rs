@@ -40,7 +40,11 @@ fn app_with(wait: Duration, adjust: impl FnOnce(&mut Settings)) -> App {
     let state = AppState {
         settings: settings.clone(),
         store: store.clone(),
-        dataplane: Arc::new(DataPlane::new(engine.clone(), settings)),
+        dataplane: Arc::new(DataPlane::new(engine.clone(), settings.clone())),
+        processes: Arc::new(agent_sandbox::processes::Processes::new(
+            engine.clone(),
+            settings,
+        )),
         engine,
         create_lock: Arc::new(tokio::sync::Mutex::new(())),
         keys: Arc::new(ApiKeys::disabled()),

@@ -74,7 +74,7 @@ pub fn parse_status(c: &mut Command, events: &mut Vec<Event>) {
                 5
             }
             shepherd::MSG_EXITED => {
-                c.main_exit = Some(value);
+                c.main_exit = Some(sys::exit_code(value));
                 5
             }
             shepherd::MSG_FAILED => {
@@ -208,6 +208,7 @@ pub fn prepare(s: &StartRequest) -> Result<shepherd::Spec, String> {
         program_has_slash: has_slash,
         workdir,
         keep_background: s.keep_background,
+        tty: false,
         use_subreaper: true,
     })
 }
@@ -241,6 +242,7 @@ pub fn spawn(spec: &shepherd::Spec) -> Result<(libc::pid_t, Pipes), String> {
                 status: status_w.as_raw_fd(),
                 stdout: out_w.as_raw_fd(),
                 stderr: err_w.as_raw_fd(),
+                stdin: -1,
             },
         );
     }

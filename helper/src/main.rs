@@ -10,19 +10,26 @@
 //!   shepherd control).
 //! - `write-file`, `read-file`, `list-dir` (`files.rs`): one-shot file modes confined to
 //!   `/workspace`, answering with `helper_protocol::file_exit` codes.
-//! - `idle`: a container's main process, which only keeps it alive.
+//! - `idle`: a container's main process, which keeps it alive and is its process supervisor
+//!   (`supervisor.rs`): it owns the sandbox's long-lived processes (`process.rs`, output kept in
+//!   `ring.rs`) and serves them on a Unix socket.
+//! - `bridge` (`bridge.rs`): relays stdin/stdout to that socket, for the server's `docker exec`.
 //!
 //! `sys.rs` wraps the few system calls the others share. This file only dispatches on the mode.
 
+mod bridge;
 mod command;
 mod files;
+mod process;
+mod ring;
 mod serve;
 mod shepherd;
+mod supervisor;
 mod sys;
 
 use helper_protocol::PROTOCOL_VERSION;
 
-const USAGE: &str = "usage: agent-sandbox-helper serve|idle|write-file|read-file|list-dir\n\
+const USAGE: &str = "usage: agent-sandbox-helper serve|idle|bridge|write-file|read-file|list-dir\n\
 \n\
 Speaks the agent-sandbox helper protocol on stdin (requests) and stdout (events).\n";
 
@@ -38,12 +45,11 @@ fn main() {
         ["write-file", ..] => std::process::exit(files::write_file_main(&args[1..])),
         ["read-file", ..] => std::process::exit(files::read_file_main(&args[1..])),
         ["list-dir", ..] => std::process::exit(files::list_dir_main(&args[1..])),
-        // The container's main process: it only keeps the container alive. It is not PID 1
-        // (Docker's init is), so SIGTERM's default action ends it on `docker stop`.
-        ["idle"] => loop {
-            // SAFETY: pause has no preconditions; it returns only when a handled signal arrives.
-            unsafe { libc::pause() };
-        },
+        // The container's main process: keeps the container alive and supervises its processes.
+        // It is not PID 1 (Docker's init is), so SIGTERM's default action ends it on `docker
+        // stop`.
+        ["idle"] => supervisor::main(),
+        ["bridge"] => std::process::exit(bridge::bridge()),
         ["--version"] | ["version"] => {
             println!(
                 "agent-sandbox-helper {} (protocol {PROTOCOL_VERSION})",

@@ -15,7 +15,8 @@
 //!
 //! * status (shepherd → helper), fixed records:
 //!   `'S' pid:u32` the command was exec'd; `'E' code:i32 len:u16 message` it could not be started
-//!   (the shepherd exits right after); `'X' code:i32` the main process exited (shell-style code).
+//!   (the shepherd exits right after); `'X' status:i32` the main process exited (its raw wait
+//!   status, so that readers can tell an exit code from a signal).
 //!   The shepherd closes it only by exiting, so EOF means "shepherd gone, its tree is dead (or
 //!   released with keep_background)". A shepherd whose main process exited without leaving any
 //!   descendant exits on its own right after `'X'`.
@@ -48,6 +49,9 @@ pub struct Spec {
     pub program_has_slash: bool,
     pub workdir: Option<CString>,
     pub keep_background: bool,
+    /// The command's stdin, stdout and stderr are one terminal (the `stdout` descriptor, a pty
+    /// slave): the command starts a new session and makes it its controlling terminal.
+    pub tty: bool,
     /// Try `PR_SET_CHILD_SUBREAPER` (false only to test the fallback).
     pub use_subreaper: bool,
 }
@@ -62,6 +66,8 @@ pub struct Fds {
     pub status: RawFd,
     pub stdout: RawFd,
     pub stderr: RawFd,
+    /// The command's stdin; -1 means `/dev/null`.
+    pub stdin: RawFd,
 }
 
 static SIGCHLD_PIPE: AtomicI32 = AtomicI32::new(-1);
@@ -227,7 +233,7 @@ impl Shepherd {
             if r > 0 {
                 if r == self.main && self.main_alive {
                     self.main_alive = false;
-                    send_code(self.fds.status, MSG_EXITED, sys::exit_code(status));
+                    send_code(self.fds.status, MSG_EXITED, status);
                 }
                 continue;
             }
@@ -428,7 +434,14 @@ pub fn run(spec: &Spec, fds: Fds) -> ! {
             unsafe { libc::dup2(null_in, fd) };
         }
     }
-    close_other_fds(&[fds.control, fds.status, fds.stdout, fds.stderr, null_in]);
+    close_other_fds(&[
+        fds.control,
+        fds.status,
+        fds.stdout,
+        fds.stderr,
+        fds.stdin,
+        null_in,
+    ]);
 
     let subreaper =
         spec.use_subreaper && unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } == 0;
@@ -467,7 +480,8 @@ pub fn run(spec: &Spec, fds: Fds) -> ! {
     }
     let _ = sys::set_nonblocking(fds.control);
 
-    let mut child = ChildArgs::new(spec, fds.stdout, fds.stderr, null_in, tag);
+    let stdin = if fds.stdin >= 0 { fds.stdin } else { null_in };
+    let mut child = ChildArgs::new(spec, fds.stdout, fds.stderr, stdin, tag);
     let pid = match spawn_command(&mut child) {
         Ok(pid) => pid,
         Err(e) => {
@@ -481,7 +495,12 @@ pub fn run(spec: &Spec, fds: Fds) -> ! {
     };
     unsafe {
         libc::close(fds.stdout);
-        libc::close(fds.stderr);
+        if fds.stderr != fds.stdout {
+            libc::close(fds.stderr);
+        }
+        if fds.stdin >= 0 && fds.stdin != fds.stdout {
+            libc::close(fds.stdin);
+        }
     }
     // CLONE_VFORK: the child has exec'd or exited by now, and left any error in `child`.
     let (stage, errno) = unsafe {
@@ -651,7 +670,12 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         }
     };
     unsafe {
-        libc::setpgid(0, 0);
+        if a.spec.tty {
+            // A new session (and so a new process group whose id is our pid, like setpgid).
+            libc::setsid();
+        } else {
+            libc::setpgid(0, 0);
+        }
         // Ignored signals survive exec: the Rust runtime ignores SIGPIPE (the helper already reset
         // every other ignored signal it inherited, see `reset_inherited_signals`). The SIGCHLD
         // handler would be reset by exec anyway, but must not run before it.
@@ -665,6 +689,9 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             fail(a, STAGE_EXEC, sys::errno());
         }
         if libc::dup2(a.stdout, 1) == -1 || libc::dup2(a.stderr, 2) == -1 {
+            fail(a, STAGE_EXEC, sys::errno());
+        }
+        if a.spec.tty && libc::ioctl(0, libc::TIOCSCTTY, 0) == -1 {
             fail(a, STAGE_EXEC, sys::errno());
         }
         if let Some(tag) = a.tag {

@@ -3,7 +3,8 @@
 //! (stop accepting, let in-flight requests finish for a bounded time, then cut the rest).
 //!
 //! The body idle limit applies to the request body only, so long-lived responses (watch streams,
-//! streamed exec output) are never cut by it. This module routes nothing and knows no handler.
+//! streamed exec output) are never cut by it. Connections may be upgraded (WebSockets). This
+//! module routes nothing and knows no handler.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -88,7 +89,10 @@ pub async fn serve_with(
             request.extensions_mut().insert(ConnectInfo(remote));
             async move { Ok::<_, Infallible>(router.call(request).await.unwrap_or_else(|e| match e {})) }
         });
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
+        // With upgrades: the WebSocket routes (process attach and exec) take the connection over.
+        let connection = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
         let mut stop = stop_rx.clone();
         connections.spawn(async move {
             tokio::pin!(connection);

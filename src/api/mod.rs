@@ -10,6 +10,8 @@ pub mod health;
 pub mod http;
 pub mod openapi;
 pub mod power;
+pub mod processes;
+pub mod processes_ws;
 pub mod resources;
 pub mod root;
 pub mod v1;
@@ -37,6 +39,8 @@ pub struct AppState {
     pub settings: Arc<Settings>,
     pub store: Arc<Store>,
     pub dataplane: Arc<DataPlane>,
+    /// Long-lived processes of sandboxes.
+    pub processes: Arc<crate::processes::Processes>,
     pub engine: Arc<dyn Engine>,
     /// Serializes `/v1` creates so that `max_sandboxes` is never overshot by concurrent requests.
     pub create_lock: Arc<tokio::sync::Mutex<()>>,
@@ -52,6 +56,8 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     let protected = Router::new()
         .merge(resources::routes())
+        .merge(processes::routes())
+        .merge(processes_ws::routes())
         .merge(v1::routes())
         .route_layer(middleware::from_fn_with_state(
             state.keys.clone(),
@@ -230,6 +236,8 @@ pub fn operations(settings: &Settings) -> Vec<Operation> {
         .json_object(200, "The OpenAPI 3.1 document"),
     ];
     ops.extend(resources::operations());
+    ops.extend(processes::operations());
+    ops.extend(processes_ws::operations());
     ops.extend(v1::operations(settings));
     ops
 }

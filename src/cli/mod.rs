@@ -5,7 +5,8 @@
 //! `AGENT_SANDBOX_API_KEY`), and `mcp` is an MCP server over stdio backed by that same client.
 //!
 //! Client commands never touch the data directory or Docker, and never parse YAML themselves:
-//! manifests go through `resource::yaml`. Every failure is one line on stderr and a non-zero exit.
+//! manifests go through `resource::yaml`. Long-lived processes (`run`, `ps`, `logs`, `kill`) are
+//! `processes.rs`. Every failure is one line on stderr and a non-zero exit.
 
 mod apply;
 pub mod client;
@@ -18,6 +19,7 @@ mod manifests;
 pub mod mcp;
 mod ops;
 mod power;
+mod processes;
 mod util;
 mod validate;
 
@@ -89,6 +91,14 @@ pub enum Command {
     Exec(exec::ExecArgs),
     /// Copy a file into or out of a sandbox.
     Cp(exec::CpArgs),
+    /// Start a long-lived process in a sandbox and print its id.
+    Run(processes::RunArgs),
+    /// List a sandbox's long-lived processes.
+    Ps(processes::PsArgs),
+    /// Print a process's output, from a byte offset, optionally following it.
+    Logs(processes::LogsArgs),
+    /// Kill a process's whole tree and forget it, or send it a signal.
+    Kill(processes::KillArgs),
     /// Wait until a resource meets a condition or is deleted.
     Wait(ops::WaitArgs),
     /// Save a sandbox's /workspace as a snapshot.
@@ -241,6 +251,10 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
         Command::Export(args) => export::export(args).await,
         Command::Exec(args) => exec::exec(args).await,
         Command::Cp(args) => exec::cp(args).await,
+        Command::Run(args) => processes::run(args).await,
+        Command::Ps(args) => processes::ps(args).await,
+        Command::Logs(args) => processes::logs(args).await,
+        Command::Kill(args) => processes::kill(args).await,
         Command::Wait(args) => ops::wait(args).await,
         Command::Snapshot(args) => ops::snapshot(args).await,
         Command::Rollback(args) => ops::rollback(args).await,

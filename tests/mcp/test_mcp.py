@@ -22,6 +22,11 @@ TOOLS = {
     "sandbox_rollback",
     "sandbox_fork",
     "sandbox_destroy",
+    "process_start",
+    "process_output",
+    "process_write_stdin",
+    "process_signal",
+    "process_list",
 }
 SUMMARY_KEYS = {"id", "status", "image", "network", "expires_at", "source_snapshot_id"}
 
@@ -173,3 +178,37 @@ async def test_failures_are_tool_errors_that_say_why():
     async with session(env) as (s, _):
         result = await s.call_tool("sandbox_list", {})
         assert result.is_error and "401" in result.content[0].text, result.content[0].text
+
+
+@pytest.mark.anyio
+async def test_process_tools_read_on_from_offsets():
+    async with session() as (s, _):
+        sid = (await call(s, "sandbox_create", timeout_seconds=600)).structured_content["id"]
+        started = (await call(s, "process_start", sandbox_id=sid, command="cat", stdin=True)).structured_content
+        pid = started["id"]
+        assert pid.startswith("p_") and started["state"] == "Running"
+
+        await call(s, "process_write_stdin", sandbox_id=sid, process_id=pid, data="one\n")
+        first = {"stdout": ""}
+        for _ in range(50):
+            first = (await call(s, "process_output", sandbox_id=sid, process_id=pid)).structured_content
+            if first["stdout"]:
+                break
+        assert first["stdout"] == "one\n" and first["state"] == "Running", first
+        assert first["stdout_offset"] == 4
+
+        await call(s, "process_write_stdin", sandbox_id=sid, process_id=pid, data="two\n", close=True)
+        later = {"state": "Running"}
+        for _ in range(50):
+            later = (
+                await call(s, "process_output", sandbox_id=sid, process_id=pid, stdout_from=first["stdout_offset"])
+            ).structured_content
+            if later["state"] != "Running":
+                break
+        assert later["stdout"] == "two\n" and later["state"] == "Exited" and later["exit_code"] == 0, later
+
+        sleeper = (await call(s, "process_start", sandbox_id=sid, command="sleep 300")).structured_content["id"]
+        await call(s, "process_signal", sandbox_id=sid, process_id=sleeper, signal="KILL")
+        listed = (await call(s, "process_list", sandbox_id=sid)).structured_content["result"]
+        assert {p["id"] for p in listed} == {pid, sleeper}
+        await call(s, "sandbox_destroy", sandbox_id=sid)

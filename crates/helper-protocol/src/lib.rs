@@ -61,6 +61,8 @@
 
 use std::fmt;
 
+pub mod supervisor;
+
 /// Version announced in [`Event::Hello`]; bumped on any incompatible change of this file.
 pub const PROTOCOL_VERSION: u32 = 2;
 /// Bytes of the length prefix.
@@ -267,7 +269,7 @@ impl std::error::Error for ProtocolError {}
 // ---------------------------------------------------------------------------------------------
 
 /// Appends one frame to `out`; `out` is left unchanged on error.
-fn encode_frame(
+pub(crate) fn encode_frame(
     out: &mut Vec<u8>,
     kind: u8,
     body: impl FnOnce(&mut Vec<u8>) -> Result<(), ProtocolError>,
@@ -287,15 +289,15 @@ fn encode_frame(
     Ok(())
 }
 
-fn put_u64(out: &mut Vec<u8>, v: u64) {
+pub(crate) fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_be_bytes());
 }
 
-fn put_u32(out: &mut Vec<u8>, v: u32) {
+pub(crate) fn put_u32(out: &mut Vec<u8>, v: u32) {
     out.extend_from_slice(&v.to_be_bytes());
 }
 
-fn put_len(out: &mut Vec<u8>, len: usize) -> Result<(), ProtocolError> {
+pub(crate) fn put_len(out: &mut Vec<u8>, len: usize) -> Result<(), ProtocolError> {
     if len > MAX_FRAME_LEN {
         return Err(ProtocolError::FrameTooLarge { len });
     }
@@ -303,7 +305,7 @@ fn put_len(out: &mut Vec<u8>, len: usize) -> Result<(), ProtocolError> {
     Ok(())
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) -> Result<(), ProtocolError> {
+pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) -> Result<(), ProtocolError> {
     put_len(out, s.len())?;
     out.extend_from_slice(s.as_bytes());
     Ok(())
@@ -533,12 +535,12 @@ impl Event {
 }
 
 /// Bounds-checked cursor over one payload.
-struct Reader<'a> {
-    buf: &'a [u8],
+pub(crate) struct Reader<'a> {
+    pub(crate) buf: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], ProtocolError> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], ProtocolError> {
         if self.buf.len() < n {
             return Err(ProtocolError::Truncated);
         }
@@ -553,19 +555,19 @@ impl<'a> Reader<'a> {
         Ok(a)
     }
 
-    fn u64(&mut self) -> Result<u64, ProtocolError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, ProtocolError> {
         Ok(u64::from_be_bytes(self.array()?))
     }
 
-    fn u32(&mut self) -> Result<u32, ProtocolError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, ProtocolError> {
         Ok(u32::from_be_bytes(self.array()?))
     }
 
-    fn i32(&mut self) -> Result<i32, ProtocolError> {
+    pub(crate) fn i32(&mut self) -> Result<i32, ProtocolError> {
         Ok(i32::from_be_bytes(self.array()?))
     }
 
-    fn bool(&mut self) -> Result<bool, ProtocolError> {
+    pub(crate) fn bool(&mut self) -> Result<bool, ProtocolError> {
         match self.take(1)?[0] {
             0 => Ok(false),
             1 => Ok(true),
@@ -573,7 +575,7 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn string(&mut self) -> Result<String, ProtocolError> {
+    pub(crate) fn string(&mut self) -> Result<String, ProtocolError> {
         let len = self.u32()? as usize;
         let bytes = self.take(len)?;
         match std::str::from_utf8(bytes) {
@@ -584,7 +586,7 @@ impl<'a> Reader<'a> {
 
     /// A list count whose items take at least `min_item` bytes each: rejected when the rest of the
     /// payload could not possibly hold them, so a forged count never causes a large allocation.
-    fn count(&mut self, min_item: usize) -> Result<usize, ProtocolError> {
+    pub(crate) fn count(&mut self, min_item: usize) -> Result<usize, ProtocolError> {
         let n = self.u32()? as usize;
         if n.saturating_mul(min_item) > self.buf.len() {
             return Err(ProtocolError::Truncated);
@@ -592,11 +594,11 @@ impl<'a> Reader<'a> {
         Ok(n)
     }
 
-    fn rest(&mut self) -> &'a [u8] {
+    pub(crate) fn rest(&mut self) -> &'a [u8] {
         std::mem::take(&mut self.buf)
     }
 
-    fn finish(&self) -> Result<(), ProtocolError> {
+    pub(crate) fn finish(&self) -> Result<(), ProtocolError> {
         if self.buf.is_empty() {
             Ok(())
         } else {

@@ -1,4 +1,6 @@
-//! The ten MCP tools. Each is one or two `/v1` calls; results are shaped like the reference MCP
+//! The MCP tools: the reference's ten, each one or two `/v1` calls, and five for long-lived
+//! processes (`process_*`, over the resource API's processes subresource, whose offsets let a
+//! model read on from where it stopped); results are shaped like the reference MCP
 //! server's: a JSON object becomes one text block (indented JSON) plus `structuredContent`, a list
 //! one text block per element plus `{"result": [...]}`, a string text plus `{"result": "..."}`.
 //! A failed call is a tool error (`isError`) whose text says what failed and why, so the model can
@@ -108,6 +110,118 @@ pub struct ForkArgs {
 #[derive(Deserialize, JsonSchema)]
 pub struct SandboxArgs {
     pub sandbox_id: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct ProcessStartArgs {
+    pub sandbox_id: String,
+    /// A shell command, run with /bin/sh -c, in the background.
+    pub command: String,
+    /// Keep stdin open for process_write_stdin.
+    #[serde(default)]
+    pub stdin: bool,
+    /// Run on a terminal.
+    #[serde(default)]
+    pub tty: bool,
+    /// Working directory (default /workspace).
+    #[serde(default)]
+    pub workdir: Option<String>,
+    /// Kill it after this many seconds; none means it runs until it exits or is killed.
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct ProcessOutputArgs {
+    pub sandbox_id: String,
+    pub process_id: String,
+    /// Byte offset in stdout to read from (the stdout_offset of the previous call).
+    #[serde(default)]
+    pub stdout_from: u64,
+    /// Byte offset in stderr to read from (the stderr_offset of the previous call).
+    #[serde(default)]
+    pub stderr_from: u64,
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct ProcessStdinArgs {
+    pub sandbox_id: String,
+    pub process_id: String,
+    /// Text to write (add "\n" to end a line).
+    pub data: String,
+    /// Close stdin afterwards (end of input).
+    #[serde(default)]
+    pub close: bool,
+}
+
+#[derive(Deserialize, JsonSchema)]
+pub struct ProcessSignalArgs {
+    pub sandbox_id: String,
+    pub process_id: String,
+    /// TERM, INT, HUP, KILL, QUIT, USR1 or USR2.
+    pub signal: String,
+}
+
+fn processes_path(sandbox: &str, rest: &str) -> String {
+    format!(
+        "{}/processes{rest}",
+        Client::resource_path(crate::resource::Kind::Sandbox, Some(sandbox))
+    )
+}
+
+/// Sums an NDJSON output read (base64) into text and the offsets to read on from.
+fn collect_output(text: &str, stdout_from: u64, stderr_from: u64) -> Value {
+    use base64::Engine as _;
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let (mut out_next, mut err_next) = (stdout_from, stderr_from);
+    let mut end = json!({"state": "Running"});
+    let mut truncated = Vec::new();
+    for line in text.lines() {
+        let Ok(e) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        match e["type"].as_str() {
+            Some(kind @ ("stdout" | "stderr")) => {
+                let data = base64::engine::general_purpose::STANDARD
+                    .decode(e["data"].as_str().unwrap_or_default())
+                    .unwrap_or_default();
+                let offset = e["offset"].as_u64().unwrap_or(0);
+                let (buf, next) = if kind == "stdout" {
+                    (&mut out, &mut out_next)
+                } else {
+                    (&mut err, &mut err_next)
+                };
+                buf.extend_from_slice(&data);
+                *next = offset + data.len() as u64;
+            }
+            Some("truncated") => {
+                let from = e["retainedFrom"].as_u64().unwrap_or(0);
+                if e["stream"] == "stderr" {
+                    err_next = from;
+                } else {
+                    out_next = from;
+                }
+                truncated.push(e);
+            }
+            Some("exit") => {
+                end = json!({"state": "Exited", "exit_code": e["exitCode"], "signal": e["signal"]});
+            }
+            _ => {}
+        }
+    }
+    let mut v = json!({
+        "stdout": String::from_utf8_lossy(&out),
+        "stderr": String::from_utf8_lossy(&err),
+        "stdout_offset": out_next,
+        "stderr_offset": err_next,
+    });
+    if let (Some(v), Some(end)) = (v.as_object_mut(), end.as_object()) {
+        v.extend(end.clone());
+        if !truncated.is_empty() {
+            v.insert("truncated".into(), Value::Array(truncated));
+        }
+    }
+    v
 }
 
 /// The MCP server: a tool router over one HTTP client.
@@ -348,6 +462,114 @@ impl SandboxTools {
         answer("sandbox_fork", outcome.map(|s| object_result(summary(&s))))
     }
 
+    #[tool(
+        description = "Start a long-lived background process (a dev server, a watcher, a REPL) and return its id at once. It keeps running across calls; read its output with process_output."
+    )]
+    async fn process_start(
+        &self,
+        Parameters(args): Parameters<ProcessStartArgs>,
+    ) -> Result<CallToolResult, McpError> {
+        let mut body = json!({"command": args.command, "stdin": args.stdin, "tty": args.tty});
+        if let Some(w) = args.workdir {
+            body["workdir"] = json!(w);
+        }
+        if let Some(t) = args.timeout_seconds {
+            body["timeoutSeconds"] = json!(t);
+        }
+        let outcome = self
+            .post(&processes_path(&args.sandbox_id, ""), &body)
+            .await;
+        answer("process_start", outcome.map(object_result))
+    }
+
+    #[tool(
+        description = "Read a process's output from byte offsets without waiting. Returns stdout, stderr, the offsets to pass next time (stdout_offset, stderr_offset), and state (Running, or Exited with exit_code or signal)."
+    )]
+    async fn process_output(
+        &self,
+        Parameters(args): Parameters<ProcessOutputArgs>,
+    ) -> Result<CallToolResult, McpError> {
+        let path = processes_path(&args.sandbox_id, &format!("/{}/output", args.process_id));
+        let from = (args.stdout_from.to_string(), args.stderr_from.to_string());
+        let outcome = self
+            .client
+            .bytes(self.client.request(Method::GET, &path).query(&[
+                ("stdoutFrom", from.0.as_str()),
+                ("stderrFrom", from.1.as_str()),
+                ("encoding", "base64"),
+            ]))
+            .await
+            .map(|b| {
+                object_result(collect_output(
+                    &String::from_utf8_lossy(&b),
+                    args.stdout_from,
+                    args.stderr_from,
+                ))
+            });
+        answer("process_output", outcome)
+    }
+
+    #[tool(
+        description = "Write text to a process's stdin (it must have been started with stdin=true)."
+    )]
+    async fn process_write_stdin(
+        &self,
+        Parameters(args): Parameters<ProcessStdinArgs>,
+    ) -> Result<CallToolResult, McpError> {
+        let path = processes_path(&args.sandbox_id, &format!("/{}/stdin", args.process_id));
+        let close = if args.close { "true" } else { "false" };
+        let outcome = self
+            .client
+            .send(
+                self.client
+                    .request(Method::POST, &path)
+                    .query(&[("close", close)])
+                    .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+                    .body(args.data.into_bytes()),
+            )
+            .await
+            .map(|_| text_result(format!("written to {}", args.process_id)));
+        answer("process_write_stdin", outcome)
+    }
+
+    #[tool(
+        description = "Send a signal (TERM, INT, HUP, KILL, QUIT, USR1, USR2) to a process's group."
+    )]
+    async fn process_signal(
+        &self,
+        Parameters(args): Parameters<ProcessSignalArgs>,
+    ) -> Result<CallToolResult, McpError> {
+        let path = processes_path(&args.sandbox_id, &format!("/{}/signal", args.process_id));
+        let outcome = self
+            .client
+            .send(
+                self.client
+                    .request(Method::POST, &path)
+                    .json(&json!({"signal": args.signal})),
+            )
+            .await
+            .map(|_| text_result(format!("sent {} to {}", args.signal, args.process_id)));
+        answer("process_signal", outcome)
+    }
+
+    #[tool(
+        description = "List a sandbox's long-lived processes with their state and output sizes."
+    )]
+    async fn process_list(
+        &self,
+        Parameters(args): Parameters<SandboxArgs>,
+    ) -> Result<CallToolResult, McpError> {
+        let outcome = self
+            .client
+            .json(
+                self.client
+                    .request(Method::GET, &processes_path(&args.sandbox_id, "")),
+            )
+            .await
+            .map(|list| list_result(list["items"].as_array().cloned().unwrap_or_default()));
+        answer("process_list", outcome)
+    }
+
     #[tool(description = "Destroy a sandbox. Its snapshots are kept.")]
     async fn sandbox_destroy(
         &self,
@@ -391,7 +613,7 @@ mod tests {
     }
 
     #[test]
-    fn the_ten_tools_of_the_reference() {
+    fn the_ten_tools_of_the_reference_and_the_process_tools() {
         let mut names: Vec<String> = tools()
             .tool_router
             .list_all()
@@ -402,6 +624,11 @@ mod tests {
         assert_eq!(
             names,
             [
+                "process_list",
+                "process_output",
+                "process_signal",
+                "process_start",
+                "process_write_stdin",
                 "sandbox_create",
                 "sandbox_destroy",
                 "sandbox_exec",
@@ -437,6 +664,29 @@ mod tests {
             schema("sandbox_rollback")["required"],
             json!(["sandbox_id", "snapshot_id"])
         );
+    }
+
+    #[test]
+    fn output_reads_sum_up_with_the_next_offsets() {
+        let text = concat!(
+            r#"{"type":"truncated","stream":"stdout","requested":0,"retainedFrom":4}"#,
+            "\n",
+            r#"{"type":"stdout","offset":4,"data":"aGk="}"#,
+            "\n",
+            r#"{"type":"exit","exitCode":3,"signal":null,"finishedAt":"t"}"#,
+            "\n"
+        );
+        let v = collect_output(text, 0, 7);
+        assert_eq!(v["stdout"], "hi");
+        assert_eq!(
+            (v["stdout_offset"].as_u64(), v["stderr_offset"].as_u64()),
+            (Some(6), Some(7))
+        );
+        assert_eq!(
+            (&v["state"], &v["exit_code"]),
+            (&json!("Exited"), &json!(3))
+        );
+        assert_eq!(v["truncated"].as_array().map(Vec::len), Some(1));
     }
 
     #[test]

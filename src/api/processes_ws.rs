@@ -1,0 +1,339 @@
+//! WebSocket access to a sandbox's processes, like `kubectl attach` and `kubectl exec`:
+//! `GET …/processes/{id}/attach` and `GET …/sandboxes/{name}/exec?command=…&tty=…&stdin=…`
+//! (start and attach in one), in Kubernetes' channel framing (`v5.channel.k8s.io`, also answered
+//! as `v4.channel.k8s.io`). Each binary message starts with a channel byte: 0 stdin, 1 stdout,
+//! 2 stderr, 3 status (a Kubernetes `Status` object, with `exitCode`/`signal` added, sent once the
+//! process has really ended), 4 resize (`{"Width": C, "Height": R}`), 255 close of a channel
+//! (`[255, 0]` closes stdin).
+//!
+//! An attach streams output from what the process has printed by then (earlier output is read
+//! with `…/output`); an exec streams from the start. The process belongs to the sandbox: closing
+//! the socket leaves it running (`DELETE` ends it). Several clients may attach to one process.
+//! Output goes through one follow connection per socket, stdin and resizes through one kept
+//! session; nothing here buffers more than one message. The contract's parsing and errors live
+//! in `processes.rs`; this file only frames.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, Query, State};
+use axum::http::Method;
+use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
+use futures::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::openapi::Operation;
+use super::processes::{process_error, target};
+use super::resources::PREFIX;
+use super::AppState;
+use crate::processes::{OutputEvent, Processes, StartSpec, Stream, Target};
+
+pub const CHANNEL_STDIN: u8 = 0;
+pub const CHANNEL_STDOUT: u8 = 1;
+pub const CHANNEL_STDERR: u8 = 2;
+pub const CHANNEL_STATUS: u8 = 3;
+pub const CHANNEL_RESIZE: u8 = 4;
+pub const CHANNEL_CLOSE: u8 = 255;
+const PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route(
+            &format!("{PREFIX}/sandboxes/{{name}}/processes/{{id}}/attach"),
+            get(attach),
+        )
+        .route(&format!("{PREFIX}/sandboxes/{{name}}/exec"), get(exec))
+}
+
+async fn attach(
+    State(state): State<AppState>,
+    Path((name, id)): Path<(String, String)>,
+    ws: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    let target = target(&state, &name)?;
+    let p = state
+        .processes
+        .get(&target, &id)
+        .await
+        .map_err(process_error)?;
+    let from = (p.stdout_bytes, p.stderr_bytes);
+    let processes = Arc::clone(&state.processes);
+    Ok(ws
+        .protocols(PROTOCOLS)
+        .on_upgrade(move |socket| run(socket, processes, target, id, from)))
+}
+
+fn flag(v: Option<&String>, name: &str) -> Result<bool, ApiError> {
+    match v.map(|s| s.to_ascii_lowercase()).as_deref() {
+        None | Some("") | Some("false") | Some("0") => Ok(false),
+        Some("true") | Some("1") => Ok(true),
+        Some(other) => Err(ApiError::InvalidRequest(format!(
+            "{name}: must be true or false, got {other:?}"
+        ))),
+    }
+}
+
+async fn exec(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(query): Query<Vec<(String, String)>>,
+    ws: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    let mut command = Vec::new();
+    let mut one: HashMap<String, String> = HashMap::new();
+    for (k, v) in query {
+        match k.as_str() {
+            "command" => command.push(v),
+            "tty" | "stdin" | "stdout" | "stderr" | "container" => {
+                one.insert(k, v);
+            }
+            other => {
+                return Err(ApiError::InvalidRequest(format!(
+                    "{other}: is not a known query parameter"
+                )))
+            }
+        }
+    }
+    let tty = flag(one.get("tty"), "tty")?;
+    let stdin = flag(one.get("stdin"), "stdin")?;
+    let (shell, argv) = match command.as_slice() {
+        [] => return Err(ApiError::InvalidRequest("command: is required".into())),
+        [c] if c.trim().is_empty() => {
+            return Err(ApiError::InvalidRequest(
+                "command: must not be empty".into(),
+            ))
+        }
+        // One value is a shell command line; several are an argv (kubectl's way).
+        [c] => (
+            Some(c.clone()),
+            vec!["/bin/sh".into(), "-c".into(), c.clone()],
+        ),
+        many => (None, many.to_vec()),
+    };
+    if argv.iter().any(|a| a.contains('\0')) || argv[0].is_empty() {
+        return Err(ApiError::InvalidRequest(
+            "command: must not be empty or contain NUL bytes".into(),
+        ));
+    }
+    let target = target(&state, &name)?;
+    let p = state
+        .processes
+        .start(
+            &target,
+            StartSpec {
+                command: shell,
+                argv,
+                tty,
+                stdin,
+                cols: 80,
+                rows: 24,
+                ..StartSpec::default()
+            },
+        )
+        .await
+        .map_err(process_error)?;
+    let processes = Arc::clone(&state.processes);
+    Ok(ws
+        .protocols(PROTOCOLS)
+        .on_upgrade(move |socket| run(socket, processes, target, p.id, (0, 0))))
+}
+
+/// A Kubernetes `Status` for the end of a process.
+fn status(exit_code: Option<i32>, signal: Option<&str>) -> Value {
+    match (exit_code, signal) {
+        (Some(0), _) => json!({"metadata": {}, "status": "Success", "exitCode": 0}),
+        (Some(code), _) => json!({
+            "metadata": {}, "status": "Failure", "exitCode": code,
+            "message": format!("command terminated with non-zero exit code: {code}"),
+            "reason": "NonZeroExitCode",
+            "details": {"causes": [{"reason": "ExitCode", "message": code.to_string()}]},
+        }),
+        (None, sig) => json!({
+            "metadata": {}, "status": "Failure", "signal": sig,
+            "message": format!("command terminated by signal {}", sig.unwrap_or("?")),
+            "reason": "NonZeroExitCode",
+            "details": {"causes": [{"reason": "Signal", "message": sig}]},
+        }),
+    }
+}
+
+fn framed(channel: u8, data: &[u8]) -> Message {
+    let mut m = Vec::with_capacity(data.len() + 1);
+    m.push(channel);
+    m.extend_from_slice(data);
+    Message::Binary(m.into())
+}
+
+async fn run(
+    socket: WebSocket,
+    processes: Arc<Processes>,
+    target: Target,
+    id: String,
+    (stdout_from, stderr_from): (u64, u64),
+) {
+    let (mut tx, mut rx) = socket.split();
+    let events = match processes
+        .output(&target, &id, stdout_from, stderr_from, true)
+        .await
+    {
+        Ok(e) => e,
+        Err(e) => {
+            let body = json!({"metadata": {}, "status": "Failure", "message": e.to_string()});
+            let _ = tx
+                .send(framed(CHANNEL_STATUS, body.to_string().as_bytes()))
+                .await;
+            let _ = tx.send(Message::Close(None)).await;
+            return;
+        }
+    };
+    let output = async move {
+        let mut events = events;
+        while let Some(ev) = events.next().await {
+            let msg = match ev {
+                OutputEvent::Data { stream, data, .. } => {
+                    let ch = match stream {
+                        Stream::Stdout => CHANNEL_STDOUT,
+                        Stream::Stderr => CHANNEL_STDERR,
+                    };
+                    framed(ch, &data)
+                }
+                OutputEvent::Exit {
+                    exit_code, signal, ..
+                } => {
+                    let body = status(exit_code, signal.as_deref()).to_string();
+                    let _ = tx.send(framed(CHANNEL_STATUS, body.as_bytes())).await;
+                    let _ = tx.send(Message::Close(None)).await;
+                    return;
+                }
+                OutputEvent::Truncated { .. } | OutputEvent::Running { .. } => continue,
+            };
+            if tx.send(msg).await.is_err() {
+                return;
+            }
+        }
+        // The follow broke off without an exit: the container went away.
+        let body = json!({"metadata": {}, "status": "Failure", "reason": "Lost",
+            "message": "the sandbox's container went away"});
+        let _ = tx
+            .send(framed(CHANNEL_STATUS, body.to_string().as_bytes()))
+            .await;
+        let _ = tx.send(Message::Close(None)).await;
+    };
+    let input = async move {
+        let mut session = None;
+        while let Some(msg) = rx.next().await {
+            let msg = match msg {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::debug!(error = %e, "websocket read failed");
+                    return;
+                }
+            };
+            let data = match msg {
+                Message::Binary(b) => b,
+                Message::Close(_) => return,
+                _ => continue,
+            };
+            let Some((&channel, body)) = data.split_first() else {
+                continue;
+            };
+            if session.is_none() {
+                match processes.session(&target).await {
+                    Ok(s) => session = Some(s),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "attach: no stdin session");
+                        return;
+                    }
+                }
+            }
+            let Some(s) = session.as_mut() else { return };
+            let result = match channel {
+                CHANNEL_STDIN => s.write_stdin(&id, body, false).await,
+                CHANNEL_CLOSE if body.first() == Some(&CHANNEL_STDIN) => {
+                    s.write_stdin(&id, &[], true).await
+                }
+                CHANNEL_RESIZE => {
+                    let size: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+                    let dim = |k: &str| {
+                        size[k]
+                            .as_u64()
+                            .and_then(|v| u16::try_from(v).ok())
+                            .filter(|v| *v > 0)
+                    };
+                    match (dim("Width"), dim("Height")) {
+                        (Some(c), Some(r)) => s.resize(&id, c, r).await,
+                        _ => Ok(()),
+                    }
+                }
+                _ => Ok(()),
+            };
+            // A refusal (stdin closed, not a tty) does not end the attach; a broken session does.
+            if let Err(crate::processes::ProcessError::Backend(_)) = result {
+                session = None;
+            }
+        }
+    };
+    tokio::select! {
+        _ = output => {}
+        _ = input => {}
+    }
+}
+
+pub fn operations() -> Vec<Operation> {
+    let b = format!("{PREFIX}/sandboxes/{{name}}");
+    vec![
+        Operation::new(
+            Method::GET,
+            format!("{b}/processes/{{id}}/attach"),
+            "attachProcess",
+            "Attach to a process (WebSocket)",
+        )
+        .tag("processes")
+        .path_param("name", "The sandbox's name")
+        .path_param("id", "The process id")
+        .description(
+            "A WebSocket in Kubernetes' channel framing (v5.channel.k8s.io): binary messages \
+             start with a channel byte, 0 stdin, 1 stdout, 2 stderr, 3 status (a Kubernetes \
+             Status with exitCode or signal, once the process ended), 4 resize ({\"Width\": C, \
+             \"Height\": R}), 255 close of a channel. Output starts at what the process has \
+             printed so far; closing the socket leaves the process running.",
+        )
+        .empty(101, "Switching to the WebSocket protocol")
+        .errors(&[400, 404, 409, 502]),
+        Operation::new(
+            Method::GET,
+            format!("{b}/exec"),
+            "execProcess",
+            "Start a process and attach to it (WebSocket)",
+        )
+        .tag("processes")
+        .path_param("name", "The sandbox's name")
+        .query(
+            "command",
+            true,
+            "One value: a shell command line; repeated: the argv (like kubectl)",
+        )
+        .query_with_schema(
+            "tty",
+            false,
+            "Run on a terminal",
+            json!({"type": "boolean"}),
+        )
+        .query_with_schema(
+            "stdin",
+            false,
+            "Keep stdin open",
+            json!({"type": "boolean"}),
+        )
+        .description(
+            "Like `kubectl exec`: starts a long-lived process and attaches to it from its first \
+             byte, in the framing of attachProcess.",
+        )
+        .empty(101, "Switching to the WebSocket protocol")
+        .errors(&[400, 404, 409, 429, 502]),
+    ]
+}

@@ -1,0 +1,785 @@
+//! Long-lived processes of a sandbox (background commands, stdin, terminals, output replayed from
+//! byte offsets): the server's side of the in-sandbox process supervisor.
+//!
+//! Design: processes belong to the sandbox, not to a connection or to this server. The
+//! container's main process (`agent-sandbox-helper idle`) is their supervisor: it holds their
+//! shepherds and the retained tail of each output stream in bounded rings in the sandbox's own
+//! memory, so they keep running and their output keeps being captured while no client is
+//! connected and while this server is down or restarting, and offsets continue exactly where
+//! they were. This module keeps no process state of its own except what it needs to report
+//! `Lost`: the processes it last saw in each sandbox and the container they ran in. When the
+//! container is replaced (rollback, restore, a changed spec) or goes away, the processes it saw
+//! there are reported `Lost` with a message until they are deleted. Server memory stays bounded
+//! whatever a process prints: output is streamed through one bridge connection per reader.
+//!
+//! Requests go over connections to the supervisor (`bridge.rs`, each one `docker exec` through
+//! the engine); idle ones are pooled per container (a few each) so that a start or a get costs a
+//! round trip, not an exec. An output reader, a deletion and an attach's stdin get connections of
+//! their own for as long as they need them. This module
+//! never knows the HTTP wire format (`api/processes.rs` does), and only the engine talks to
+//! Docker.
+
+mod bridge;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, TimeZone, Utc};
+use futures::stream::BoxStream;
+
+use crate::config::Settings;
+use crate::docker::{Engine, EngineError};
+use bridge::{Bridge, BridgeError};
+use helper_protocol::supervisor::{ErrorCode, ProcInfo, ProcStart, Reply, SupRequest};
+use helper_protocol::MAX_CHUNK_LEN;
+
+/// `PATH` given to processes when neither the sandbox nor the request sets one.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Where processes run unless the request says otherwise.
+pub const DEFAULT_WORKDIR: &str = "/workspace";
+
+/// The sandbox an operation targets, as the controller last observed it.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub name: String,
+    /// The sandbox's `metadata.uid`: a new sandbox of the same name starts with nothing seen.
+    pub uid: String,
+    pub container_id: String,
+    /// The sandbox's own environment; a request's env is applied on top.
+    pub env: BTreeMap<String, String>,
+}
+
+impl Target {
+    fn key(&self) -> String {
+        format!("{}/{}", self.name, self.uid)
+    }
+}
+
+/// Lost processes remembered per sandbox (the oldest are forgotten first).
+const KEEP_LOST: usize = 64;
+
+/// What to start.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StartSpec {
+    /// The command string (run as `/bin/sh -c`), or none when `argv` was given.
+    pub command: Option<String>,
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub workdir: Option<String>,
+    pub tty: bool,
+    pub stdin: bool,
+    pub cols: u16,
+    pub rows: u16,
+    pub timeout_seconds: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Running,
+    Exited,
+    Lost,
+}
+
+/// One process as reported.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Process {
+    pub id: String,
+    pub pid: u32,
+    pub command: Option<String>,
+    pub argv: Vec<String>,
+    pub tty: bool,
+    pub state: State,
+    pub started_at: DateTime<Utc>,
+    pub exit_code: Option<i32>,
+    /// The name of the signal that ended it (`KILL`, `TERM`, ...).
+    pub signal: Option<String>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    /// Why it is `Lost`.
+    pub message: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// One event of an output read.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OutputEvent {
+    Data {
+        stream: Stream,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Truncated {
+        stream: Stream,
+        requested: u64,
+        retained_from: u64,
+    },
+    Exit {
+        exit_code: Option<i32>,
+        signal: Option<String>,
+        finished_at: DateTime<Utc>,
+    },
+    Running {
+        stdout_offset: u64,
+        stderr_offset: u64,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    TooMany(String),
+    #[error("{0}")]
+    Invalid(String),
+    /// The sandbox has no running container, or it cannot take processes.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Backend(String),
+}
+
+/// Signals a client may send, by name.
+pub const SIGNALS: &[(&str, i32)] = &[
+    ("TERM", libc::SIGTERM),
+    ("INT", libc::SIGINT),
+    ("HUP", libc::SIGHUP),
+    ("KILL", libc::SIGKILL),
+    ("QUIT", libc::SIGQUIT),
+    ("USR1", libc::SIGUSR1),
+    ("USR2", libc::SIGUSR2),
+];
+
+/// The name of a signal number, as reported in `signal`.
+pub fn signal_name(n: u32) -> String {
+    let known = [
+        (libc::SIGHUP, "HUP"),
+        (libc::SIGINT, "INT"),
+        (libc::SIGQUIT, "QUIT"),
+        (libc::SIGILL, "ILL"),
+        (libc::SIGTRAP, "TRAP"),
+        (libc::SIGABRT, "ABRT"),
+        (libc::SIGBUS, "BUS"),
+        (libc::SIGFPE, "FPE"),
+        (libc::SIGKILL, "KILL"),
+        (libc::SIGUSR1, "USR1"),
+        (libc::SIGSEGV, "SEGV"),
+        (libc::SIGUSR2, "USR2"),
+        (libc::SIGPIPE, "PIPE"),
+        (libc::SIGALRM, "ALRM"),
+        (libc::SIGTERM, "TERM"),
+        (libc::SIGXCPU, "XCPU"),
+        (libc::SIGXFSZ, "XFSZ"),
+        (libc::SIGSYS, "SYS"),
+    ];
+    known
+        .iter()
+        .find(|(k, _)| *k as u32 == n)
+        .map_or_else(|| format!("SIG{n}"), |(_, name)| name.to_string())
+}
+
+fn time(ms: u64) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(ms as i64)
+        .single()
+        .unwrap_or_default()
+}
+
+fn from_info(p: ProcInfo) -> Process {
+    let state = if p.running {
+        State::Running
+    } else {
+        State::Exited
+    };
+    Process {
+        command: (!p.command.is_empty()).then_some(p.command),
+        id: p.id,
+        pid: p.pid,
+        argv: p.argv,
+        tty: p.tty,
+        state,
+        started_at: time(p.started_at_ms),
+        exit_code: p.exit_code,
+        signal: p.signal.map(signal_name),
+        finished_at: p.finished_at_ms.map(time),
+        stdout_bytes: p.stdout_bytes,
+        stderr_bytes: p.stderr_bytes,
+        message: None,
+    }
+}
+
+/// What was last seen of one sandbox's processes.
+#[derive(Default)]
+struct Seen {
+    container_id: String,
+    processes: BTreeMap<String, Process>,
+    /// Processes of an earlier container, reported `Lost`.
+    lost: BTreeMap<String, Process>,
+}
+
+impl Seen {
+    fn lose_all(&mut self, why: &str) {
+        for (id, mut p) in std::mem::take(&mut self.processes) {
+            if p.state == State::Running {
+                p.state = State::Lost;
+                p.message = Some(why.to_string());
+                self.lost.insert(id, p);
+            }
+        }
+        while self.lost.len() > KEEP_LOST {
+            let oldest = self
+                .lost
+                .values()
+                .min_by_key(|p| p.started_at)
+                .map(|p| p.id.clone());
+            match oldest {
+                Some(id) => self.lost.remove(&id),
+                None => break,
+            };
+        }
+    }
+}
+
+pub struct Processes {
+    engine: Arc<dyn Engine>,
+    settings: Arc<Settings>,
+    seen: Mutex<HashMap<String, Seen>>,
+    /// Idle supervisor connections by container id.
+    pool: Mutex<HashMap<String, Vec<Bridge>>>,
+}
+
+/// Idle connections kept per container.
+const POOL_PER_CONTAINER: usize = 4;
+/// How long a pooled connection has to answer a request the supervisor answers at once.
+const POOLED_ANSWER: std::time::Duration = std::time::Duration::from_secs(3);
+
+const REPLACED: &str = "the sandbox's container was replaced; its processes ended with it";
+const GONE: &str = "the sandbox's container went away; its processes ended with it";
+
+fn bridge_error(target: &Target, e: BridgeError) -> ProcessError {
+    match e {
+        BridgeError::Engine(EngineError::NotFound { .. })
+        | BridgeError::Engine(EngineError::NotRunning { .. }) => {
+            ProcessError::Unavailable(format!("sandbox {} is not running", target.name))
+        }
+        BridgeError::NoSupervisor(m) => ProcessError::Unavailable(format!(
+            "sandbox {} cannot run long-lived processes: {m}",
+            target.name
+        )),
+        other => ProcessError::Backend(other.to_string()),
+    }
+}
+
+fn reply_error(code: ErrorCode, message: String) -> ProcessError {
+    match code {
+        ErrorCode::NotFound => ProcessError::NotFound(message),
+        ErrorCode::Conflict => ProcessError::Conflict(message),
+        ErrorCode::TooMany => ProcessError::TooMany(message),
+        ErrorCode::Invalid => ProcessError::Invalid(message),
+        ErrorCode::Internal => ProcessError::Backend(message),
+    }
+}
+
+/// The `Ok` ending an answer, or its error.
+fn expect_ok(replies: &[Reply]) -> Result<(), ProcessError> {
+    match replies.last() {
+        Some(Reply::Ok) => Ok(()),
+        Some(Reply::Error { code, message }) => Err(reply_error(*code, message.clone())),
+        other => Err(ProcessError::Backend(format!(
+            "unexpected answer from the supervisor: {other:?}"
+        ))),
+    }
+}
+
+impl Processes {
+    pub fn new(engine: Arc<dyn Engine>, settings: Arc<Settings>) -> Processes {
+        Processes {
+            engine,
+            settings,
+            seen: Mutex::new(HashMap::new()),
+            pool: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes the container a sandbox runs in now; processes of an earlier one become `Lost`.
+    fn note_container(&self, target: &Target) {
+        let mut seen = self.seen();
+        let s = seen.entry(target.key()).or_default();
+        if s.container_id != target.container_id {
+            if !s.container_id.is_empty() {
+                s.lose_all(REPLACED);
+            }
+            s.container_id = target.container_id.clone();
+        }
+    }
+
+    fn note(&self, target: &Target, p: &Process) {
+        let mut seen = self.seen();
+        let s = seen.entry(target.key()).or_default();
+        if s.container_id == target.container_id {
+            s.processes.insert(p.id.clone(), p.clone());
+        }
+    }
+
+    /// The sandbox's container is gone or stopped: what ran there is lost.
+    fn note_gone(&self, target: &Target) {
+        let mut seen = self.seen();
+        if let Some(s) = seen.get_mut(&target.key()) {
+            s.lose_all(GONE);
+        }
+    }
+
+    fn lost(&self, target: &Target, id: &str) -> Option<Process> {
+        self.seen()
+            .get(&target.key())
+            .and_then(|s| s.lost.get(id).cloned())
+    }
+
+    async fn connect(&self, target: &Target) -> Result<Bridge, ProcessError> {
+        self.note_container(target);
+        match Bridge::open(
+            &self.engine,
+            &target.container_id,
+            &self.settings.sandbox_user,
+        )
+        .await
+        {
+            Ok(b) => Ok(b),
+            Err(e) => {
+                if matches!(
+                    e,
+                    BridgeError::Engine(EngineError::NotFound { .. })
+                        | BridgeError::Engine(EngineError::NotRunning { .. })
+                ) {
+                    self.note_gone(target);
+                }
+                Err(bridge_error(target, e))
+            }
+        }
+    }
+
+    /// One request and its whole answer, on an idle pooled connection to the container's
+    /// supervisor when there is a live one (a `docker exec` costs tens of milliseconds). A pooled
+    /// connection is checked for life first; if it breaks anyway, only a request that is safe
+    /// to repeat (not a start) is sent again on a fresh one.
+    async fn call(&self, target: &Target, req: SupRequest) -> Result<Vec<Reply>, ProcessError> {
+        let pooled = self.take_pooled(&target.container_id);
+        let repeatable = !matches!(req, SupRequest::Start(_) | SupRequest::Stdin { .. });
+        let (mut b, was_pooled) = match pooled {
+            Some(b) => (b, true),
+            None => (self.connect(target).await?, false),
+        };
+        if was_pooled {
+            self.note_container(target);
+        }
+        // A pooled connection into a container that was just removed may never answer (under
+        // gVisor its exec outlives the container for a while): give it a bounded time.
+        let answer = if was_pooled {
+            tokio::time::timeout(POOLED_ANSWER, b.call(&req))
+                .await
+                .unwrap_or_else(|_| Err(BridgeError::Broken("no answer".into())))
+        } else {
+            b.call(&req).await
+        };
+        match answer {
+            Ok(r) => {
+                self.give_back(&target.container_id, b);
+                Ok(r)
+            }
+            Err(_) if was_pooled && repeatable => {
+                let mut b = self.connect(target).await?;
+                let r = b.call(&req).await.map_err(|e| bridge_error(target, e))?;
+                self.give_back(&target.container_id, b);
+                Ok(r)
+            }
+            Err(e) => Err(bridge_error(target, e)),
+        }
+    }
+
+    fn take_pooled(&self, container: &str) -> Option<Bridge> {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let idle = pool.get_mut(container)?;
+        while let Some(mut b) = idle.pop() {
+            if b.is_alive() {
+                return Some(b);
+            }
+        }
+        None
+    }
+
+    fn give_back(&self, container: &str, b: Bridge) {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        // Containers that are gone leave dead connections behind; forget those pools.
+        pool.retain(|_, idle| !idle.is_empty());
+        let idle = pool.entry(container.to_string()).or_default();
+        if idle.len() < POOL_PER_CONTAINER {
+            idle.push(b);
+        }
+    }
+
+    pub async fn start(&self, target: &Target, spec: StartSpec) -> Result<Process, ProcessError> {
+        let mut env = BTreeMap::from([("HOME".to_string(), DEFAULT_WORKDIR.to_string())]);
+        env.extend(target.env.clone());
+        env.extend(spec.env);
+        env.entry("PATH".into())
+            .or_insert_with(|| DEFAULT_PATH.to_string());
+        if spec.tty {
+            env.entry("TERM".into())
+                .or_insert_with(|| "xterm-256color".to_string());
+        }
+        let timeout_ms = spec
+            .timeout_seconds
+            .map_or(0, |t| ((t * 1000.0).ceil() as u64).max(1));
+        let req = SupRequest::Start(ProcStart {
+            command: spec.command.unwrap_or_default(),
+            argv: spec.argv,
+            env: env.into_iter().collect(),
+            workdir: spec.workdir.unwrap_or_else(|| DEFAULT_WORKDIR.to_string()),
+            tty: spec.tty,
+            stdin: spec.stdin,
+            cols: spec.cols,
+            rows: spec.rows,
+            timeout_ms,
+            retain_bytes: self.settings.process_output_bytes,
+            max_running: self.settings.max_processes,
+        });
+        if req.to_frame().is_err() {
+            return Err(ProcessError::Invalid(
+                "the command, its arguments and environment are too large (over 1 MiB together)"
+                    .into(),
+            ));
+        }
+        let replies = self.call(target, req).await?;
+        expect_ok(&replies)?;
+        match replies.into_iter().next() {
+            Some(Reply::Process(info)) => {
+                let p = from_info(info);
+                self.note(target, &p);
+                Ok(p)
+            }
+            other => Err(ProcessError::Backend(format!(
+                "unexpected answer from the supervisor: {other:?}"
+            ))),
+        }
+    }
+
+    /// Every process of the sandbox: the supervisor's, then those lost with earlier containers.
+    pub async fn list(&self, target: &Target) -> Result<Vec<Process>, ProcessError> {
+        let current = match self.call(target, SupRequest::List).await {
+            Ok(replies) => {
+                expect_ok(&replies)?;
+                let procs: Vec<Process> = replies
+                    .into_iter()
+                    .filter_map(|r| match r {
+                        Reply::Process(i) => Some(from_info(i)),
+                        _ => None,
+                    })
+                    .collect();
+                let mut seen = self.seen();
+                let s = seen.entry(target.key()).or_default();
+                s.processes = procs.iter().map(|p| (p.id.clone(), p.clone())).collect();
+                procs
+            }
+            Err(ProcessError::Unavailable(m)) => {
+                let seen = self.seen();
+                if seen.get(&target.key()).is_none_or(|s| s.lost.is_empty()) {
+                    return Err(ProcessError::Unavailable(m));
+                }
+                Vec::new()
+            }
+            Err(e) => return Err(e),
+        };
+        let seen = self.seen();
+        let lost = seen
+            .get(&target.key())
+            .map(|s| s.lost.values().cloned().collect::<Vec<_>>())
+            .unwrap_or_default();
+        Ok(current.into_iter().chain(lost).collect())
+    }
+
+    pub async fn get(&self, target: &Target, id: &str) -> Result<Process, ProcessError> {
+        if let Some(p) = self.lost(target, id) {
+            return Ok(p);
+        }
+        let result = self
+            .call(target, SupRequest::Get { id: id.to_string() })
+            .await;
+        // The container may have just been found replaced or gone.
+        if let Some(p) = self.lost(target, id) {
+            return Ok(p);
+        }
+        let replies = result?;
+        expect_ok(&replies)?;
+        match replies.into_iter().next() {
+            Some(Reply::Process(info)) => {
+                let p = from_info(info);
+                self.note(target, &p);
+                Ok(p)
+            }
+            other => Err(ProcessError::Backend(format!(
+                "unexpected answer from the supervisor: {other:?}"
+            ))),
+        }
+    }
+
+    /// Kills the whole tree, waits for it, forgets the process.
+    pub async fn delete(&self, target: &Target, id: &str) -> Result<(), ProcessError> {
+        {
+            let mut seen = self.seen();
+            if let Some(s) = seen.get_mut(&target.key()) {
+                if s.lost.remove(id).is_some() {
+                    return Ok(());
+                }
+            }
+        }
+        // Delete answers Ok for an unknown id; a get first gives the 404.
+        let mut b = self.connect(target).await?;
+        let r = b
+            .call(&SupRequest::Get { id: id.to_string() })
+            .await
+            .map_err(|e| bridge_error(target, e))?;
+        expect_ok(&r)?;
+        let r = b
+            .call(&SupRequest::Delete { id: id.to_string() })
+            .await
+            .map_err(|e| bridge_error(target, e))?;
+        expect_ok(&r)?;
+        if let Some(s) = self.seen().get_mut(&target.key()) {
+            s.processes.remove(id);
+        }
+        Ok(())
+    }
+
+    /// Writes `data` to the process's stdin, then closes it if `close`.
+    pub async fn write_stdin(
+        &self,
+        target: &Target,
+        id: &str,
+        data: &[u8],
+        close: bool,
+    ) -> Result<(), ProcessError> {
+        if self.lost(target, id).is_some() {
+            return Err(ProcessError::Conflict(format!("process {id} is lost")));
+        }
+        self.session(target)
+            .await?
+            .write_stdin(id, data, close)
+            .await
+    }
+
+    pub async fn signal(&self, target: &Target, id: &str, signal: i32) -> Result<(), ProcessError> {
+        if self.lost(target, id).is_some() {
+            return Err(ProcessError::Conflict(format!("process {id} is lost")));
+        }
+        let r = self
+            .call(
+                target,
+                SupRequest::Signal {
+                    id: id.to_string(),
+                    signal: signal as u32,
+                },
+            )
+            .await?;
+        expect_ok(&r)
+    }
+
+    pub async fn resize(
+        &self,
+        target: &Target,
+        id: &str,
+        cols: u16,
+        rows: u16,
+    ) -> Result<(), ProcessError> {
+        if self.lost(target, id).is_some() {
+            return Err(ProcessError::Conflict(format!("process {id} is lost")));
+        }
+        let r = self
+            .call(
+                target,
+                SupRequest::Resize {
+                    id: id.to_string(),
+                    cols,
+                    rows,
+                },
+            )
+            .await?;
+        expect_ok(&r)
+    }
+
+    /// Output from the given offsets. Errors known before the first event (no such process, no
+    /// container) come back as `Err`; the stream then yields events until the answer ends. A
+    /// stream that ends without `Exit` or `Running` means the connection broke (the container
+    /// went away): it never invents an exit.
+    pub async fn output(
+        &self,
+        target: &Target,
+        id: &str,
+        stdout_from: u64,
+        stderr_from: u64,
+        follow: bool,
+    ) -> Result<BoxStream<'static, OutputEvent>, ProcessError> {
+        if let Some(p) = self.lost(target, id) {
+            return Err(ProcessError::Conflict(format!(
+                "process {id} is lost: {}",
+                p.message.unwrap_or_default()
+            )));
+        }
+        let mut b = self.connect(target).await?;
+        // Refusals (no such process) before the stream starts; the first output of a quiet
+        // process may be long in coming.
+        let r = b
+            .call(&SupRequest::Get { id: id.to_string() })
+            .await
+            .map_err(|e| bridge_error(target, e))?;
+        expect_ok(&r)?;
+        b.send(&SupRequest::Output {
+            id: id.to_string(),
+            stdout_from,
+            stderr_from,
+            follow,
+        })
+        .await
+        .map_err(|e| bridge_error(target, e))?;
+        let stream =
+            futures::stream::unfold((Some(b), None::<Reply>), |(bridge, pending)| async move {
+                let mut bridge = bridge?;
+                let reply = match pending {
+                    Some(r) => r,
+                    None => bridge.next().await.ok()?,
+                };
+                let (event, last) = to_event(reply)?;
+                Some((event, (if last { None } else { Some(bridge) }, None)))
+            });
+        Ok(Box::pin(stream))
+    }
+}
+
+/// One kept connection for a client's stream of stdin writes and resizes (an attach), so that
+/// each keystroke costs one round trip to the supervisor, not a new `docker exec`.
+pub struct Session {
+    target: Target,
+    bridge: Bridge,
+}
+
+impl Processes {
+    pub async fn session(&self, target: &Target) -> Result<Session, ProcessError> {
+        Ok(Session {
+            target: target.clone(),
+            bridge: self.connect(target).await?,
+        })
+    }
+}
+
+impl Session {
+    pub async fn write_stdin(
+        &mut self,
+        id: &str,
+        data: &[u8],
+        close: bool,
+    ) -> Result<(), ProcessError> {
+        let mut chunks: Vec<&[u8]> = data.chunks(MAX_CHUNK_LEN).collect();
+        if chunks.is_empty() {
+            chunks.push(&[]);
+        }
+        let n = chunks.len();
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let r = self
+                .bridge
+                .call(&SupRequest::Stdin {
+                    id: id.to_string(),
+                    close: close && i + 1 == n,
+                    data: chunk.to_vec(),
+                })
+                .await
+                .map_err(|e| bridge_error(&self.target, e))?;
+            expect_ok(&r)?;
+        }
+        Ok(())
+    }
+
+    pub async fn resize(&mut self, id: &str, cols: u16, rows: u16) -> Result<(), ProcessError> {
+        let r = self
+            .bridge
+            .call(&SupRequest::Resize {
+                id: id.to_string(),
+                cols,
+                rows,
+            })
+            .await
+            .map_err(|e| bridge_error(&self.target, e))?;
+        expect_ok(&r)
+    }
+}
+
+fn stream_of(s: u8) -> Stream {
+    if s == 2 {
+        Stream::Stderr
+    } else {
+        Stream::Stdout
+    }
+}
+
+/// One reply as an event, and whether it is the last.
+fn to_event(reply: Reply) -> Option<(OutputEvent, bool)> {
+    Some(match reply {
+        Reply::Chunk {
+            stream,
+            offset,
+            data,
+        } => (
+            OutputEvent::Data {
+                stream: stream_of(stream),
+                offset,
+                data,
+            },
+            false,
+        ),
+        Reply::Truncated {
+            stream,
+            requested,
+            retained_from,
+        } => (
+            OutputEvent::Truncated {
+                stream: stream_of(stream),
+                requested,
+                retained_from,
+            },
+            false,
+        ),
+        Reply::Exit {
+            exit_code,
+            signal,
+            finished_at_ms,
+        } => (
+            OutputEvent::Exit {
+                exit_code,
+                signal: signal.map(signal_name),
+                finished_at: time(finished_at_ms),
+            },
+            true,
+        ),
+        Reply::Running {
+            stdout_offset,
+            stderr_offset,
+        } => (
+            OutputEvent::Running {
+                stdout_offset,
+                stderr_offset,
+            },
+            true,
+        ),
+        // Anything else ends the stream without inventing an event.
+        _ => return None,
+    })
+}
