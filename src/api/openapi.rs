@@ -506,7 +506,16 @@ pub fn document(operations: &[Operation]) -> Value {
     }
     schema::<ErrorBody>()(&mut generator);
     let mut schemas = generator.take_definitions(true);
-    schemas.extend(named);
+    for (name, schema) in named {
+        // A hand-written schema under the name of a derived one would silently replace it
+        // everywhere it is referenced (it once did: /v1's rollback body over a sandbox's
+        // `spec.rollback`). Every test that builds the document trips on this.
+        assert!(
+            !schemas.contains_key(&name),
+            "the hand-written schema {name:?} has the name of a type's schema"
+        );
+        schemas.insert(name, schema);
+    }
     json!({
         "openapi": "3.1.0",
         "info": {

@@ -96,41 +96,73 @@ pub struct ProcessList {
     pub items: Vec<ProcessObject>,
 }
 
-/// What `POST …/processes` takes: `command` or `argv`, not both.
-#[derive(JsonSchema)]
-#[serde(rename_all = "camelCase")]
-#[allow(dead_code)]
-pub struct ProcessStartRequest {
-    /// Run as `/bin/sh -c`.
-    command: Option<String>,
-    argv: Option<Vec<String>>,
-    env: Option<BTreeMap<String, String>>,
-    /// Default `/workspace`.
-    workdir: Option<String>,
-    /// Run on a terminal (one stream, `stdout`). Default false.
-    tty: Option<bool>,
-    /// Keep stdin open for `…/stdin`. Default false.
-    stdin: Option<bool>,
-    /// Terminal width, default 80.
-    cols: Option<u16>,
-    /// Terminal height, default 24.
-    rows: Option<u16>,
-    /// Kill the tree after this long; none means never.
-    timeout_seconds: Option<f64>,
+/// What `POST …/processes` takes, exactly as [`parse_start`] judges it: `command` or `argv`, not
+/// both (`null` is the same as leaving a field out), and the limits that function checks.
+fn start_request_schema() -> Value {
+    let no_nul = "^[^\\u0000]*$";
+    serde_json::json!({
+        "type": "object",
+        "additionalProperties": false,
+        "properties": {
+            "command": {
+                "type": ["string", "null"],
+                "description": "Run as `/bin/sh -c`; not blank.",
+                "pattern": "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$",
+            },
+            "argv": {
+                "type": ["array", "null"],
+                "minItems": 1,
+                "prefixItems": [{"type": "string", "minLength": 1}],
+                "items": {"type": "string", "pattern": no_nul},
+            },
+            "env": {
+                "type": ["object", "null"],
+                "propertyNames": {"type": "string", "minLength": 1, "pattern": "^[^=\\u0000]+$"},
+                "additionalProperties": {"type": "string", "pattern": no_nul},
+            },
+            "workdir": {
+                "type": ["string", "null"],
+                "description": "An absolute path; default `/workspace`.",
+                "pattern": "^/[^\\u0000]*$",
+            },
+            "tty": {"type": ["boolean", "null"], "description": "Run on a terminal (one stream, `stdout`). Default false."},
+            "stdin": {"type": ["boolean", "null"], "description": "Keep stdin open for `…/stdin`. Default false."},
+            "cols": {"type": ["integer", "null"], "minimum": 1, "maximum": 65535, "description": "Terminal width, default 80."},
+            "rows": {"type": ["integer", "null"], "minimum": 1, "maximum": 65535, "description": "Terminal height, default 24."},
+            "timeoutSeconds": {
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "maximum": 1e9,
+                "description": "Kill the tree after this long; none means never.",
+            },
+        },
+        "oneOf": [
+            {"required": ["command"], "properties": {"command": {"type": "string"}}},
+            {"required": ["argv"], "properties": {"argv": {"type": "array"}}},
+        ],
+        "examples": [{"command": "echo hello; sleep 1"}, {"argv": ["sleep", "5"], "stdin": true}],
+    })
 }
 
-#[derive(JsonSchema)]
-#[allow(dead_code)]
-pub struct SignalRequest {
-    #[schemars(extend("enum" = ["TERM", "INT", "HUP", "KILL", "QUIT", "USR1", "USR2"]))]
-    signal: String,
+/// What `POST …/signal` takes (a leading `SIG` is also accepted).
+fn signal_request_schema() -> Value {
+    serde_json::json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["signal"],
+        "properties": {"signal": {"enum": ["TERM", "INT", "HUP", "KILL", "QUIT", "USR1", "USR2"]}},
+    })
 }
 
-#[derive(JsonSchema)]
-#[allow(dead_code)]
-pub struct ResizeRequest {
-    cols: u16,
-    rows: u16,
+/// What `POST …/resize` takes.
+fn resize_request_schema() -> Value {
+    let size = serde_json::json!({"type": "integer", "minimum": 1, "maximum": 65535});
+    serde_json::json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["cols", "rows"],
+        "properties": {"cols": size, "rows": size},
+    })
 }
 
 #[derive(JsonSchema)]
@@ -282,7 +314,16 @@ impl Fields {
     fn u16(&mut self, name: &str, min: u16) -> Result<Option<u16>, ApiError> {
         match self.take(name) {
             None => Ok(None),
-            Some(v) => match v.as_u64().and_then(|n| u16::try_from(n).ok()) {
+            // `80.0` is the integer 80, as JSON Schema counts integers.
+            Some(v) => match v
+                .as_u64()
+                .or_else(|| {
+                    v.as_f64()
+                        .filter(|f| f.fract() == 0.0 && *f >= 0.0)
+                        .map(|f| f as u64)
+                })
+                .and_then(|n| u16::try_from(n).ok())
+            {
                 Some(n) if n >= min => Ok(Some(n)),
                 _ => Err(field(
                     name,
@@ -733,7 +774,7 @@ pub fn operations() -> Vec<Operation> {
         op(method, format!("{b}/{{id}}{suffix}"), id, summary).path_param("id", ID)
     };
     let boolean = serde_json::json!({"type": "boolean"});
-    let offset = serde_json::json!({"type": "integer", "minimum": 0});
+    let offset = serde_json::json!({"type": "integer", "minimum": 0, "maximum": u64::MAX});
     vec![
         op(
             Method::POST,
@@ -749,7 +790,7 @@ pub fn operations() -> Vec<Operation> {
                  AGENT_SANDBOX_MAX_PROCESSES run at once (429 beyond); the last 64 ended ones are \
                  kept.",
         )
-        .json_body::<ProcessStartRequest>()
+        .json_body_schema("ProcessStartRequest", start_request_schema())
         .json::<ProcessObject>(201, "The process, started")
         .errors(&[400, 404, 409, 413, 429, 502]),
         op(
@@ -830,7 +871,7 @@ pub fn operations() -> Vec<Operation> {
             "signalProcess",
             "Send a signal to a process's group",
         )
-        .json_body::<SignalRequest>()
+        .json_body_schema("SignalRequest", signal_request_schema())
         .empty(202, "Sent")
         .errors(&[400, 404, 409, 502]),
         one(
@@ -839,7 +880,7 @@ pub fn operations() -> Vec<Operation> {
             "resizeProcess",
             "Resize a process's terminal",
         )
-        .json_body::<ResizeRequest>()
+        .json_body_schema("ResizeRequest", resize_request_schema())
         .empty(204, "Resized")
         .errors(&[400, 404, 409, 502]),
     ]

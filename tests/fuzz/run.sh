@@ -58,8 +58,21 @@ cleanup() {
   fi
   server=$(cat "$work/data/server-id" 2>/dev/null || true)
   if [ -n "$server" ]; then
-    docker ps -aq --filter "label=io.agent-sandbox.server=$server" | xargs -r docker rm -f -v >/dev/null || true
-    docker volume ls -q --filter "label=io.agent-sandbox.server=$server" | xargs -r docker volume rm -f >/dev/null || true
+    # Creates the server sent just before it stopped (a pool of 200 members, say) may still
+    # complete in the daemon after the first sweep: sweep until nothing of it is left.
+    local filter="label=io.agent-sandbox.server=$server" sweep
+    for sweep in $(seq 1 30); do
+      docker ps -aq --filter "$filter" | xargs -r docker rm -f -v >/dev/null 2>&1 || true
+      docker volume ls -q --filter "$filter" | xargs -r docker volume rm -f >/dev/null 2>&1 || true
+      if [ -z "$(docker ps -aq --filter "$filter")" ] && [ -z "$(docker volume ls -q --filter "$filter")" ]; then
+        break
+      fi
+      sleep 2
+    done
+    if [ -n "$(docker ps -aq --filter "$filter")$(docker volume ls -q --filter "$filter")" ]; then
+      say "objects of server $server are still left after the cleanup"
+      [ "$status" -ne 0 ] || status=1
+    fi
   fi
   mkdir -p "$TARGET_DIR"
   cp "$work/server.log" "$TARGET_DIR/fuzz-server.log" 2>/dev/null || true

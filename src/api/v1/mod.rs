@@ -193,7 +193,7 @@ pub fn operations(settings: &Settings) -> Vec<Operation> {
             "Writes a Sandbox resource with every value resolved from the request and the \
                  server's defaults, and answers once the controller reports it running.",
         )
-        .json_body_schema("SandboxCreate", schemas::sandbox_create(settings))
+        .json_body_schema("V1SandboxCreate", schemas::sandbox_create(settings))
         .json::<wire::SandboxInfo>(201, "The new sandbox, running")
         .links_to_sandbox()
         .errors(&[400, 403, 413, 422, 429, 502, 503]),
@@ -231,7 +231,7 @@ pub fn operations(settings: &Settings) -> Vec<Operation> {
         )
         .description("The sandbox now expires `timeout_seconds` from now.")
         .path_param("id", SANDBOX_ID)
-        .json_body_schema("TimeoutRequest", schemas::timeout_request(settings))
+        .json_body_schema("V1TimeoutRequest", schemas::timeout_request(settings))
         .json::<wire::SandboxInfo>(200, "The sandbox, with its new expires_at")
         .errors(&[400, 403, 404, 413, 422]),
         op(
@@ -241,9 +241,9 @@ pub fn operations(settings: &Settings) -> Vec<Operation> {
             "Run a command",
         )
         .path_param("id", SANDBOX_ID)
-        .json_body_schema("ExecRequest", schemas::exec_request(settings))
+        .json_body_schema("V1ExecRequest", schemas::exec_request(settings))
         .json::<wire::ExecResponse>(200, "The command's output and exit code")
-        .errors(&[400, 404, 413, 422, 502]),
+        .errors(&[400, 404, 409, 413, 422, 502]),
         op(
             Method::POST,
             "/v1/sandboxes/{id}/exec/stream",
@@ -254,9 +254,9 @@ pub fn operations(settings: &Settings) -> Vec<Operation> {
             "One JSON object per line as output arrives; the last line is the `exit` event.",
         )
         .path_param("id", SANDBOX_ID)
-        .json_body_schema("ExecRequest", schemas::exec_request(settings))
+        .json_body_schema("V1ExecRequest", schemas::exec_request(settings))
         .ndjson::<wire::ExecEvent>(200, "Output events, then exactly one exit event")
-        .errors(&[400, 404, 413, 422, 502]),
+        .errors(&[400, 404, 409, 413, 422, 502]),
         op(
             Method::GET,
             "/v1/sandboxes/{id}/files",
@@ -271,7 +271,7 @@ pub fn operations(settings: &Settings) -> Vec<Operation> {
             schemas::path("File path; relative paths are under /workspace"),
         )
         .binary(200, "The file's bytes")
-        .errors(&[400, 404, 413, 422, 502]),
+        .errors(&[400, 404, 409, 413, 422, 502]),
         op(
             Method::PUT,
             "/v1/sandboxes/{id}/files",
@@ -294,7 +294,7 @@ pub fn operations(settings: &Settings) -> Vec<Operation> {
         )
         .binary_body()
         .json::<wire::FileInfo>(200, "The written file")
-        .errors(&[400, 404, 413, 422, 502]),
+        .errors(&[400, 404, 409, 413, 422, 502]),
         op(
             Method::GET,
             "/v1/sandboxes/{id}/files/list",
@@ -309,7 +309,7 @@ pub fn operations(settings: &Settings) -> Vec<Operation> {
             schemas::path("Directory; relative paths are under /workspace"),
         )
         .json::<wire::FileList>(200, "The directory's entries, sorted by name")
-        .errors(&[400, 404, 502]),
+        .errors(&[400, 404, 409, 502]),
         op(
             Method::POST,
             "/v1/sandboxes/{id}/snapshots",
@@ -317,7 +317,7 @@ pub fn operations(settings: &Settings) -> Vec<Operation> {
             "Snapshot a sandbox's workspace",
         )
         .path_param("id", SANDBOX_ID)
-        .optional_json_body_schema("SnapshotCreate", schemas::snapshot_create())
+        .optional_json_body_schema("V1SnapshotCreate", schemas::snapshot_create())
         .json::<wire::SnapshotInfo>(201, "The snapshot, ready")
         .link(201, "v1GetSnapshot", "id", "$response.body#/id")
         .link(201, "v1Fork", "id", "$response.body#/id")
@@ -334,7 +334,7 @@ pub fn operations(settings: &Settings) -> Vec<Operation> {
                  with the snapshot's content. Running processes stop and /tmp is cleared.",
         )
         .path_param("id", SANDBOX_ID)
-        .json_body_schema("RollbackRequest", schemas::rollback_request())
+        .json_body_schema("V1RollbackRequest", schemas::rollback_request())
         .json::<wire::SandboxInfo>(200, "The sandbox, with source_snapshot_id set")
         .errors(&[400, 403, 404, 413, 422, 502, 503]),
         op(
@@ -374,7 +374,7 @@ pub fn operations(settings: &Settings) -> Vec<Operation> {
                  lifetime, and the snapshot's workspace.",
         )
         .path_param("id", SNAPSHOT_ID)
-        .optional_json_body_schema("ForkRequest", schemas::fork_request(settings))
+        .optional_json_body_schema("V1ForkRequest", schemas::fork_request(settings))
         .json::<wire::SandboxInfo>(201, "The new sandbox, running")
         .links_to_sandbox()
         .errors(&[400, 403, 404, 413, 422, 429, 502, 503]),
