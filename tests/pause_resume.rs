@@ -460,3 +460,40 @@ fn the_command_line_pauses_stops_and_resumes() {
     assert_ne!(code, 0);
     assert!(err.contains("not found"), "{err}");
 }
+
+#[test]
+fn process_calls_resume_a_paused_sandbox_and_its_processes_carry_on() {
+    let server = Server::start();
+    let name = unique("procresume");
+    create(&server, &name, json!({}));
+    let processes = format!("{API}/sandboxes/{name}/processes");
+    let (status, process) = server.request(
+        "POST",
+        &processes,
+        Some(&json!({ "command": "i=0; while true; do echo $i; i=$((i+1)); sleep 0.1; done" })),
+    );
+    assert_eq!(status, 201, "{process}");
+    let id = process["id"].as_str().unwrap().to_string();
+
+    pause(&server, &name, "Paused");
+    // Listing the sandbox's processes wakes it: the supervisor answers and the ticker still runs.
+    let (status, list) = server.request("GET", &processes, None);
+    assert_eq!(status, 200, "{list}");
+    let doc = server.get("sandboxes", &name).unwrap();
+    assert_eq!(doc["status"]["phase"], "Running", "{doc}");
+    assert_eq!(doc["status"]["resumes"], 1, "{doc}");
+    let listed = list["items"].as_array().unwrap();
+    let ticker = listed
+        .iter()
+        .find(|p| p["id"] == id.as_str())
+        .expect("listed");
+    assert_eq!(ticker["state"], "Running", "{ticker}");
+    let before = ticker["stdoutBytes"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    let (status, again) = server.request("GET", &format!("{processes}/{id}"), None);
+    assert_eq!(status, 200, "{again}");
+    assert!(
+        again["stdoutBytes"].as_u64().unwrap() > before,
+        "the ticker stopped printing after the resume: {again}"
+    );
+}

@@ -249,13 +249,17 @@ pub(super) fn process_error(e: ProcessError) -> ApiError {
 }
 
 /// The sandbox's current container, or 404 / 409.
-pub(super) fn target(state: &AppState, name: &str) -> Result<Target, ApiError> {
+/// The sandbox a process call is about. The call counts as the sandbox's activity, and a paused
+/// or stopped sandbox is resumed first (or the call refused with 409) as its `spec.autoResume`
+/// says: a frozen supervisor could not answer.
+pub(super) async fn target(state: &AppState, name: &str) -> Result<Target, ApiError> {
     let sandbox = state
         .store
         .get(Kind::Sandbox, name)
         .and_then(|e| e.resource.as_sandbox().cloned())
         .filter(|s| s.metadata.deletion_timestamp.is_none())
         .ok_or_else(|| ApiError::NotFound(format!("sandbox {name:?} not found")))?;
+    let sandbox = crate::api::power::awake(state, sandbox).await?;
     let container_id = sandbox
         .status
         .as_ref()
@@ -433,7 +437,7 @@ async fn start(
     body: Body,
 ) -> Result<Response, ApiError> {
     let spec = parse_start(json_body(body, MAX_START_BODY).await?)?;
-    let target = target(&state, &name)?;
+    let target = target(&state, &name).await?;
     let p = state
         .processes
         .start(&target, spec)
@@ -446,7 +450,7 @@ async fn list(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<ProcessList>, ApiError> {
-    let target = target(&state, &name)?;
+    let target = target(&state, &name).await?;
     let items = state.processes.list(&target).await.map_err(process_error)?;
     Ok(Json(ProcessList {
         items: items.into_iter().map(wire).collect(),
@@ -457,7 +461,7 @@ async fn get_one(
     State(state): State<AppState>,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Json<ProcessObject>, ApiError> {
-    let target = target(&state, &name)?;
+    let target = target(&state, &name).await?;
     let p = state
         .processes
         .get(&target, &id)
@@ -470,7 +474,7 @@ async fn delete(
     State(state): State<AppState>,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let target = target(&state, &name)?;
+    let target = target(&state, &name).await?;
     state
         .processes
         .delete(&target, &id)
@@ -530,7 +534,7 @@ async fn output(
     {
         return Err(field(k, "is not a known query parameter"));
     }
-    let target = target(&state, &name)?;
+    let target = target(&state, &name).await?;
     let events = state
         .processes
         .output(&target, &id, stdout_from, stderr_from, follow)
@@ -693,7 +697,7 @@ async fn stdin(
         .map_err(|_| {
             ApiError::PayloadTooLarge(format!("the body is larger than {MAX_STDIN_BODY} bytes"))
         })?;
-    let target = target(&state, &name)?;
+    let target = target(&state, &name).await?;
     state
         .processes
         .write_stdin(&target, &id, &bytes, close)
@@ -725,7 +729,7 @@ async fn signal(
                 ),
             )
         })?;
-    let target = target(&state, &name)?;
+    let target = target(&state, &name).await?;
     state
         .processes
         .signal(&target, &id, number)
@@ -747,7 +751,7 @@ async fn resize(
         .u16("rows", 1)?
         .ok_or_else(|| field("rows", "is required"))?;
     f.finish()?;
-    let target = target(&state, &name)?;
+    let target = target(&state, &name).await?;
     state
         .processes
         .resize(&target, &id, cols, rows)

@@ -54,7 +54,7 @@ async fn attach(
     Path((name, id)): Path<(String, String)>,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
-    let target = target(&state, &name)?;
+    let target = target(&state, &name).await?;
     let p = state
         .processes
         .get(&target, &id)
@@ -119,7 +119,7 @@ async fn exec(
             "command: must not be empty or contain NUL bytes".into(),
         ));
     }
-    let target = target(&state, &name)?;
+    let target = target(&state, &name).await?;
     let p = state
         .processes
         .start(
