@@ -392,6 +392,8 @@ fn full_documents() -> Vec<Value> {
                 "ttlSeconds": 3600, "shutdownTime": "2026-01-01T00:45:00Z",
                 "source": { "snapshot": "s1" },
                 "rollback": { "snapshot": "s2", "requestId": "r1" },
+                "state": "Paused", "idle": { "afterSeconds": 600, "action": "Stop" },
+                "autoResume": false, "imagePullPolicy": "Never",
             },
         }),
         json!({
@@ -416,8 +418,9 @@ fn full_documents() -> Vec<Value> {
 }
 
 /// Leaf field paths of a kind's declared part (spec, and the metadata a person writes), read
-/// from the committed JSON Schema.
-fn schema_leaves(kind: Kind) -> Vec<String> {
+/// from the committed JSON Schema, each with the values its schema enumerates (empty when any
+/// value of its type will do).
+fn schema_leaves(kind: Kind) -> Vec<(String, Vec<Value>)> {
     let file = root().join(format!(
         "schemas/{}.json",
         kind.as_str().to_ascii_lowercase()
@@ -440,7 +443,7 @@ fn schema_leaves(kind: Kind) -> Vec<String> {
             None => node,
         }
     }
-    fn walk(schema: &Value, node: &Value, path: String, out: &mut Vec<String>) {
+    fn walk(schema: &Value, node: &Value, path: String, out: &mut Vec<(String, Vec<Value>)>) {
         let node = resolve(schema, node);
         match node.get("properties").and_then(Value::as_object) {
             Some(props) => {
@@ -448,7 +451,10 @@ fn schema_leaves(kind: Kind) -> Vec<String> {
                     walk(schema, v, format!("{path}.{k}"), out);
                 }
             }
-            None => out.push(path),
+            None => {
+                let choices = node.get("enum").and_then(Value::as_array).cloned();
+                out.push((path, choices.unwrap_or_default()));
+            }
         }
     }
     let mut out = Vec::new();
@@ -459,7 +465,7 @@ fn schema_leaves(kind: Kind) -> Vec<String> {
         &mut out,
     );
     for field in ["name", "labels", "annotations"] {
-        out.push(format!("metadata.{field}"));
+        out.push((format!("metadata.{field}"), Vec::new()));
     }
     out
 }
@@ -468,8 +474,12 @@ fn pointer(path: &str) -> String {
     format!("/{}", path.replace('.', "/"))
 }
 
-/// A different valid value of the same type.
-fn mutate(value: &Value) -> Value {
+/// A different valid value of the same type (another of `choices` when the schema enumerates
+/// them).
+fn mutate(value: &Value, choices: &[Value]) -> Value {
+    if let Some(other) = choices.iter().find(|c| *c != value) {
+        return other.clone();
+    }
     match value {
         Value::Bool(b) => json!(!b),
         Value::Number(n) if n.is_u64() => json!((n.as_u64().unwrap() / 2).max(1)),
@@ -492,13 +502,13 @@ fn every_schema_field_changes_the_output_or_is_listed() {
     for doc in full_documents() {
         let kind: Kind = doc["kind"].as_str().unwrap().parse().unwrap();
         let base = rendered(&[resource(doc.clone())]);
-        for path in schema_leaves(kind) {
+        for (path, choices) in schema_leaves(kind) {
             let at = pointer(&path);
             let current = doc
                 .pointer(&at)
                 .unwrap_or_else(|| panic!("the full {kind} document does not set {path}"));
             let mut changed = doc.clone();
-            *changed.pointer_mut(&at).unwrap() = mutate(current);
+            *changed.pointer_mut(&at).unwrap() = mutate(current, &choices);
             let after = rendered(&[resource(changed)]);
             assert_ne!(
                 base, after,

@@ -23,7 +23,10 @@ use std::fmt;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Value};
 
-use crate::resource::{AnyResource, Fork, Sandbox, SandboxDefaults, SandboxPool, Snapshot};
+use crate::resource::{
+    AnyResource, Fork, ImagePullPolicy, Sandbox, SandboxDefaults, SandboxPool, SandboxState,
+    Snapshot,
+};
 use network::Egress;
 use pod::PodShape;
 
@@ -352,6 +355,37 @@ fn sandbox(
         });
     }
 
+    if let Some(state) = spec.state.filter(|state| *state != SandboxState::Running) {
+        gaps.push(Gap {
+            object: object.to_string(),
+            field: Some("spec.state".into()),
+            kind: GapKind::NotExpressed,
+            reason: format!(
+                "{state:?}: a pod cannot be frozen, or stopped with its root filesystem kept; \
+                 the exported sandbox runs"
+            ),
+        });
+    }
+    if let Some(idle) = &spec.idle {
+        gaps.push(Gap {
+            object: object.to_string(),
+            field: Some("spec.idle".into()),
+            kind: GapKind::NotExpressed,
+            reason: format!(
+                "{:?} after {}s without activity: nothing in Kubernetes sees a sandbox's calls",
+                idle.action, idle.after_seconds
+            ),
+        });
+    }
+    if let Some(auto_resume) = spec.auto_resume {
+        gaps.push(Gap {
+            object: object.to_string(),
+            field: Some("spec.autoResume".into()),
+            kind: GapKind::NotExpressed,
+            reason: format!("{auto_resume}: no Kubernetes object resumes a pod when it is called"),
+        });
+    }
+
     // The server's own deadline when it reports one; else the spec's, counted from the start.
     let observed = s.status.as_ref().and_then(|st| st.expires_at);
     let anchor = s
@@ -383,6 +417,7 @@ fn sandbox(
         env: &effective.env,
         runtime,
         labels: pod_labels,
+        image_pull_policy: spec.image_pull_policy.map(pull_policy_name),
     };
     let mut k8s_spec = json!({
         "podTemplate": pod::pod_template(&shape, options, gaps),
@@ -439,6 +474,7 @@ fn pool(
         env: &no_env,
         runtime: &runtime,
         labels: pod_labels,
+        image_pull_policy: None,
     };
     gaps.push(Gap {
         object: object.to_string(),
@@ -518,4 +554,13 @@ pub fn written_kinds() -> BTreeSet<(&'static str, &'static str)> {
         (EXTENSIONS_API_VERSION, "SandboxWarmPool"),
         ("networking.k8s.io/v1", "NetworkPolicy"),
     ])
+}
+
+/// Kubernetes spells a container's pull policy as the resource does.
+fn pull_policy_name(policy: ImagePullPolicy) -> &'static str {
+    match policy {
+        ImagePullPolicy::IfNotPresent => "IfNotPresent",
+        ImagePullPolicy::Always => "Always",
+        ImagePullPolicy::Never => "Never",
+    }
 }

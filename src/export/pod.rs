@@ -37,6 +37,8 @@ pub struct PodShape<'a> {
     /// Docker runtime; empty for the daemon's default.
     pub runtime: &'a str,
     pub labels: BTreeMap<String, String>,
+    /// The container's `imagePullPolicy`; `None` leaves Kubernetes' default.
+    pub image_pull_policy: Option<&'static str>,
 }
 
 /// `spec.podTemplate` of a Sandbox or SandboxTemplate.
@@ -110,6 +112,9 @@ pub fn pod_template(shape: &PodShape<'_>, options: &ExportOptions, gaps: &mut Ve
     });
     if let Some(class) = runtime_class(shape, options, gaps) {
         spec["runtimeClassName"] = json!(class);
+    }
+    if let Some(policy) = shape.image_pull_policy {
+        spec["containers"][0]["imagePullPolicy"] = json!(policy);
     }
     json!({ "metadata": { "labels": shape.labels }, "spec": spec })
 }
