@@ -497,3 +497,22 @@ fn process_calls_resume_a_paused_sandbox_and_its_processes_carry_on() {
         "the ticker stopped printing after the resume: {again}"
     );
 }
+
+#[test]
+fn a_v1_snapshot_of_a_stopped_sandbox_wakes_it_first() {
+    let server = Server::start();
+    let name = unique("snapwake");
+    create(&server, &name, json!({}));
+    server.exec(&name, "echo kept > /workspace/f.txt");
+    pause(&server, &name, "Stopped");
+    let (status, snapshot) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{name}/snapshots"),
+        Some(&json!({})),
+    );
+    assert_eq!(status, 201, "{snapshot}");
+    assert!(snapshot["size_bytes"].as_u64().unwrap() > 0, "{snapshot}");
+    let doc = server.get("sandboxes", &name).unwrap();
+    assert_eq!(doc["status"]["phase"], "Running", "{doc}");
+    assert_eq!(doc["status"]["resumes"], 1, "{doc}");
+}

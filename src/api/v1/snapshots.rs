@@ -40,7 +40,10 @@ pub async fn create(
     let mut f = Fields::new(&obj);
     let name = f.opt_str("name", Some(128));
     f.finish()?;
-    live_sandbox(&state.store, &sandbox_id)?;
+    // A snapshot reads the running container's workspace: a paused or stopped sandbox is woken
+    // first, as for exec and files (or the call refused without `autoResume`).
+    let sandbox = live_sandbox(&state.store, &sandbox_id)?;
+    crate::api::power::awake(&state, sandbox).await?;
 
     let events = state.store.subscribe();
     let spec = SnapshotSpec {
