@@ -750,26 +750,7 @@ fn docker_daemon_restart_under_a_running_server() {
     survives_docker_going_away(
         &server,
         || {
-            let pid: i32 = std::fs::read_to_string("/var/run/docker.pid")
-                .unwrap()
-                .trim()
-                .parse()
-                .unwrap();
-            let args = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
-            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
-            let split = |b: &[u8]| -> Vec<String> {
-                b.split(|c| *c == 0)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| String::from_utf8_lossy(s).to_string())
-                    .collect()
-            };
-            let (args, env) = (split(&args), split(&env));
-            unsafe {
-                libc::kill(pid, libc::SIGTERM);
-            }
-            wait_until("dockerd stopped", Duration::from_secs(60), || {
-                !Path::new(&format!("/proc/{pid}")).exists()
-            });
+            let stopped = stop_dockerd();
             wait_until(
                 "healthz reports Docker gone",
                 Duration::from_secs(30),
@@ -778,32 +759,7 @@ fn docker_daemon_restart_under_a_running_server() {
                     s != 0 && !(200..300).contains(&s)
                 },
             );
-            let log = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open("/var/log/dockerd.log")
-                .unwrap();
-            let mut cmd = std::process::Command::new(&args[0]);
-            cmd.args(&args[1..]).env_clear();
-            for kv in &env {
-                if let Some((k, v)) = kv.split_once('=') {
-                    cmd.env(k, v);
-                }
-            }
-            unsafe {
-                use std::os::unix::process::CommandExt;
-                cmd.pre_exec(|| {
-                    libc::setsid();
-                    Ok(())
-                });
-            }
-            // The daemon outlives the test, as the one it replaced did: never waited for.
-            #[allow(clippy::zombie_processes)]
-            let _daemon = cmd
-                .stdout(log.try_clone().unwrap())
-                .stderr(log)
-                .spawn()
-                .unwrap();
+            stopped.start();
             wait_until("healthz is back", Duration::from_secs(120), || {
                 healthz(&server) == 200
             });

@@ -357,7 +357,7 @@ fn pause_and_stop_survive_a_docker_daemon_restart() {
     pause(&server, &frozen, "Paused");
     pause(&server, &stopped, "Stopped");
 
-    restart_dockerd();
+    stop_dockerd().start();
     std::thread::sleep(Duration::from_secs(5));
     // Without live-restore the daemon's restart ends every container; the controller brings the
     // paused one back paused (fresh processes) and leaves the stopped one stopped.
@@ -369,59 +369,6 @@ fn pause_and_stop_survive_a_docker_daemon_restart() {
     resume(&server, &stopped);
     assert_eq!(container_id(&stopped), stopped_id);
     assert_eq!(server.exec(&stopped, "cat /workspace/w.txt").1, "kept\n");
-}
-
-/// Stops dockerd with SIGTERM and starts it again with the same command line and environment,
-/// as `crash_safety`'s daemon-restart test does (there is no service manager to ask).
-fn restart_dockerd() {
-    let pid: i32 = std::fs::read_to_string("/var/run/docker.pid")
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let split = |b: Vec<u8>| -> Vec<String> {
-        b.split(|c| *c == 0)
-            .filter(|s| !s.is_empty())
-            .map(|s| String::from_utf8_lossy(s).to_string())
-            .collect()
-    };
-    let args = split(std::fs::read(format!("/proc/{pid}/cmdline")).unwrap());
-    let env = split(std::fs::read(format!("/proc/{pid}/environ")).unwrap());
-    unsafe {
-        libc::kill(pid, libc::SIGTERM);
-    }
-    wait_until("dockerd stopped", WAIT, || {
-        !std::path::Path::new(&format!("/proc/{pid}")).exists()
-    });
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open("/var/log/dockerd.log")
-        .unwrap();
-    let mut cmd = std::process::Command::new(&args[0]);
-    cmd.args(&args[1..]).env_clear();
-    for kv in &env {
-        if let Some((k, v)) = kv.split_once('=') {
-            cmd.env(k, v);
-        }
-    }
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    // The daemon outlives the test, as the one it replaced did: never waited for.
-    #[allow(clippy::zombie_processes)]
-    let _daemon = cmd
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    wait_until("docker answers again", Duration::from_secs(120), || {
-        docker_status(&["info"])
-    });
 }
 
 /// Runs the command-line client against `server`; returns (exit code, stdout, stderr).

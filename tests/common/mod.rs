@@ -502,3 +502,77 @@ fn dechunk(mut s: &str) -> String {
     }
     out
 }
+
+/// A Docker daemon stopped by [`stop_dockerd`], with what it takes to start it again the same way
+/// (there is no service manager to ask).
+pub struct StoppedDockerd {
+    args: Vec<String>,
+    env: Vec<String>,
+}
+
+/// Stops dockerd with SIGTERM and waits until it is gone, keeping its command line and
+/// environment for [`StoppedDockerd::start`]. Only for the tests gated on
+/// `AGENT_SANDBOX_TEST_DOCKER_RESTART`.
+pub fn stop_dockerd() -> StoppedDockerd {
+    let pid: i32 = std::fs::read_to_string("/var/run/docker.pid")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let split = |b: Vec<u8>| -> Vec<String> {
+        b.split(|c| *c == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).to_string())
+            .collect()
+    };
+    let args = split(std::fs::read(format!("/proc/{pid}/cmdline")).unwrap());
+    let env = split(std::fs::read(format!("/proc/{pid}/environ")).unwrap());
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    wait_until("dockerd stopped", Duration::from_secs(60), || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+    });
+    StoppedDockerd { args, env }
+}
+
+impl StoppedDockerd {
+    /// Starts the daemon again with the stopped one's command line and environment, logging to
+    /// `/var/log/dockerd.log`; returns once `docker info` answers.
+    pub fn start(self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open("/var/log/dockerd.log")
+            .unwrap();
+        let mut cmd = Command::new(&self.args[0]);
+        cmd.args(&self.args[1..]).env_clear();
+        for kv in &self.env {
+            if let Some((k, v)) = kv.split_once('=') {
+                cmd.env(k, v);
+            }
+        }
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        // The daemon outlives the test, as the one it replaced did: never waited for.
+        #[allow(clippy::zombie_processes)]
+        let _daemon = cmd
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        wait_until("docker answers again", Duration::from_secs(120), || {
+            Command::new("docker")
+                .arg("info")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+    }
+}
