@@ -576,3 +576,43 @@ impl StoppedDockerd {
         });
     }
 }
+
+/// A byte-exact HTTP/1.1 exchange (the shared helper speaks text only).
+pub fn http_bytes(server: &Server, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    let host = server.url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(host).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nAuthorization: Bearer {}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+        server.key,
+        body.len()
+    );
+    // A server that refuses early may close before the whole body is sent.
+    use std::io::{Read, Write};
+    let _ = stream
+        .write_all(head.as_bytes())
+        .and_then(|_| stream.write_all(body));
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut rest = &raw[split + 4..];
+    if !head.contains("transfer-encoding: chunked") {
+        return (status, rest.to_vec());
+    }
+    let mut out = Vec::new();
+    loop {
+        let line_end = rest.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap().trim(), 16)
+                .unwrap();
+        if size == 0 {
+            return (status, out);
+        }
+        out.extend_from_slice(&rest[line_end + 2..line_end + 2 + size]);
+        rest = &rest[line_end + 2 + size + 2..];
+    }
+}
