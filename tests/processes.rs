@@ -4,6 +4,8 @@
 //! container goes, and refuse hostile input naming the field.
 
 mod common;
+#[path = "processes/terminal.rs"]
+mod terminal;
 
 use std::net::TcpStream;
 use std::time::{Duration, Instant};

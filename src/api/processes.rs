@@ -349,7 +349,7 @@ fn field(name: &str, what: &str) -> ApiError {
     ApiError::InvalidRequest(format!("{name}: {what}"))
 }
 
-fn parse_start(obj: Map<String, Value>) -> Result<StartSpec, ApiError> {
+pub(super) fn parse_start(obj: Map<String, Value>) -> Result<StartSpec, ApiError> {
     let mut f = Fields(obj);
     let command = f.string("command")?;
     let argv = match f.take("argv") {
