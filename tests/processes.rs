@@ -4,6 +4,8 @@
 //! container goes, and refuse hostile input naming the field.
 
 mod common;
+#[path = "processes/must_hold.rs"]
+mod must_hold;
 #[path = "processes/terminal.rs"]
 mod terminal;
 

@@ -63,9 +63,18 @@ async fn attach(
         .map_err(process_error)?;
     let from = (p.stdout_bytes, p.stderr_bytes);
     let processes = Arc::clone(&state.processes);
-    Ok(ws
-        .protocols(PROTOCOLS)
-        .on_upgrade(move |socket| run(socket, processes, target, id, from)))
+    Ok(limited(ws).on_upgrade(move |socket| run(socket, processes, target, id, from)))
+}
+
+/// The largest message a client may send (a keystroke, a paste, a resize): a socket holds at
+/// most one, so many sockets cannot make the server hold much. Larger ones close the socket with
+/// "message too big"; the process is left as it was.
+pub const MAX_CLIENT_MESSAGE: usize = 1 << 20;
+
+fn limited(ws: WebSocketUpgrade) -> WebSocketUpgrade {
+    ws.protocols(PROTOCOLS)
+        .max_message_size(MAX_CLIENT_MESSAGE)
+        .max_frame_size(MAX_CLIENT_MESSAGE)
 }
 
 fn flag(v: Option<&String>, name: &str) -> Result<bool, ApiError> {
@@ -177,9 +186,8 @@ async fn exec(
     let processes = Arc::clone(&state.processes);
     // Which process this is, for a client that wants to find it again (`…/processes/{id}`).
     let id_header = axum::http::HeaderValue::from_str(&p.id).ok();
-    let mut response = ws
-        .protocols(PROTOCOLS)
-        .on_upgrade(move |socket| run(socket, processes, target, p.id, (0, 0)));
+    let mut response =
+        limited(ws).on_upgrade(move |socket| run(socket, processes, target, p.id, (0, 0)));
     if let Some(v) = id_header {
         response.headers_mut().insert(PROCESS_ID_HEADER, v);
     }
