@@ -488,3 +488,76 @@ fn a_running_process_keeps_its_sandbox_from_idling_until_it_ends() {
         "idle since {idle_since}, the process started at {started_at}: {doc}"
     );
 }
+
+#[test]
+fn start_fields_apply_a_rollback_loses_processes_and_a_python_repl_keeps_state() {
+    let server = Server::start();
+    let sb = sandbox(&server);
+
+    // env, workdir and timeoutSeconds: the tree is killed when the time is up.
+    let p = start(
+        &server,
+        &sb,
+        json!({"command": "echo $GREETING; pwd; sleep 300", "env": {"GREETING": "hi there"},
+               "workdir": "/tmp", "timeoutSeconds": 1}),
+    );
+    let asked = Instant::now();
+    let (ev, last) = follow_to_end(&server, &sb, p["id"].as_str().unwrap());
+    assert_eq!(bytes_of(&ev, "stdout", 0), b"hi there\n/tmp\n");
+    assert_eq!(last["signal"], "KILL", "{last}");
+    assert!(asked.elapsed() < Duration::from_secs(30));
+
+    // A rollback replaces the container: what ran in the old one is Lost, not gone.
+    let (status, snap) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{sb}/snapshots"),
+        Some(&json!({})),
+    );
+    assert_eq!(status, 201, "{snap}");
+    let sleeper = start(&server, &sb, json!({"argv": ["sleep", "300"]}));
+    let sleeper = sleeper["id"].as_str().unwrap();
+    let (status, body) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{sb}/rollback"),
+        Some(&json!({"snapshot_id": snap["id"]})),
+    );
+    assert_eq!(status, 200, "{body}");
+    let p = get(&server, &sb, sleeper);
+    assert_eq!(p["state"], "Lost", "{p}");
+    assert!(p["message"].as_str().unwrap().contains("replaced"), "{p}");
+    let (status, _) = server.request(
+        "POST",
+        &format!("{}/{sleeper}/signal", procs(&sb)),
+        Some(&json!({"signal": "TERM"})),
+    );
+    assert_eq!(status, 409, "a lost process takes no signal");
+
+    // A Python REPL keeps its state between two inputs (in the image with Python, when built).
+    const PYTHON_IMAGE: &str = "agent-sandbox-test/python:latest";
+    if !docker_status(&["image", "inspect", PYTHON_IMAGE]) {
+        eprintln!(
+            "{PYTHON_IMAGE} is missing (scripts/build-test-images.sh --python): REPL skipped"
+        );
+        return;
+    }
+    let mut body = json!({"image": PYTHON_IMAGE});
+    if test_runtime() == "runsc" {
+        body["pids_limit"] = json!(4096);
+    }
+    let (status, created) = server.request("POST", "/v1/sandboxes", Some(&body));
+    assert_eq!(status, 201, "{created}");
+    let py = created["id"].as_str().unwrap();
+    let repl = start(
+        &server,
+        py,
+        json!({"argv": ["python3", "-u", "-i", "-q"], "stdin": true}),
+    );
+    let repl = repl["id"].as_str().unwrap();
+    assert_eq!(stdin(&server, py, repl, b"x = 41\n", false), 204);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(stdin(&server, py, repl, b"print(x + 1)\n", false), 204);
+    wait_output(&server, py, repl, "42\n");
+    assert_eq!(stdin(&server, py, repl, b"", true), 204);
+    let (_, last) = follow_to_end(&server, py, repl);
+    assert_eq!(last["exitCode"], 0, "{last}");
+}
