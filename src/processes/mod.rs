@@ -708,11 +708,20 @@ impl Processes {
         .await
         .map_err(|e| bridge_error(target, e))?;
         let back = (Arc::clone(&self.pool), target.container_id.clone());
+        let started_at = self.seen().get(&target.key()).and_then(|s| s.started_at);
+        let engine = Arc::clone(&self.engine);
         let stream = futures::stream::unfold(Some(b), move |bridge| {
-            let back = back.clone();
+            let (back, engine) = (back.clone(), Arc::clone(&engine));
             async move {
                 let mut bridge = bridge?;
-                let (event, last) = to_event(bridge.next().await.ok()?)?;
+                let reply = loop {
+                    match tokio::time::timeout(QUIET_CHECK, bridge.next()).await {
+                        Ok(reply) => break reply.ok()?,
+                        Err(_) if still_there(&engine, &back.1, started_at).await => {}
+                        Err(_) => return None,
+                    }
+                };
+                let (event, last) = to_event(reply)?;
                 if last {
                     give_back(&back.0, &back.1, bridge);
                     return Some((event, None));
@@ -721,6 +730,25 @@ impl Processes {
             }
         });
         Ok(Box::pin(stream))
+    }
+}
+
+/// How long an output stream waits in silence before it checks that its container still runs
+/// as it did when the stream began: under gVisor a connection into a container whose supervisor
+/// died can stay open, and a follower must not wait on it for ever.
+const QUIET_CHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether the container still runs, started when it was (`None`: not known then). Docker not
+/// answering for a moment is no reason to end a stream.
+async fn still_there(
+    engine: &Arc<dyn Engine>,
+    container: &str,
+    started_at: Option<DateTime<Utc>>,
+) -> bool {
+    match engine.inspect_container(container).await {
+        Ok(Some(d)) => d.running && (started_at.is_none() || d.started_at == started_at),
+        Ok(None) => false,
+        Err(_) => true,
     }
 }
 
