@@ -425,15 +425,19 @@ fn a_sandbox_killing_its_supervisor_loses_its_processes_without_hanging() {
         );
         std::thread::sleep(Duration::from_millis(300));
     }
-    // The sandbox runs again with a new supervisor, and the process stays Lost.
-    server.wait_for(
-        "sandboxes",
-        &sb,
-        "running again",
-        Duration::from_secs(90),
-        |r| r.is_some_and(|r| r["status"]["phase"] == "Running"),
-    );
-    let fresh = start(&server, &sb, json!({"command": "echo fresh"}));
+    // The sandbox runs again with a new supervisor (until the controller has seen the stop and
+    // started it again, a start is refused with 409), and the process stays Lost.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let fresh = loop {
+        let (status, p) =
+            server.request("POST", &procs(&sb), Some(&json!({"command": "echo fresh"})));
+        if status == 201 {
+            break p;
+        }
+        assert_eq!(status, 409, "{p}");
+        assert!(Instant::now() < deadline, "never running again: {p}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
     let (_, last) = follow_to_end(&server, &sb, fresh["id"].as_str().unwrap());
     assert_eq!(last["exitCode"], 0);
     assert_eq!(get(&server, &sb, &sleeper)["state"], "Lost");
