@@ -506,6 +506,13 @@ fn websocket(
     socket
 }
 
+/// A binary message on channel `ch`.
+fn framed(ch: u8, data: &[u8]) -> tungstenite::Message {
+    let mut m = vec![ch];
+    m.extend_from_slice(data);
+    tungstenite::Message::Binary(m.into())
+}
+
 /// Reads messages until the status channel speaks: (stdout, stderr, status).
 fn until_status(
     ws: &mut tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>>,
@@ -544,11 +551,6 @@ fn until_status(
 fn websocket_exec_and_attach_speak_kubernetes_channels() {
     let server = Server::start();
     let sb = sandbox(&server);
-    let framed = |ch: u8, data: &[u8]| {
-        let mut m = vec![ch];
-        m.extend_from_slice(data);
-        tungstenite::Message::Binary(m.into())
-    };
 
     // exec: start and attach in one; stdin round-trips through cat; closing stdin ends it.
     let mut ws = websocket(

@@ -227,11 +227,6 @@ fn masked(first: u8, payload: &[u8]) -> Vec<u8> {
 fn hostile_frames_huge_argv_and_invalid_utf8() {
     let server = Server::start();
     let sb = sandbox(&server);
-    let framed = |ch: u8, data: &[u8]| {
-        let mut m = vec![ch];
-        m.extend_from_slice(data);
-        tungstenite::Message::Binary(m.into())
-    };
     let cat = start(&server, &sb, json!({"argv": ["cat"], "stdin": true}));
     let cat = cat["id"].as_str().unwrap().to_string();
     let attach = format!("{}/{cat}/attach", procs(&sb));

@@ -154,6 +154,27 @@ fn wait_exit(child: &mut Child, within: Duration) -> i32 {
     }
 }
 
+/// The command line with `input` on its stdin (then closed); its output and status.
+fn cli_with_input(server: &Server, args: &[&str], input: &[u8]) -> std::process::Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
+        .args(args)
+        .env("AGENT_SANDBOX_URL", &server.url)
+        .env("AGENT_SANDBOX_API_KEY", &server.key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    out
+}
+
 #[test]
 fn exec_it_is_a_raw_terminal_that_resizes_and_returns_the_exit_code() {
     let server = Server::start();
@@ -201,25 +222,7 @@ fn exec_it_is_a_raw_terminal_that_resizes_and_returns_the_exit_code() {
 fn exec_i_pipes_stdin_and_returns_the_exit_code() {
     let server = Server::start();
     let sb = sandbox(&server);
-    let run = |args: &[&str], input: &[u8]| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
-            .args(args)
-            .env("AGENT_SANDBOX_URL", &server.url)
-            .env("AGENT_SANDBOX_API_KEY", &server.key)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        let input = input.to_vec();
-        let writer = std::thread::spawn(move || {
-            let _ = stdin.write_all(&input);
-        });
-        let out = child.wait_with_output().unwrap();
-        writer.join().unwrap();
-        out
-    };
+    let run = |args: &[&str], input: &[u8]| cli_with_input(&server, args, input);
 
     // kubectl's example.
     let out = run(&["exec", "-i", &sb, "--", "cat"], b"hi\n");
@@ -278,22 +281,11 @@ fn attach_passes_stdin_returns_the_exit_code_and_detaches() {
     // attach -i: our input to a process started in the background; its exit code ours.
     let p = start(&server, &sb, json!({"argv": ["sh"], "stdin": true}));
     let id = p["id"].as_str().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
-        .args(["attach", "-i", &sb, id])
-        .env("AGENT_SANDBOX_URL", &server.url)
-        .env("AGENT_SANDBOX_API_KEY", &server.key)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            c.stdin
-                .take()
-                .unwrap()
-                .write_all(b"echo attached-$((1+1)); exit 6\n")?;
-            c.wait_with_output()
-        })
-        .unwrap();
+    let out = cli_with_input(
+        &server,
+        &["attach", "-i", &sb, id],
+        b"echo attached-$((1+1)); exit 6\n",
+    );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         "attached-2\n",
