@@ -151,6 +151,19 @@ def replay(results: Results, ours: Server, sb: str, n: int) -> None:
     results.facts["replay answer bytes (8 MiB as base64 NDJSON)"] = size
 
 
+def daemon_pid() -> int | None:
+    """dockerd's pid, when it runs on this machine and its /proc entry is readable."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if open(f"/proc/{entry}/comm").read().strip() == "dockerd":
+                    cpu_ticks(int(entry))
+                    return int(entry)
+            except OSError:
+                continue
+    return None
+
+
 def followed(results: Results, ours: Server, pid: int, sandboxes: list[str]) -> None:
     """100 processes printing a line a second, each followed by a client of its own: the server's
     CPU (user + system, from /proc) over a window, as % of one core."""
@@ -188,11 +201,18 @@ def followed(results: Results, ours: Server, pid: int, sandboxes: list[str]) -> 
 
     try:
         pump(5.0)  # every follower connected and reading
+        dockerd = daemon_pid()
         ticks0, t0, rx0 = cpu_ticks(pid), time.perf_counter(), received
+        d0 = cpu_ticks(dockerd) if dockerd else 0
         pump(FOLLOW_WINDOW_S)
         ticks1, t1 = cpu_ticks(pid), time.perf_counter()
+        d1 = cpu_ticks(dockerd) if dockerd else 0
         hz = os.sysconf("SC_CLK_TCK")
         cpu = (ticks1 - ticks0) / hz / (t1 - t0) * 100.0
+        if dockerd:
+            results.facts["100 followed processes: dockerd CPU % of one core (context)"] = round(
+                (d1 - d0) / hz / (t1 - t0) * 100.0, 2
+            )
         results.facts["100 followed processes, a line a second each"] = {
             "server CPU % of one core": round(cpu, 2),
             "window s": round(t1 - t0, 1),
