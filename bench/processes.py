@@ -136,19 +136,31 @@ def replay(results: Results, ours: Server, sb: str, n: int) -> None:
     if done.get("stdoutBytes") != REPLAY_BYTES:
         results.fail(op, OURS, f"printed {done.get('stdoutBytes')} bytes")
         return
-    url = f"{procs(sb)}/{p['id']}/output"
+    path = f"{procs(sb)}/{p['id']}/output?stdoutFrom=0&encoding=base64"
+    url = urlparse(ours.url)
+    buf = bytearray(1 << 20)
+    size = 0
     for _ in range(n):
+        # HTTP/1.0 on a plain socket, read to its end into one buffer: the time is the server's
+        # and the sandbox's, not a Python HTTP client's (httpx added about a fifth here).
         t0 = time.perf_counter()
         try:
-            with ours.client.stream("GET", url, params={"stdoutFrom": 0, "encoding": "base64"}) as r:
-                if r.status_code != 200:
-                    raise OpError(f"output answered {r.status_code}")
-                size = sum(len(chunk) for chunk in r.iter_raw())
+            with socket.create_connection((url.hostname, url.port), timeout=60) as s:
+                s.sendall(
+                    f"GET {path} HTTP/1.0\r\nHost: {url.netloc}\r\n"
+                    f"Authorization: Bearer {ours.key}\r\n\r\n".encode()
+                )
+                first = s.recv(4096)
+                if not first.startswith(b"HTTP/1.1 200") and not first.startswith(b"HTTP/1.0 200"):
+                    raise OpError(f"output answered {first[:40]!r}")
+                size = len(first)
+                while (k := s.recv_into(buf)) > 0:
+                    size += k
         except Exception as error:  # noqa: BLE001
             results.fail(op, OURS, error)
             continue
         results.add(op, OURS, ms_since(t0))
-    results.facts["replay answer bytes (8 MiB as base64 NDJSON)"] = size
+    results.facts["replay answer bytes (8 MiB as base64 NDJSON, with the head)"] = size
 
 
 def daemon_pid() -> int | None:
