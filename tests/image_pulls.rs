@@ -250,3 +250,108 @@ fn a_missing_tag_fails_with_the_registrys_reason_and_never_pulls_what_is_not_all
         registry.log()
     );
 }
+
+/// Runs the command-line client against `server` with stdout and stderr piped (no terminal);
+/// returns (exit code, stdout, stderr).
+fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
+        .args(args)
+        .env_clear()
+        .env("AGENT_SANDBOX_URL", &server.url)
+        .env("AGENT_SANDBOX_API_KEY", &server.key)
+        .output()
+        .expect("run agent-sandbox");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// `apply --wait` and `wait` show the pull a sandbox waits for: plain lines on a pipe (the
+/// figures of the status, a tenth at a time, then one when it is done), and a bar on a terminal
+/// (here `script`'s pseudo-terminal).
+#[test]
+fn apply_wait_and_wait_show_the_pull_as_lines_on_a_pipe_and_a_bar_on_a_terminal() {
+    let registry = Registry::start();
+    let image = registry.push_unique("pulltest/progress", &unique("t"), 48);
+    let _pulled = RemoveImage(image.clone());
+    let server = Server::start();
+    let name = unique("pull-cli");
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("sandbox.yaml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "apiVersion: agent-sandbox.io/v1\nkind: Sandbox\nmetadata:\n  name: {name}\nspec:\n  image: {image}\n"
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = cli(
+        &server,
+        &[
+            "apply",
+            "-f",
+            manifest.to_str().unwrap(),
+            "--wait",
+            "--timeout=120s",
+        ],
+    );
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(
+        out,
+        format!("sandbox/{name} created\nsandbox/{name} ready\n"),
+        "stderr:\n{err}"
+    );
+    assert!(
+        !err.contains('\r') && !err.contains('\x1b'),
+        "no terminal codes on a pipe: {err:?}"
+    );
+    let lines: Vec<&str> = err.lines().collect();
+    let prefix = format!("sandbox/{name}: ");
+    assert!(lines.iter().all(|l| l.starts_with(&prefix)), "{err}");
+    // Whatever this run's poll saw of the pull in progress, its end is said once, with the
+    // total the status reports.
+    let doc = server.get("sandboxes", &name).unwrap();
+    let total = doc["status"]["imagePull"]["bytesTotal"].as_u64().unwrap();
+    assert!(total >= 48 * 1024 * 1024 / 2, "{doc}");
+    let last = lines.last().copied().unwrap_or_default();
+    assert!(
+        last.starts_with(&format!("{prefix}pulled {image} (")),
+        "the last line says the pull ended: {err}"
+    );
+    let pulling = lines.iter().filter(|l| l.contains(": pulling ")).count();
+    assert!(pulling <= 10, "at most a line per tenth: {err}");
+    for line in lines.iter().filter(|l| l.contains(": pulling ")) {
+        assert!(
+            line.starts_with(&format!("{prefix}pulling {image}: ")),
+            "{line}"
+        );
+    }
+    eprintln!("apply --wait printed, on a pipe:\n{err}");
+
+    // On a terminal: `wait` draws the (finished) pull as a full bar and ends its line.
+    let command = format!(
+        "{} wait sandbox/{name} --for=condition=Ready",
+        env!("CARGO_BIN_EXE_agent-sandbox")
+    );
+    let out = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("AGENT_SANDBOX_URL", &server.url)
+        .env("AGENT_SANDBOX_API_KEY", &server.key)
+        .env("COLUMNS", "200")
+        .output()
+        .expect("run script (util-linux)");
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{shown}");
+    assert!(
+        shown.contains(&format!("\rsandbox/{name}  pulled {image}  [#")),
+        "{shown:?}"
+    );
+    assert!(shown.contains("100%"), "{shown:?}");
+    assert!(!shown.contains("#-"), "a full bar: {shown:?}");
+    assert!(
+        shown.contains(&format!("sandbox/{name} condition met")),
+        "{shown:?}"
+    );
+}

@@ -20,8 +20,10 @@ pub mod mcp;
 mod ops;
 mod power;
 mod processes;
+mod progress;
 mod util;
 mod validate;
+mod waiting;
 
 use std::io::Write;
 use std::path::PathBuf;
