@@ -119,6 +119,13 @@ pub async fn run(
         keys: Arc::new(keys),
         activity: Arc::clone(controller.activity()),
     };
+    // Idle policies count background processes, which only their supervisor knows of.
+    controller
+        .activity()
+        .set_probe(api::processes::activity_probe(
+            Arc::clone(&state.store),
+            Arc::clone(&state.processes),
+        ));
     let address = std::net::SocketAddr::new(settings.host, settings.port);
     let listener = tokio::net::TcpListener::bind(address)
         .await

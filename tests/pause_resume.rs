@@ -463,3 +463,110 @@ fn a_v1_snapshot_of_a_stopped_sandbox_wakes_it_first() {
     assert_eq!(doc["status"]["phase"], "Running", "{doc}");
     assert_eq!(doc["status"]["resumes"], 1, "{doc}");
 }
+
+const PYTHON_IMAGE: &str = "agent-sandbox-test/python:latest";
+
+#[test]
+fn a_python_process_keeps_its_memory_across_a_pause() {
+    if !docker_status(&["image", "inspect", PYTHON_IMAGE]) {
+        eprintln!("{PYTHON_IMAGE} is missing (scripts/build-test-images.sh --python): skipped");
+        return;
+    }
+    let server = Server::start();
+    let name = unique("pause-py");
+    create(&server, &name, json!({ "image": PYTHON_IMAGE }));
+    // 8 MiB of random bytes held in the interpreter's memory; every tick writes the tick count and
+    // the bytes' digest, so a restarted process (new bytes) or a lost one shows.
+    let script = "import hashlib, os, time\n\
+                  data = os.urandom(8 << 20)\n\
+                  open('/tmp/pid', 'w').write(str(os.getpid()))\n\
+                  n = 0\n\
+                  while True:\n\
+                  \x20   n += 1\n\
+                  \x20   open('/tmp/state.new', 'w').write('%d %s' % (n, hashlib.sha256(data).hexdigest()))\n\
+                  \x20   os.rename('/tmp/state.new', '/tmp/state')\n\
+                  \x20   time.sleep(0.1)\n";
+    assert!(docker_status(&[
+        "exec",
+        "-d",
+        "-u",
+        "1000:1000",
+        &format!("agent-sandbox-{name}"),
+        "python3",
+        "-c",
+        script,
+    ]));
+    let state = |name: &str| -> (u64, String) {
+        let (code, out) = docker_exec(name, "cat /tmp/state");
+        assert_eq!(code, 0, "read the state of {name}: {out}");
+        let (n, digest) = out.trim().split_once(' ').expect("tick and digest");
+        (n.parse().expect("a tick count"), digest.to_string())
+    };
+    wait_until("the Python process ticks", WAIT, || {
+        docker_exec(&name, "cat /tmp/state").0 == 0 && state(&name).0 > 2
+    });
+    let pid = docker_exec(&name, "cat /tmp/pid").1;
+    let (before, digest) = state(&name);
+
+    pause(&server, &name, "Paused");
+    std::thread::sleep(Duration::from_millis(1500));
+    resume(&server, &name);
+    let (after, digest_after) = state(&name);
+    assert_eq!(digest_after, digest, "the same bytes in memory");
+    assert!(
+        after >= before && after < before + 8,
+        "frozen while paused: tick {before} before, {after} after"
+    );
+    assert_eq!(
+        docker_exec(&name, "cat /tmp/pid").1,
+        pid,
+        "the same process"
+    );
+    wait_until("the Python process ticks again", WAIT, || {
+        state(&name).0 > after + 3
+    });
+    assert_eq!(state(&name).1, digest);
+}
+
+#[test]
+fn an_idle_sandbox_stays_up_while_a_background_process_runs() {
+    let server = Server::start();
+    let name = unique("idle-proc");
+    create(
+        &server,
+        &name,
+        json!({ "idle": { "afterSeconds": 2, "action": "Stop" } }),
+    );
+    // Started through the API; it outlives the call. Nothing else is asked of the sandbox: a
+    // resource GET is not activity.
+    let (status, process) = server.request(
+        "POST",
+        &format!("{API}/sandboxes/{name}/processes"),
+        Some(&json!({ "command": "sleep 6" })),
+    );
+    assert_eq!(status, 201, "{process}");
+    let started = Instant::now();
+    let start_time = chrono::Utc::now();
+    std::thread::sleep(Duration::from_millis(5000));
+    let doc = server.get("sandboxes", &name).unwrap();
+    assert_eq!(
+        doc["status"]["phase"], "Running",
+        "not stopped while its background process runs: {doc}"
+    );
+    assert!(running(&name));
+
+    let doc = wait_phase(&server, &name, "Stopped");
+    let after = started.elapsed();
+    assert!(
+        after >= Duration::from_millis(7500),
+        "stopped only the idle time after the process ended: {after:?}"
+    );
+    assert_eq!(doc["status"]["conditions"][0]["reason"], "Idle", "{doc}");
+    // Idle since the process ended, not since the call that started it.
+    let since = doc["status"]["idleSince"].as_str().expect("idleSince");
+    let since = chrono::DateTime::parse_from_rfc3339(since).unwrap();
+    assert!(
+        since.to_utc() >= start_time + chrono::TimeDelta::seconds(5),
+        "idle since the process ended (started {start_time}, idle since {since}): {doc}"
+    );
+}

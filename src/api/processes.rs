@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -25,10 +26,12 @@ use super::error::ApiError;
 use super::openapi::Operation;
 use super::resources::PREFIX;
 use super::AppState;
+use crate::activity::ProcessUse;
+use crate::api::power::needs_resume;
 use crate::processes::{
     OutputEvent, Process, ProcessError, StartSpec, State as PState, Stream, Target,
 };
-use crate::resource::Kind;
+use crate::resource::{Kind, SandboxPhase};
 
 /// Largest stdin body taken in one request.
 pub const MAX_STDIN_BODY: usize = 8 * 1024 * 1024;
@@ -246,6 +249,50 @@ pub(super) fn process_error(e: ProcessError) -> ApiError {
         ProcessError::Invalid(m) => ApiError::InvalidRequest(m),
         ProcessError::Backend(m) => ApiError::Backend(m),
     }
+}
+
+/// The idle policies' view of background processes (see [`crate::activity::Probe`]): whether
+/// one started through the API runs in a sandbox, and when the last one ended. It asks only a
+/// sandbox that runs (never waking one) and answers "nothing" when the supervisor cannot.
+pub fn activity_probe(
+    store: Arc<crate::store::Store>,
+    processes: Arc<crate::processes::Processes>,
+) -> crate::activity::Probe {
+    Arc::new(move |name: String| {
+        let (store, processes) = (Arc::clone(&store), Arc::clone(&processes));
+        Box::pin(async move {
+            let Some(sandbox) = store
+                .get(Kind::Sandbox, &name)
+                .and_then(|e| e.resource.as_sandbox().cloned())
+            else {
+                return ProcessUse::default();
+            };
+            let running = sandbox
+                .status
+                .as_ref()
+                .filter(|s| s.phase == SandboxPhase::Running && !needs_resume(&sandbox))
+                .and_then(|s| s.container_id.clone());
+            let Some(container_id) = running else {
+                return ProcessUse::default();
+            };
+            let target = Target {
+                uid: sandbox.metadata.uid.clone().unwrap_or_default(),
+                container_id,
+                env: sandbox.spec.env.clone(),
+                name,
+            };
+            match processes.list(&target).await {
+                Ok(list) => ProcessUse {
+                    running: list.iter().any(|p| p.state == PState::Running),
+                    last_ended: list.iter().filter_map(|p| p.finished_at).max(),
+                },
+                Err(error) => {
+                    tracing::debug!(sandbox = %target.name, %error, "cannot list processes for the idle policy");
+                    ProcessUse::default()
+                }
+            }
+        })
+    })
 }
 
 /// The sandbox's current container, or 404 / 409.

@@ -110,20 +110,36 @@ pub(super) enum Idle {
     Since(DateTime<Utc>),
 }
 
-/// Judges a running sandbox against its idle policy and the activity the API reported.
-pub(super) fn idle(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Idle {
+/// How often a sandbox kept awake by a background process is asked again whether it still runs.
+const PROCESS_RECHECK: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
+
+/// Judges a running sandbox against its idle policy and the activity the API reported. Only once
+/// the calls say it is due are its background processes asked (one round trip to its
+/// supervisor): one that runs keeps it awake, and the end of the last counts as activity.
+pub(super) async fn idle(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Idle {
     let Some(policy) = &sandbox.spec.idle else {
         return Idle::Until(None);
     };
     let after =
         chrono::TimeDelta::try_seconds(i64::try_from(policy.after_seconds).unwrap_or(i64::MAX))
             .unwrap_or(chrono::TimeDelta::MAX);
-    let (last, busy) = ctl.activity.observe(&sandbox.metadata.name);
+    let name = sandbox.metadata.name.as_str();
+    let (last, busy) = ctl.activity.observe(name);
     let now = Utc::now();
     if busy {
         // A command runs; its end counts as activity and starts the count again.
         return Idle::Until(now.checked_add_signed(after));
     }
+    match last.checked_add_signed(after) {
+        Some(due) if due > now => return Idle::Until(Some(due)),
+        Some(_) => {}
+        None => return Idle::Until(None),
+    }
+    let processes = ctl.activity.processes(name).await;
+    if processes.running {
+        return Idle::Until(now.checked_add_signed(after.min(PROCESS_RECHECK)));
+    }
+    let last = last.max(processes.last_ended.unwrap_or(last));
     match last.checked_add_signed(after) {
         Some(due) if due > now => Idle::Until(Some(due)),
         Some(_) => Idle::Since(last),
