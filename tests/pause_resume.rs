@@ -445,25 +445,6 @@ fn process_calls_resume_a_paused_sandbox_and_its_processes_carry_on() {
     );
 }
 
-#[test]
-fn a_v1_snapshot_of_a_stopped_sandbox_wakes_it_first() {
-    let server = Server::start();
-    let name = unique("snapwake");
-    create(&server, &name, json!({}));
-    server.exec(&name, "echo kept > /workspace/f.txt");
-    pause(&server, &name, "Stopped");
-    let (status, snapshot) = server.request(
-        "POST",
-        &format!("/v1/sandboxes/{name}/snapshots"),
-        Some(&json!({})),
-    );
-    assert_eq!(status, 201, "{snapshot}");
-    assert!(snapshot["size_bytes"].as_u64().unwrap() > 0, "{snapshot}");
-    let doc = server.get("sandboxes", &name).unwrap();
-    assert_eq!(doc["status"]["phase"], "Running", "{doc}");
-    assert_eq!(doc["status"]["resumes"], 1, "{doc}");
-}
-
 const PYTHON_IMAGE: &str = "agent-sandbox-test/python:latest";
 
 #[test]
@@ -569,4 +550,162 @@ fn an_idle_sandbox_stays_up_while_a_background_process_runs() {
         since.to_utc() >= start_time + chrono::TimeDelta::seconds(5),
         "idle since the process ended (started {start_time}, idle since {since}): {doc}"
     );
+}
+
+/// Creates Snapshot `snap` of sandbox `of` through the resource API and waits until it is Ready.
+fn snapshot_resource(server: &Server, snap: &str, of: &str) -> Value {
+    let doc = json!({
+        "apiVersion": "agent-sandbox.io/v1", "kind": "Snapshot",
+        "metadata": { "name": snap }, "spec": { "sandbox": of },
+    });
+    let (status, body) = server.request("POST", &format!("{API}/snapshots"), Some(&doc));
+    assert_eq!(status, 201, "snapshot {snap}: {body}");
+    server
+        .wait_for("snapshots", snap, "Ready", WAIT, |r| {
+            r.is_some_and(|r| r["status"]["phase"] == "Ready" || r["status"]["phase"] == "Failed")
+        })
+        .unwrap()
+}
+
+/// Asks for a rollback of `name` to `snapshot` by a merge patch of `spec.rollback`; waits until
+/// the controller reports it done with the sandbox in `phase`.
+fn patch_rollback(server: &Server, name: &str, snapshot: &str, phase: &str) -> Value {
+    let request = unique("r");
+    let patch = json!({ "spec": { "rollback": { "snapshot": snapshot, "requestId": request } } });
+    let (status, body) = server.request_raw(
+        "PATCH",
+        &format!("{API}/sandboxes/{name}"),
+        Some(patch.to_string()),
+        "application/merge-patch+json",
+    );
+    assert_eq!(status, 200, "{body}");
+    server
+        .wait_for("sandboxes", name, "rolled back", WAIT, |r| {
+            r.is_some_and(|r| {
+                r["status"]["lastRollback"]["requestId"] == request.as_str()
+                    && r["status"]["phase"] == phase
+                    && r["status"]["observedGeneration"] == r["metadata"]["generation"]
+            })
+        })
+        .unwrap()
+}
+
+fn resumes(doc: &Value) -> u64 {
+    doc["status"]["resumes"].as_u64().unwrap_or(0)
+}
+
+/// Snapshots and rollbacks through the resource API leave a paused sandbox paused: its workspace
+/// is read frozen as it is, and a rollback builds its new container paused. Nothing wakes it, so
+/// `autoResume: false` refuses nothing here; `/v1`'s rollback, which answers a running sandbox,
+/// refuses with 409.
+#[test]
+fn a_paused_sandbox_is_snapshotted_and_rolled_back_without_waking() {
+    let server = Server::start();
+    let name = unique("snap-paused");
+    create(&server, &name, json!({ "autoResume": false }));
+    server.exec(&name, "echo one > /workspace/f.txt");
+    start_counter(&name);
+    let before = count(&name);
+    pause(&server, &name, "Paused");
+
+    let snap = unique("snap-p");
+    let snapshot = snapshot_resource(&server, &snap, &name);
+    assert_eq!(snapshot["status"]["phase"], "Ready", "{snapshot}");
+    assert!(snapshot["status"]["sizeBytes"].as_u64().unwrap() > 0);
+    let doc = server.get("sandboxes", &name).unwrap();
+    assert_eq!(doc["status"]["phase"], "Paused", "left paused: {doc}");
+    assert_eq!(resumes(&doc), 0, "{doc}");
+    std::thread::sleep(Duration::from_millis(1000));
+    resume(&server, &name);
+    let after = count(&name);
+    assert!(
+        after < before + 8,
+        "frozen before, during and after the snapshot: {before} before, {after} after"
+    );
+
+    server.exec(&name, "echo two > /workspace/f.txt");
+    pause(&server, &name, "Paused");
+    let id = container_id(&name);
+    let doc = patch_rollback(&server, &name, &snap, "Paused");
+    assert_ne!(container_id(&name), id, "a new container");
+    assert_eq!(doc["status"]["conditions"][0]["reason"], "Paused", "{doc}");
+    assert_eq!(resumes(&doc), 1, "only the one resume above: {doc}");
+    // /v1's rollback would answer the sandbox running: without autoResume it is refused.
+    let (status, body) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{name}/rollback"),
+        Some(&json!({ "snapshot_id": snap })),
+    );
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "sandbox_paused", "{body}");
+    resume(&server, &name);
+    assert_eq!(server.exec(&name, "cat /workspace/f.txt").1, "one\n");
+
+    // A sandbox started from the snapshot has its content.
+    let child = unique("from-paused");
+    create(&server, &child, json!({ "source": { "snapshot": snap } }));
+    assert_eq!(server.exec(&child, "cat /workspace/f.txt").1, "one\n");
+}
+
+/// A stopped sandbox's workspace is read without starting it, through `/v1` as through the
+/// resource API; a declared rollback keeps it stopped; `/v1`'s rollback resumes it.
+#[test]
+fn a_stopped_sandbox_is_snapshotted_and_rolled_back_without_waking() {
+    let server = Server::start();
+    let name = unique("snap-stopped");
+    create(&server, &name, json!({}));
+    server.exec(&name, "echo one > /workspace/f.txt");
+    let (status, first) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{name}/snapshots"),
+        Some(&json!({})),
+    );
+    assert_eq!(status, 201, "{first}");
+    let first = first["id"].as_str().unwrap().to_string();
+    server.exec(&name, "echo two > /workspace/f.txt");
+    pause(&server, &name, "Stopped");
+
+    let (status, second) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{name}/snapshots"),
+        Some(&json!({})),
+    );
+    assert_eq!(status, 201, "{second}");
+    let second = second["id"].as_str().unwrap().to_string();
+    let third = unique("snap-s");
+    assert_eq!(
+        snapshot_resource(&server, &third, &name)["status"]["phase"],
+        "Ready"
+    );
+    assert!(!running(&name), "still stopped");
+    let doc = server.get("sandboxes", &name).unwrap();
+    assert_eq!(doc["status"]["phase"], "Stopped", "{doc}");
+    assert_eq!(resumes(&doc), 0, "{doc}");
+
+    let doc = patch_rollback(&server, &name, &first, "Stopped");
+    assert!(!running(&name), "rolled back, still stopped: {doc}");
+    assert_eq!(resumes(&doc), 0, "{doc}");
+    let doc = resume(&server, &name);
+    assert_eq!(resumes(&doc), 1, "{doc}");
+    assert_eq!(server.exec(&name, "cat /workspace/f.txt").1, "one\n");
+
+    // /v1's rollback of a stopped sandbox resumes it and answers it running.
+    pause(&server, &name, "Stopped");
+    let (status, body) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{name}/rollback"),
+        Some(&json!({ "snapshot_id": second })),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "running", "{body}");
+    assert!(running(&name));
+    let doc = server.get("sandboxes", &name).unwrap();
+    assert_eq!(resumes(&doc), 2, "{doc}");
+    assert_eq!(doc["spec"]["state"], "Running", "{doc}");
+    assert_eq!(server.exec(&name, "cat /workspace/f.txt").1, "two\n");
+
+    // The stopped sandbox's snapshot through the resource API holds what it held then.
+    let child = unique("from-stopped");
+    create(&server, &child, json!({ "source": { "snapshot": third } }));
+    assert_eq!(server.exec(&child, "cat /workspace/f.txt").1, "two\n");
 }

@@ -192,7 +192,7 @@ pub(super) async fn reconcile(
             tracing::warn!(sandbox = name, %error, "removing replaced workspaces failed");
         }
     }
-    match power::idle(ctl, &sandbox) {
+    match power::idle(ctl, &sandbox).await {
         power::Idle::Until(at) => Ok(Outcome::at(earliest(expires_at, at))),
         power::Idle::Since(last) => {
             if power::act_on_idle(ctl, &sandbox).await? {
@@ -361,6 +361,8 @@ async fn ensure_running(
         ctl.engine.unpause(&details.id).await?;
     }
     if !details.running {
+        // A snapshot reading the stopped sandbox's workspace finishes first.
+        let _snapshots_wait = ctl.snapshots.lock(name).await;
         ctl.engine.start_container(&details.id).await?;
     }
     if status.applied_limits != Some(limits) {
