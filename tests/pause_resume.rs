@@ -709,3 +709,28 @@ fn a_stopped_sandbox_is_snapshotted_and_rolled_back_without_waking() {
     create(&server, &child, json!({ "source": { "snapshot": third } }));
     assert_eq!(server.exec(&child, "cat /workspace/f.txt").1, "two\n");
 }
+
+/// A sandbox's time to live keeps counting while it is paused or stopped: one made through the
+/// API expires and is deleted in either state.
+#[test]
+fn the_time_to_live_keeps_counting_while_paused_or_stopped() {
+    let server = Server::start();
+    let frozen = unique("ttl-paused");
+    let stopped = unique("ttl-stopped");
+    let started = Instant::now();
+    create(&server, &frozen, json!({ "ttlSeconds": 10 }));
+    create(&server, &stopped, json!({ "ttlSeconds": 10 }));
+    pause(&server, &frozen, "Paused");
+    pause(&server, &stopped, "Stopped");
+    for name in [&frozen, &stopped] {
+        server.wait_gone("sandboxes", name);
+        wait_until("its containers are gone", WAIT, || {
+            containers_of(name).is_empty()
+        });
+    }
+    let lived = started.elapsed();
+    assert!(
+        lived >= Duration::from_secs(9),
+        "expired at its time to live, not before: {lived:?}"
+    );
+}
