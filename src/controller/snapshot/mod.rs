@@ -4,9 +4,10 @@
 //!
 //! A snapshot pauses its sandbox's container while exporting, so the tar is one instant of the
 //! workspace, and always unpauses it. A sandbox that is paused or stopped (`spec.state`) is read
-//! as it is and left so: a snapshot never wakes one. The tracker (`tracker.rs`) is the in-memory record of that: which sandboxes
-//! a snapshot is holding (the sandbox reconcile leaves those paused and unpauses any other paused
-//! container, e.g. one left by a crash) and which temp files are being written. This module never
+//! as it is and left so: a snapshot never wakes one. The tracker (`tracker.rs`) is the in-memory
+//! record of that: which sandboxes a snapshot is holding (the sandbox reconcile leaves those
+//! paused and unpauses any other paused container, e.g. one left by a crash) and which temp files
+//! are being written. This module never
 //! restores anything; see `restore.rs`. `export.rs` writes the tar; the store keeps the data
 //! files (`store/snapshots.rs`).
 //!
