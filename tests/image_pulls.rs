@@ -318,23 +318,6 @@ fn a_missing_tag_fails_with_the_registrys_reason_and_never_pulls_what_is_not_all
     );
 }
 
-/// Runs the command-line client against `server` with stdout and stderr piped (no terminal);
-/// returns (exit code, stdout, stderr).
-fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
-        .args(args)
-        .env_clear()
-        .env("AGENT_SANDBOX_URL", &server.url)
-        .env("AGENT_SANDBOX_API_KEY", &server.key)
-        .output()
-        .expect("run agent-sandbox");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
-
 /// `apply --wait` and `wait` show the pull a sandbox waits for: plain lines on a pipe (the
 /// figures of the status, a tenth at a time, then one when it is done), and a bar on a terminal
 /// (here `script`'s pseudo-terminal).
@@ -362,16 +345,13 @@ fn apply_wait_and_wait_show_the_pull_as_lines_on_a_pipe_and_a_bar_on_a_terminal(
         ),
     )
     .unwrap();
-    let (code, out, err) = cli(
-        &server,
-        &[
-            "apply",
-            "-f",
-            manifest.to_str().unwrap(),
-            "--wait",
-            "--timeout=120s",
-        ],
-    );
+    let (code, out, err) = server.cli(&[
+        "apply",
+        "-f",
+        manifest.to_str().unwrap(),
+        "--wait",
+        "--timeout=120s",
+    ]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert_eq!(
         out,

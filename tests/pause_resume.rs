@@ -371,39 +371,23 @@ fn pause_and_stop_survive_a_docker_daemon_restart() {
     assert_eq!(server.exec(&stopped, "cat /workspace/w.txt").1, "kept\n");
 }
 
-/// Runs the command-line client against `server`; returns (exit code, stdout, stderr).
-fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
-        .args(args)
-        .env_clear()
-        .env("AGENT_SANDBOX_URL", &server.url)
-        .env("AGENT_SANDBOX_API_KEY", &server.key)
-        .output()
-        .expect("run agent-sandbox");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
-
 #[test]
 fn the_command_line_pauses_stops_and_resumes() {
     let server = Server::start();
     let name = unique("cli-pause");
     create(&server, &name, json!({}));
-    let (code, out, err) = cli(&server, &["pause", &name]);
+    let (code, out, err) = server.cli(&["pause", &name]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, format!("sandbox/{name} paused\n"));
-    let (code, out, err) = cli(&server, &["pause", &name, "--stop"]);
+    let (code, out, err) = server.cli(&["pause", &name, "--stop"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, format!("sandbox/{name} stopped\n"));
     assert!(!running(&name));
-    let (code, out, err) = cli(&server, &["resume", &name]);
+    let (code, out, err) = server.cli(&["resume", &name]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, format!("sandbox/{name} running\n"));
     assert!(running(&name));
-    let (code, _, err) = cli(&server, &["pause", "no-such-sandbox"]);
+    let (code, _, err) = server.cli(&["pause", "no-such-sandbox"]);
     assert_ne!(code, 0);
     assert!(err.contains("not found"), "{err}");
 }
