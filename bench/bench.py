@@ -192,7 +192,7 @@ def targets(results: Results, ratios: dict, args) -> str:
         shown = f"median {fmt(med)} ms, p95 {fmt(s.p95())} ms" if med is not None else _why(results, op)
         rows.append(f"| {op} ≤ {limit:.0f} ms (p50) | {shown} | {verdict(None if med is None else med <= limit)} |")
     for key, value in power.ratios(results).items():
-        rows.append(f"| {key} ≤ 1.3 | {value:.2f} | {verdict(value <= 1.3)} |")
+        rows.append(f"| {key} ≤ 1.3 | {value:.3f} | {verdict(value <= 1.3)} |")
     f = results.facts.get("idle, 90 % Stopped", {})
     if f:
         n, cpu = f.get("declared and Running", 0), f.get("idle CPU % of one core")
