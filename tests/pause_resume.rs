@@ -574,6 +574,17 @@ fn patch_rollback(server: &Server, name: &str, snapshot: &str, phase: &str) -> V
         .unwrap()
 }
 
+/// A new sandbox started from `snapshot` finds `content` in `/workspace/f.txt`.
+fn assert_started_from(server: &Server, snapshot: &str, content: &str) {
+    let child = unique("from-snap");
+    create(
+        server,
+        &child,
+        json!({ "source": { "snapshot": snapshot } }),
+    );
+    assert_eq!(server.exec(&child, "cat /workspace/f.txt").1, content);
+}
+
 fn resumes(doc: &Value) -> u64 {
     doc["status"]["resumes"].as_u64().unwrap_or(0)
 }
@@ -626,9 +637,7 @@ fn a_paused_sandbox_is_snapshotted_and_rolled_back_without_waking() {
     assert_eq!(server.exec(&name, "cat /workspace/f.txt").1, "one\n");
 
     // A sandbox started from the snapshot has its content.
-    let child = unique("from-paused");
-    create(&server, &child, json!({ "source": { "snapshot": snap } }));
-    assert_eq!(server.exec(&child, "cat /workspace/f.txt").1, "one\n");
+    assert_started_from(&server, &snap, "one\n");
 }
 
 /// A stopped sandbox's workspace is read without starting it, through `/v1` as through the
@@ -689,9 +698,7 @@ fn a_stopped_sandbox_is_snapshotted_and_rolled_back_without_waking() {
     assert_eq!(server.exec(&name, "cat /workspace/f.txt").1, "two\n");
 
     // The stopped sandbox's snapshot through the resource API holds what it held then.
-    let child = unique("from-stopped");
-    create(&server, &child, json!({ "source": { "snapshot": third } }));
-    assert_eq!(server.exec(&child, "cat /workspace/f.txt").1, "two\n");
+    assert_started_from(&server, &third, "two\n");
 }
 
 /// A sandbox's time to live keeps counting while it is paused or stopped: one made through the
