@@ -4,30 +4,12 @@
 //! a sandbox's idle policy (`spec.idle`). Kept in memory only: after a restart of the server every
 //! sandbox counts as active from the moment the controller first looks at it.
 //!
-//! A background process started through the API outlives the call that started it, so no guard
-//! can mark it: for those the controller asks a [`Probe`] the server installs
-//! ([`Activity::set_probe`]), which asks the sandbox's process supervisor.
-//!
 //! It knows names and times, nothing of HTTP, Docker or documents.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, Utc};
-use futures::future::BoxFuture;
-
-/// What a sandbox's background processes (started through the API) say of its use.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProcessUse {
-    /// One of them runs now.
-    pub running: bool,
-    /// When the last of them ended, if one did.
-    pub last_ended: Option<DateTime<Utc>>,
-}
-
-/// Asks how sandbox `name`'s background processes use it. It must not wake a paused or stopped
-/// sandbox, and answers the default when it cannot tell.
-pub type Probe = Arc<dyn Fn(String) -> BoxFuture<'static, ProcessUse> + Send + Sync>;
 
 #[derive(Clone, Copy, Debug)]
 struct Record {
@@ -36,19 +18,9 @@ struct Record {
 }
 
 /// The activity of every sandbox the API has seen used.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Activity {
     records: Mutex<HashMap<String, Record>>,
-    probe: OnceLock<Probe>,
-}
-
-impl std::fmt::Debug for Activity {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Activity")
-            .field("records", &self.records)
-            .field("probe", &self.probe.get().is_some())
-            .finish()
-    }
 }
 
 /// Marks a sandbox busy while it lives (a running command); dropping it counts as activity.
@@ -106,20 +78,6 @@ impl Activity {
         (record.last, record.running > 0)
     }
 
-    /// Installs the probe of background processes (once; a second one is ignored).
-    pub fn set_probe(&self, probe: Probe) {
-        let _ = self.probe.set(probe);
-    }
-
-    /// How sandbox `name`'s background processes use it, as the probe says (none installed:
-    /// nothing runs).
-    pub async fn processes(&self, name: &str) -> ProcessUse {
-        match self.probe.get() {
-            Some(probe) => probe(name.to_string()).await,
-            None => ProcessUse::default(),
-        }
-    }
-
     /// Forgets `name` (it was deleted).
     pub fn forget(&self, name: &str) {
         let mut records = self.lock();
@@ -161,25 +119,6 @@ mod tests {
         activity.forget("a");
         let (again, _) = activity.observe("a");
         assert!(again >= last);
-    }
-
-    #[tokio::test]
-    async fn background_processes_are_what_the_probe_says() {
-        let activity = Activity::default();
-        assert_eq!(activity.processes("a").await, ProcessUse::default());
-        let ended = Utc::now();
-        let probe: Probe = Arc::new(move |name: String| {
-            Box::pin(async move {
-                ProcessUse {
-                    running: name == "busy",
-                    last_ended: Some(ended),
-                }
-            })
-        });
-        activity.set_probe(probe);
-        assert!(activity.processes("busy").await.running);
-        let quiet = activity.processes("quiet").await;
-        assert_eq!((quiet.running, quiet.last_ended), (false, Some(ended)));
     }
 
     #[test]

@@ -110,22 +110,12 @@ pub async fn run(
         settings: Arc::clone(&settings),
         store: Arc::clone(&store),
         dataplane: Arc::new(DataPlane::new(Arc::clone(&engine), Arc::clone(&settings))),
-        processes: Arc::new(crate::processes::Processes::new(
-            Arc::clone(&engine),
-            Arc::clone(&settings),
-        )),
+        processes: Arc::clone(controller.processes()),
         engine: Arc::clone(&engine),
         create_lock: Arc::new(tokio::sync::Mutex::new(())),
         keys: Arc::new(keys),
         activity: Arc::clone(controller.activity()),
     };
-    // Idle policies count background processes, which only their supervisor knows of.
-    controller
-        .activity()
-        .set_probe(api::processes::activity_probe(
-            Arc::clone(&state.store),
-            Arc::clone(&state.processes),
-        ));
     let address = std::net::SocketAddr::new(settings.host, settings.port);
     let listener = tokio::net::TcpListener::bind(address)
         .await

@@ -6,7 +6,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
-use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -26,12 +25,10 @@ use super::error::ApiError;
 use super::openapi::Operation;
 use super::resources::PREFIX;
 use super::AppState;
-use crate::activity::ProcessUse;
-use crate::api::power::needs_resume;
 use crate::processes::{
     OutputEvent, Process, ProcessError, StartSpec, State as PState, Stream, Target,
 };
-use crate::resource::{Kind, SandboxPhase};
+use crate::resource::Kind;
 
 /// Largest stdin body taken in one request.
 pub const MAX_STDIN_BODY: usize = 8 * 1024 * 1024;
@@ -251,50 +248,6 @@ pub(super) fn process_error(e: ProcessError) -> ApiError {
     }
 }
 
-/// The idle policies' view of background processes (see [`crate::activity::Probe`]): whether
-/// one started through the API runs in a sandbox, and when the last one ended. It asks only a
-/// sandbox that runs (never waking one) and answers "nothing" when the supervisor cannot.
-pub fn activity_probe(
-    store: Arc<crate::store::Store>,
-    processes: Arc<crate::processes::Processes>,
-) -> crate::activity::Probe {
-    Arc::new(move |name: String| {
-        let (store, processes) = (Arc::clone(&store), Arc::clone(&processes));
-        Box::pin(async move {
-            let Some(sandbox) = store
-                .get(Kind::Sandbox, &name)
-                .and_then(|e| e.resource.as_sandbox().cloned())
-            else {
-                return ProcessUse::default();
-            };
-            let running = sandbox
-                .status
-                .as_ref()
-                .filter(|s| s.phase == SandboxPhase::Running && !needs_resume(&sandbox))
-                .and_then(|s| s.container_id.clone());
-            let Some(container_id) = running else {
-                return ProcessUse::default();
-            };
-            let target = Target {
-                uid: sandbox.metadata.uid.clone().unwrap_or_default(),
-                container_id,
-                env: sandbox.spec.env.clone(),
-                name,
-            };
-            match processes.list(&target).await {
-                Ok(list) => ProcessUse {
-                    running: list.iter().any(|p| p.state == PState::Running),
-                    last_ended: list.iter().filter_map(|p| p.finished_at).max(),
-                },
-                Err(error) => {
-                    tracing::debug!(sandbox = %target.name, %error, "cannot list processes for the idle policy");
-                    ProcessUse::default()
-                }
-            }
-        })
-    })
-}
-
 /// The sandbox's current container, or 404 / 409.
 /// The sandbox a process call is about. The call counts as the sandbox's activity, and a paused
 /// or stopped sandbox is resumed first (or the call refused with 409) as its `spec.autoResume`
@@ -396,7 +349,7 @@ fn field(name: &str, what: &str) -> ApiError {
     ApiError::InvalidRequest(format!("{name}: {what}"))
 }
 
-fn parse_start(obj: Map<String, Value>) -> Result<StartSpec, ApiError> {
+pub(super) fn parse_start(obj: Map<String, Value>) -> Result<StartSpec, ApiError> {
     let mut f = Fields(obj);
     let command = f.string("command")?;
     let argv = match f.take("argv") {
@@ -624,6 +577,20 @@ fn data_line(stream: Stream, offset: u64, data: String) -> Bytes {
     line(serde_json::json!({"type": stream_name(stream), "offset": offset, "data": data}))
 }
 
+/// A data line in base64, written straight into its buffer: base64 needs no JSON escaping, so
+/// the text is encoded once and never scanned or copied again (a replay is mostly these).
+fn base64_line(stream: Stream, offset: u64, data: &[u8]) -> Bytes {
+    let head = format!(
+        "{{\"type\":\"{}\",\"offset\":{offset},\"data\":\"",
+        stream_name(stream)
+    );
+    let mut s = String::with_capacity(head.len() + data.len().div_ceil(3) * 4 + 3);
+    s.push_str(&head);
+    base64::engine::general_purpose::STANDARD.encode_string(data, &mut s);
+    s.push_str("\"}\n");
+    Bytes::from(s)
+}
+
 /// Where a complete UTF-8 prefix of `b` ends, keeping back only an incomplete last character.
 fn complete_prefix(b: &[u8]) -> usize {
     let tail_start = b.len().saturating_sub(3);
@@ -664,11 +631,7 @@ fn render(text: &mut TextStreams, ev: OutputEvent, encoding: Encoding) -> Vec<By
             offset,
             data,
         } => match encoding {
-            Encoding::Base64 => vec![data_line(
-                stream,
-                offset,
-                base64::engine::general_purpose::STANDARD.encode(&data),
-            )],
+            Encoding::Base64 => vec![base64_line(stream, offset, &data)],
             Encoding::Utf8 => {
                 let slot = &mut text.pending[stream as usize];
                 let (start, mut bytes) = std::mem::take(slot);
@@ -939,6 +902,17 @@ pub fn operations() -> Vec<Operation> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_base64_line_is_the_json_of_its_event() {
+        let line = super::base64_line(super::Stream::Stderr, 42, b"\x00\xffhi");
+        let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"type": "stderr", "offset": 42, "data": "AP9oaQ=="})
+        );
+        assert!(line.ends_with(b"}\n"));
+    }
+
     use super::*;
 
     #[test]

@@ -110,40 +110,63 @@ pub(super) enum Idle {
     Since(DateTime<Utc>),
 }
 
-/// How often a sandbox kept awake by a background process is asked again whether it still runs.
-const PROCESS_RECHECK: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
-
-/// Judges a running sandbox against its idle policy and the activity the API reported. Only once
-/// the calls say it is due are its background processes asked (one round trip to its
-/// supervisor): one that runs keeps it awake, and the end of the last counts as activity.
-pub(super) async fn idle(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Idle {
+/// Judges a running sandbox against its idle policy and the activity the API reported.
+pub(super) fn idle(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Idle {
     let Some(policy) = &sandbox.spec.idle else {
         return Idle::Until(None);
     };
     let after =
         chrono::TimeDelta::try_seconds(i64::try_from(policy.after_seconds).unwrap_or(i64::MAX))
             .unwrap_or(chrono::TimeDelta::MAX);
-    let name = sandbox.metadata.name.as_str();
-    let (last, busy) = ctl.activity.observe(name);
+    let (last, busy) = ctl.activity.observe(&sandbox.metadata.name);
     let now = Utc::now();
     if busy {
         // A command runs; its end counts as activity and starts the count again.
         return Idle::Until(now.checked_add_signed(after));
     }
     match last.checked_add_signed(after) {
-        Some(due) if due > now => return Idle::Until(Some(due)),
-        Some(_) => {}
-        None => return Idle::Until(None),
-    }
-    let processes = ctl.activity.processes(name).await;
-    if processes.running {
-        return Idle::Until(now.checked_add_signed(after.min(PROCESS_RECHECK)));
-    }
-    let last = last.max(processes.last_ended.unwrap_or(last));
-    match last.checked_add_signed(after) {
         Some(due) if due > now => Idle::Until(Some(due)),
         Some(_) => Idle::Since(last),
         None => Idle::Until(None),
+    }
+}
+
+/// A sandbox its API calls show idle is asked about its long-lived processes before anything is
+/// done: one that still runs keeps it in use (it is looked at again a period later), and the end
+/// of the last one counts as activity, as the end of an exec does. The question is asked only
+/// when idleness is due, so it costs at most one request to the sandbox's supervisor a period,
+/// and the answer comes from the sandbox itself: a restarted server, which remembers no
+/// activity, gets it right. A sandbox that cannot answer (no supervisor) runs none.
+pub(super) async fn confirm_idle(
+    ctl: &SandboxContext<'_>,
+    sandbox: &Sandbox,
+    container_id: Option<&str>,
+    last: DateTime<Utc>,
+) -> Idle {
+    let (Some(policy), Some(container_id)) = (&sandbox.spec.idle, container_id) else {
+        return Idle::Since(last);
+    };
+    let target = crate::processes::Target {
+        name: sandbox.metadata.name.clone(),
+        uid: sandbox.metadata.uid.clone().unwrap_or_default(),
+        container_id: container_id.to_string(),
+        env: Default::default(),
+    };
+    let after =
+        chrono::TimeDelta::try_seconds(i64::try_from(policy.after_seconds).unwrap_or(i64::MAX))
+            .unwrap_or(chrono::TimeDelta::MAX);
+    let now = Utc::now();
+    match ctl.processes.in_use(&target).await {
+        Ok((true, _)) => Idle::Until(now.checked_add_signed(after)),
+        Ok((false, Some(ended))) if ended > last => match ended.checked_add_signed(after) {
+            Some(due) if due > now => Idle::Until(Some(due)),
+            _ => Idle::Since(ended),
+        },
+        Ok(_) => Idle::Since(last),
+        Err(error) => {
+            tracing::debug!(sandbox = %target.name, %error, "no answer about its processes");
+            Idle::Since(last)
+        }
     }
 }
 
