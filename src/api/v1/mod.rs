@@ -198,7 +198,7 @@ pub fn routes_with(settings: &Settings, options: V1Options) -> ApiRouter<AppStat
                     .link(201, "v1GetSnapshot", "id", "$response.body#/id")
                     .link(201, "v1Fork", "id", "$response.body#/id")
                     .link(201, "v1DeleteSnapshot", "id", "$response.body#/id")
-                    .errors(&[400, 404, 409, 413, 422, 502, 503])
+                    .errors(&[400, 404, 413, 422, 502, 503])
             }),
         )
         .api_route(
@@ -213,7 +213,7 @@ pub fn routes_with(settings: &Settings, options: V1Options) -> ApiRouter<AppStat
                     .path_param("id", SANDBOX_ID)
                     .json_body_schema("V1RollbackRequest", schemas::rollback_request())
                     .json::<wire::SandboxInfo>(200, "The sandbox, with source_snapshot_id set")
-                    .errors(&[400, 403, 404, 413, 422, 502, 503])
+                    .errors(&[400, 403, 404, 409, 413, 422, 502, 503])
             }),
         )
         .api_route(
