@@ -35,6 +35,7 @@ fn app_with(wait: Duration, adjust: impl FnOnce(&mut Settings)) -> App {
     settings.allowed_images = vec!["agent-sandbox-test/*".into()];
     adjust(&mut settings);
     let settings = Arc::new(settings);
+    let routes = routes_with(&settings, V1Options { wait_timeout: wait });
     let store = Store::open(dir.path(), &[]).expect("store");
     let engine: Arc<dyn Engine> = Arc::new(FakeEngine::new());
     let state = AppState {
@@ -50,7 +51,7 @@ fn app_with(wait: Duration, adjust: impl FnOnce(&mut Settings)) -> App {
         keys: Arc::new(ApiKeys::disabled()),
         activity: Arc::default(),
     };
-    let router = routes_with(V1Options { wait_timeout: wait }).with_state(state);
+    let router = Router::from(routes).with_state(state);
     App {
         router,
         store,

@@ -25,6 +25,12 @@ pub struct ErrorDetail {
     pub message: String,
 }
 
+/// A route's error statuses are written in its description (`openapi::Describe::errors`): a type
+/// cannot say which of its variants a handler answers.
+impl aide::OperationOutput for ApiError {
+    type Inner = Self;
+}
+
 /// Every error a handler can return. The variant fixes status and code; the message is for people.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {

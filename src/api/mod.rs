@@ -16,14 +16,15 @@ pub mod resources;
 pub mod root;
 pub mod v1;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode};
+use aide::axum::routing::get_with;
+use aide::axum::ApiRouter;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
+use axum::{Extension, Router};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
 use crate::config::Settings;
@@ -31,7 +32,7 @@ use crate::dataplane::DataPlane;
 use crate::docker::Engine;
 use crate::store::Store;
 use error::ApiError;
-use openapi::Operation;
+use openapi::Describe;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -50,26 +51,70 @@ pub struct AppState {
     pub activity: Arc<crate::activity::Activity>,
 }
 
+/// Every route with its description, for a server with `settings`: health, the OpenAPI document
+/// itself, and behind the API key (`keys`) the resource API and `/v1`. The one place routes are
+/// added (see `openapi`'s module documentation).
+fn documented_routes(
+    settings: &Settings,
+    keys: Arc<auth::ApiKeys>,
+) -> (Router<AppState>, serde_json::Value) {
+    openapi::begin();
+    let protected = ApiRouter::new()
+        .merge(resources::routes())
+        .merge(processes::routes())
+        .merge(processes_ws::routes())
+        .merge(v1::routes(settings));
+    let protected = openapi::behind_api_key(protected)
+        .route_layer(middleware::from_fn_with_state(keys, auth::require_key));
+    let all = ApiRouter::new()
+        .api_route(
+            "/",
+            get_with(root::index, |op| {
+                op.id("apiRoots")
+                    .summary("Where the APIs of this server are")
+                    .tag("health")
+                    .json::<root::ApiRoots>(200, "The API roots")
+            }),
+        )
+        .api_route(
+            "/healthz",
+            get_with(health::healthz, |op| {
+                op.id("healthz")
+                    .summary("Server and Docker health")
+                    .tag("health")
+                    .json::<health::Health>(200, "The server and Docker answer")
+                    .errors(&[503])
+            }),
+        )
+        .api_route(
+            "/openapi.json",
+            get_with(openapi_json, |op| {
+                op.id("openapi")
+                    .summary("This OpenAPI document")
+                    .tag("health")
+                    .json_object(200, "The OpenAPI 3.1 document")
+            }),
+        )
+        .merge(protected);
+    openapi::finish(all)
+}
+
 /// The whole HTTP API. Routing comes first (unknown path 404, wrong method 405, both without a
 /// key, as the reference does), then authentication for everything but `/`, `/healthz` and
 /// `/openapi.json`, then the handler.
 pub fn router(state: AppState) -> Router {
-    let protected = Router::new()
-        .merge(resources::routes())
-        .merge(processes::routes())
-        .merge(processes_ws::routes())
-        .merge(v1::routes())
-        .route_layer(middleware::from_fn_with_state(
-            state.keys.clone(),
-            auth::require_key,
-        ));
-    Router::new()
-        .route("/", get(root::index))
-        .route("/healthz", get(health::healthz))
-        .route("/openapi.json", get(openapi_json))
-        .merge(protected)
+    let (routes, document) = documented_routes(&state.settings, state.keys.clone());
+    let templates: Arc<Vec<String>> = Arc::new(
+        document["paths"]
+            .as_object()
+            .map(|paths| paths.keys().cloned().collect())
+            .unwrap_or_default(),
+    );
+    let document = OpenApiText(Arc::from(openapi::to_text(&document)));
+    routes
         .method_not_allowed_fallback(method_not_allowed)
-        .fallback(not_found)
+        .fallback(move |request: Request| not_found(templates, request))
+        .layer(Extension(document))
         .layer(middleware::from_fn(common_error_shape))
         // Sets the default for body extractors; a route that takes larger bodies sets its own
         // `DefaultBodyLimit` closer to the handler, which wins.
@@ -91,10 +136,10 @@ pub fn router(state: AppState) -> Router {
 
 /// Unknown path: 404, except that a documented route asked for with a trailing slash is
 /// redirected (307) to the route, as the reference server does.
-async fn not_found(request: Request) -> Response {
+async fn not_found(templates: Arc<Vec<String>>, request: Request) -> Response {
     let path = request.uri().path();
     let trimmed = path.trim_end_matches('/');
-    if trimmed.len() < path.len() && !trimmed.is_empty() && is_documented_path(trimmed) {
+    if trimmed.len() < path.len() && !trimmed.is_empty() && matches_any(&templates, trimmed) {
         let host = request
             .headers()
             .get(header::HOST)
@@ -116,16 +161,11 @@ async fn not_found(request: Request) -> Response {
     ApiError::NotFound("Not Found".into()).into_response()
 }
 
-fn is_documented_path(path: &str) -> bool {
-    static TEMPLATES: OnceLock<Vec<Vec<String>>> = OnceLock::new();
-    let templates = TEMPLATES.get_or_init(|| {
-        operations(&Settings::for_tests(Default::default()))
-            .iter()
-            .map(|op| op.path.split('/').map(str::to_string).collect())
-            .collect()
-    });
+/// Whether `path` is one of the documented path templates (`{x}` matching any segment).
+fn matches_any(templates: &[String], path: &str) -> bool {
     let segments: Vec<&str> = path.split('/').collect();
     templates.iter().any(|template| {
+        let template: Vec<&str> = template.split('/').collect();
         template.len() == segments.len()
             && template
                 .iter()
@@ -202,50 +242,11 @@ fn keep_headers(old: &mut axum::http::HeaderMap, fresh: &mut Response) {
     }
 }
 
-/// Every documented route: health, the OpenAPI document itself, the resource API and `/v1`, with
-/// the limits of `settings`.
-pub fn operations(settings: &Settings) -> Vec<Operation> {
-    let mut ops = vec![
-        Operation::new(
-            Method::GET,
-            "/",
-            "apiRoots",
-            "Where the APIs of this server are",
-        )
-        .public()
-        .tag("health")
-        .json::<root::ApiRoots>(200, "The API roots"),
-        Operation::new(
-            Method::GET,
-            "/healthz",
-            "healthz",
-            "Server and Docker health",
-        )
-        .public()
-        .tag("health")
-        .json::<health::Health>(200, "The server and Docker answer")
-        .errors(&[503]),
-        Operation::new(
-            Method::GET,
-            "/openapi.json",
-            "openapi",
-            "This OpenAPI document",
-        )
-        .public()
-        .tag("health")
-        .json_object(200, "The OpenAPI 3.1 document"),
-    ];
-    ops.extend(resources::operations());
-    ops.extend(processes::operations());
-    ops.extend(processes_ws::operations());
-    ops.extend(v1::operations(settings));
-    ops
-}
-
 /// The OpenAPI document of the whole API for a server with `settings` (its limits are in the
-/// schemas). `docs/openapi.json` is the one of the default settings.
+/// schemas): the description of the routes [`router`] serves. `docs/openapi.json` is the one of
+/// the default settings.
 pub fn openapi_document(settings: &Settings) -> serde_json::Value {
-    openapi::document(&operations(settings))
+    documented_routes(settings, Arc::new(auth::ApiKeys::disabled())).1
 }
 
 /// The document of a server with the default settings, as committed in `docs/openapi.json`.
@@ -253,15 +254,17 @@ pub fn default_openapi_document() -> serde_json::Value {
     openapi_document(&Settings::for_tests(Default::default()))
 }
 
-async fn openapi_json(State(state): State<AppState>) -> Response {
-    // Built per request (a few milliseconds, rarely asked for): it follows the settings.
-    let text = openapi::to_text(&openapi_document(&state.settings));
+/// The served document, made once with the router (the settings do not change while it runs).
+#[derive(Clone)]
+struct OpenApiText(Arc<str>);
+
+async fn openapi_json(Extension(OpenApiText(text)): Extension<OpenApiText>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         )],
-        text,
+        text.to_string(),
     )
         .into_response()
 }
@@ -280,21 +283,5 @@ mod tests {
             "{} is stale: run `cargo run -- openapi docs/openapi.json` to regenerate it",
             path.display()
         );
-    }
-
-    #[test]
-    fn every_route_is_documented_once() {
-        let ops = operations(&Settings::for_tests(Default::default()));
-        let mut seen = std::collections::BTreeSet::new();
-        for op in &ops {
-            assert!(
-                seen.insert((op.method.to_string(), op.path.clone())),
-                "{} {} documented twice",
-                op.method,
-                op.path
-            );
-        }
-        let ids: std::collections::BTreeSet<_> = ops.iter().map(|o| &o.operation_id).collect();
-        assert_eq!(ids.len(), ops.len(), "operation ids must be unique");
     }
 }

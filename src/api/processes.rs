@@ -1,18 +1,20 @@
 //! The processes subresource of a sandbox, `…/sandboxes/{name}/processes[/{id}[/output|stdin|
 //! signal|resize]]`: long-lived processes with stdin, terminals and output replayed from byte
 //! offsets. Handlers parse (naming the field at fault), call [`crate::processes`] and map its
-//! errors in one place ([`process_error`]); this file also holds the wire types and the OpenAPI
-//! description of these routes ([`operations`]), so that everything about them is here.
+//! errors in one place ([`process_error`]); this file also holds the wire types, and each route
+//! is registered with its OpenAPI description, so that everything about them is here.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 
+use aide::axum::routing::{get_with, post_with};
+use aide::axum::ApiRouter;
+use aide::transform::TransformOperation;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use base64::Engine as _;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
@@ -22,7 +24,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
-use super::openapi::Operation;
+use super::openapi::Describe;
 use super::resources::PREFIX;
 use super::AppState;
 use crate::processes::{
@@ -39,18 +41,137 @@ fn base() -> String {
     format!("{PREFIX}/sandboxes/{{name}}/processes")
 }
 
-pub fn routes() -> Router<AppState> {
+const NAME: &str = "The sandbox's name";
+const ID: &str = "The process id (`p_` + 16 hex digits)";
+
+/// Every process operation names its sandbox.
+fn op<'t>(op: TransformOperation<'t>, id: &str, summary: &str) -> TransformOperation<'t> {
+    op.id(id)
+        .summary(summary)
+        .tag("processes")
+        .path_param("name", NAME)
+}
+
+/// ... and most name one process of it.
+fn one<'t>(o: TransformOperation<'t>, id: &str, summary: &str) -> TransformOperation<'t> {
+    op(o, id, summary).path_param("id", ID)
+}
+
+pub fn routes() -> ApiRouter<AppState> {
     let b = base();
-    Router::new()
-        .route(&b, get(list).post(start))
-        .route(&format!("{b}/{{id}}"), get(get_one).delete(delete))
-        .route(&format!("{b}/{{id}}/output"), get(output))
-        .route(
-            &format!("{b}/{{id}}/stdin"),
-            post(stdin).layer(axum::extract::DefaultBodyLimit::max(MAX_STDIN_BODY)),
+    let boolean = serde_json::json!({"type": "boolean"});
+    let offset = serde_json::json!({"type": "integer", "minimum": 0, "maximum": u64::MAX});
+    ApiRouter::new()
+        .api_route(
+            &b,
+            get_with(list, |o| {
+                op(o, "listProcesses", "List a sandbox's processes")
+                    .json::<ProcessList>(200, "Running, ended and lost processes")
+                    .errors(&[404, 409, 502])
+            })
+            .post_with(start, |o| {
+                op(o, "startProcess", "Start a long-lived process")
+                    .description(
+                        "Starts a command (`command`, run by `/bin/sh -c`, or `argv`) that \
+                         belongs to the sandbox, not to the connection: it survives client \
+                         disconnects and restarts of the server, and its output is retained for \
+                         replay by byte offset (AGENT_SANDBOX_PROCESS_OUTPUT_BYTES per stream). \
+                         At most AGENT_SANDBOX_MAX_PROCESSES run at once (429 beyond); the last \
+                         64 ended ones are kept.",
+                    )
+                    .json_body_schema("ProcessStartRequest", start_request_schema())
+                    .json::<ProcessObject>(201, "The process, started")
+                    .errors(&[400, 404, 409, 413, 429, 502])
+            }),
         )
-        .route(&format!("{b}/{{id}}/signal"), post(signal))
-        .route(&format!("{b}/{{id}}/resize"), post(resize))
+        .api_route(
+            &format!("{b}/{{id}}"),
+            get_with(get_one, |o| {
+                one(o, "getProcess", "One process")
+                    .json::<ProcessObject>(200, "The process")
+                    .errors(&[404, 409, 502])
+            })
+            .delete_with(delete, |o| {
+                one(o, "deleteProcess", "Kill and forget a process")
+                    .description(
+                        "Kills its whole process tree (descendants that called setsid \
+                         included), waits for it, and forgets it.",
+                    )
+                    .empty(204, "Killed and forgotten")
+                    .errors(&[404, 409, 502])
+            }),
+        )
+        .api_route(
+            &format!("{b}/{{id}}/output"),
+            get_with(output, |o| {
+                one(o, "processOutput", "Read a process's output")
+                    .description(
+                        "NDJSON, one event a line, from the given offsets; reading does not \
+                         consume. A `truncated` event first when an offset is older than what \
+                         is retained. Ends with `exit` once the process has really ended, or \
+                         with `running` when `follow=false` and it still runs.",
+                    )
+                    .query_with_schema(
+                        "stdoutFrom",
+                        false,
+                        "Byte offset in stdout (default 0)",
+                        offset.clone(),
+                    )
+                    .query_with_schema(
+                        "stderrFrom",
+                        false,
+                        "Byte offset in stderr (default 0)",
+                        offset.clone(),
+                    )
+                    .query_with_schema(
+                        "follow",
+                        false,
+                        "Keep streaming until the process ends",
+                        boolean.clone(),
+                    )
+                    .query_with_schema(
+                        "encoding",
+                        false,
+                        "utf8 (default; invalid sequences replaced) or base64 (byte-exact)",
+                        serde_json::json!({"type": "string", "enum": ["utf8", "base64"]}),
+                    )
+                    .ndjson::<ProcessOutputEvent>(200, "Output events")
+                    .errors(&[400, 404, 409, 502])
+            }),
+        )
+        .api_route(
+            &format!("{b}/{{id}}/stdin"),
+            post_with(stdin, |o| {
+                one(o, "processStdin", "Write to a process's stdin")
+                    .description(
+                        "The raw body is written; 409 if it was started without stdin or has \
+                         exited.",
+                    )
+                    .query_with_schema("close", false, "Close stdin afterwards", boolean.clone())
+                    .binary_body()
+                    .empty(204, "Written")
+                    .errors(&[400, 404, 409, 413, 502])
+            })
+            .layer(axum::extract::DefaultBodyLimit::max(MAX_STDIN_BODY)),
+        )
+        .api_route(
+            &format!("{b}/{{id}}/signal"),
+            post_with(signal, |o| {
+                one(o, "signalProcess", "Send a signal to a process's group")
+                    .json_body_schema("SignalRequest", signal_request_schema())
+                    .empty(202, "Sent")
+                    .errors(&[400, 404, 409, 502])
+            }),
+        )
+        .api_route(
+            &format!("{b}/{{id}}/resize"),
+            post_with(resize, |o| {
+                one(o, "resizeProcess", "Resize a process's terminal")
+                    .json_body_schema("ResizeRequest", resize_request_schema())
+                    .empty(204, "Resized")
+                    .errors(&[400, 404, 409, 502])
+            }),
+        )
 }
 
 // ------------------------------------------------------------------------------------------
@@ -768,136 +889,6 @@ async fn resize(
         .await
         .map_err(process_error)?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-// ------------------------------------------------------------------------------------------
-// OpenAPI
-// ------------------------------------------------------------------------------------------
-
-const NAME: &str = "The sandbox's name";
-const ID: &str = "The process id (`p_` + 16 hex digits)";
-
-pub fn operations() -> Vec<Operation> {
-    let b = format!("{PREFIX}/sandboxes/{{name}}/processes");
-    let op = |method, path: String, id: &str, summary: &str| {
-        Operation::new(method, path, id, summary)
-            .tag("processes")
-            .path_param("name", NAME)
-    };
-    let one = |method, suffix: &str, id: &str, summary: &str| {
-        op(method, format!("{b}/{{id}}{suffix}"), id, summary).path_param("id", ID)
-    };
-    let boolean = serde_json::json!({"type": "boolean"});
-    let offset = serde_json::json!({"type": "integer", "minimum": 0, "maximum": u64::MAX});
-    vec![
-        op(
-            Method::POST,
-            b.clone(),
-            "startProcess",
-            "Start a long-lived process",
-        )
-        .description(
-            "Starts a command (`command`, run by `/bin/sh -c`, or `argv`) that belongs to the \
-                 sandbox, not to the connection: it survives client disconnects and restarts of \
-                 the server, and its output is retained for replay by byte offset \
-                 (AGENT_SANDBOX_PROCESS_OUTPUT_BYTES per stream). At most \
-                 AGENT_SANDBOX_MAX_PROCESSES run at once (429 beyond); the last 64 ended ones are \
-                 kept.",
-        )
-        .json_body_schema("ProcessStartRequest", start_request_schema())
-        .json::<ProcessObject>(201, "The process, started")
-        .errors(&[400, 404, 409, 413, 429, 502]),
-        op(
-            Method::GET,
-            b.clone(),
-            "listProcesses",
-            "List a sandbox's processes",
-        )
-        .json::<ProcessList>(200, "Running, ended and lost processes")
-        .errors(&[404, 409, 502]),
-        one(Method::GET, "", "getProcess", "One process")
-            .json::<ProcessObject>(200, "The process")
-            .errors(&[404, 409, 502]),
-        one(
-            Method::DELETE,
-            "",
-            "deleteProcess",
-            "Kill and forget a process",
-        )
-        .description(
-            "Kills its whole process tree (descendants that called setsid included), waits \
-                 for it, and forgets it.",
-        )
-        .empty(204, "Killed and forgotten")
-        .errors(&[404, 409, 502]),
-        one(
-            Method::GET,
-            "/output",
-            "processOutput",
-            "Read a process's output",
-        )
-        .description(
-            "NDJSON, one event a line, from the given offsets; reading does not consume. \
-                 A `truncated` event first when an offset is older than what is retained. Ends \
-                 with `exit` once the process has really ended, or with `running` when \
-                 `follow=false` and it still runs.",
-        )
-        .query_with_schema(
-            "stdoutFrom",
-            false,
-            "Byte offset in stdout (default 0)",
-            offset.clone(),
-        )
-        .query_with_schema(
-            "stderrFrom",
-            false,
-            "Byte offset in stderr (default 0)",
-            offset,
-        )
-        .query_with_schema(
-            "follow",
-            false,
-            "Keep streaming until the process ends",
-            boolean.clone(),
-        )
-        .query_with_schema(
-            "encoding",
-            false,
-            "utf8 (default; invalid sequences replaced) or base64 (byte-exact)",
-            serde_json::json!({"type": "string", "enum": ["utf8", "base64"]}),
-        )
-        .ndjson::<ProcessOutputEvent>(200, "Output events")
-        .errors(&[400, 404, 409, 502]),
-        one(
-            Method::POST,
-            "/stdin",
-            "processStdin",
-            "Write to a process's stdin",
-        )
-        .description("The raw body is written; 409 if it was started without stdin or has exited.")
-        .query_with_schema("close", false, "Close stdin afterwards", boolean)
-        .binary_body()
-        .empty(204, "Written")
-        .errors(&[400, 404, 409, 413, 502]),
-        one(
-            Method::POST,
-            "/signal",
-            "signalProcess",
-            "Send a signal to a process's group",
-        )
-        .json_body_schema("SignalRequest", signal_request_schema())
-        .empty(202, "Sent")
-        .errors(&[400, 404, 409, 502]),
-        one(
-            Method::POST,
-            "/resize",
-            "resizeProcess",
-            "Resize a process's terminal",
-        )
-        .json_body_schema("ResizeRequest", resize_request_schema())
-        .empty(204, "Resized")
-        .errors(&[400, 404, 409, 502]),
-    ]
 }
 
 #[cfg(test)]

@@ -15,17 +15,16 @@
 
 use std::sync::Arc;
 
+use aide::axum::routing::get_with;
+use aide::axum::ApiRouter;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, Query, State};
-use axum::http::Method;
 use axum::response::Response;
-use axum::routing::get;
-use axum::Router;
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::openapi::Operation;
+use super::openapi::Describe;
 use super::processes::{parse_start, process_error, target};
 use super::resources::PREFIX;
 use super::AppState;
@@ -41,13 +40,99 @@ const PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
 /// The answer header of an exec naming the process it started.
 pub const PROCESS_ID_HEADER: &str = "agent-sandbox-process-id";
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route(
-            &format!("{PREFIX}/sandboxes/{{name}}/processes/{{id}}/attach"),
-            get(attach),
+pub fn routes() -> ApiRouter<AppState> {
+    let b = format!("{PREFIX}/sandboxes/{{name}}");
+    ApiRouter::new()
+        .api_route(
+            &format!("{b}/processes/{{id}}/attach"),
+            get_with(attach, |op| {
+                op.id("attachProcess")
+                    .summary("Attach to a process (WebSocket)")
+                    .tag("processes")
+                    .path_param("name", "The sandbox's name")
+                    .path_param("id", "The process id")
+                    .description(
+                        "A WebSocket in Kubernetes' channel framing (v5.channel.k8s.io): binary \
+                         messages start with a channel byte, 0 stdin, 1 stdout, 2 stderr, 3 \
+                         status (a Kubernetes Status with exitCode or signal, once the process \
+                         ended), 4 resize ({\"Width\": C, \"Height\": R}), 255 close of a \
+                         channel. Output starts at what the process has printed so far; closing \
+                         the socket leaves the process running.",
+                    )
+                    .websocket("Switching to the WebSocket protocol")
+                    .errors(&[400, 404, 409, 502])
+            }),
         )
-        .route(&format!("{PREFIX}/sandboxes/{{name}}/exec"), get(exec))
+        .api_route(
+            &format!("{b}/exec"),
+            get_with(exec, |op| {
+                op.id("execProcess")
+                    .summary("Start a process and attach to it (WebSocket)")
+                    .tag("processes")
+                    .path_param("name", "The sandbox's name")
+                    .query(
+                        "command",
+                        false,
+                        "One value: a shell command line; repeated: the argv (like kubectl)",
+                    )
+                    .query(
+                        "argv",
+                        false,
+                        "Repeated: the argv as given, however many (instead of command)",
+                    )
+                    .query_with_schema(
+                        "tty",
+                        false,
+                        "Run on a terminal",
+                        json!({"type": "boolean"}),
+                    )
+                    .query_with_schema(
+                        "stdin",
+                        false,
+                        "Keep stdin open",
+                        json!({"type": "boolean"}),
+                    )
+                    .query_with_schema(
+                        "env",
+                        false,
+                        "An environment variable, KEY=VALUE (repeatable)",
+                        json!({"type": "string", "pattern": "^[^=\\u0000]+=[^\\u0000]*$"}),
+                    )
+                    .query_with_schema(
+                        "workdir",
+                        false,
+                        "Working directory, an absolute path (default /workspace)",
+                        json!({"type": "string", "pattern": "^/[^\\u0000]*$"}),
+                    )
+                    .query_with_schema(
+                        "cols",
+                        false,
+                        "Terminal width (default 80)",
+                        json!({"type": "integer", "minimum": 1, "maximum": 65535}),
+                    )
+                    .query_with_schema(
+                        "rows",
+                        false,
+                        "Terminal height (default 24)",
+                        json!({"type": "integer", "minimum": 1, "maximum": 65535}),
+                    )
+                    .query_with_schema(
+                        "timeoutSeconds",
+                        false,
+                        "Kill the tree after this long; none means never",
+                        json!({"type": "number", "exclusiveMinimum": 0, "maximum": 1e9}),
+                    )
+                    .description(
+                        "Like `kubectl exec`: starts a long-lived process and attaches to it from \
+                         its first byte, in the framing of attachProcess. The fields of a start \
+                         (env, workdir, cols, rows, timeoutSeconds) are query parameters here, \
+                         judged as in startProcess. The answer's `Agent-Sandbox-Process-Id` \
+                         header names the process.",
+                    )
+                    .websocket("Switching to the WebSocket protocol")
+                    .errors(&[400, 404, 409, 429, 502])
+            }),
+        )
 }
 
 async fn attach(
@@ -333,96 +418,4 @@ async fn run(
         _ = output => {}
         _ = input => {}
     }
-}
-
-pub fn operations() -> Vec<Operation> {
-    let b = format!("{PREFIX}/sandboxes/{{name}}");
-    vec![
-        Operation::new(
-            Method::GET,
-            format!("{b}/processes/{{id}}/attach"),
-            "attachProcess",
-            "Attach to a process (WebSocket)",
-        )
-        .tag("processes")
-        .path_param("name", "The sandbox's name")
-        .path_param("id", "The process id")
-        .description(
-            "A WebSocket in Kubernetes' channel framing (v5.channel.k8s.io): binary messages \
-             start with a channel byte, 0 stdin, 1 stdout, 2 stderr, 3 status (a Kubernetes \
-             Status with exitCode or signal, once the process ended), 4 resize ({\"Width\": C, \
-             \"Height\": R}), 255 close of a channel. Output starts at what the process has \
-             printed so far; closing the socket leaves the process running.",
-        )
-        .empty(101, "Switching to the WebSocket protocol")
-        .errors(&[400, 404, 409, 502]),
-        Operation::new(
-            Method::GET,
-            format!("{b}/exec"),
-            "execProcess",
-            "Start a process and attach to it (WebSocket)",
-        )
-        .tag("processes")
-        .path_param("name", "The sandbox's name")
-        .query(
-            "command",
-            false,
-            "One value: a shell command line; repeated: the argv (like kubectl)",
-        )
-        .query(
-            "argv",
-            false,
-            "Repeated: the argv as given, however many (instead of command)",
-        )
-        .query_with_schema(
-            "tty",
-            false,
-            "Run on a terminal",
-            json!({"type": "boolean"}),
-        )
-        .query_with_schema(
-            "stdin",
-            false,
-            "Keep stdin open",
-            json!({"type": "boolean"}),
-        )
-        .query_with_schema(
-            "env",
-            false,
-            "An environment variable, KEY=VALUE (repeatable)",
-            json!({"type": "string", "pattern": "^[^=\\u0000]+=[^\\u0000]*$"}),
-        )
-        .query_with_schema(
-            "workdir",
-            false,
-            "Working directory, an absolute path (default /workspace)",
-            json!({"type": "string", "pattern": "^/[^\\u0000]*$"}),
-        )
-        .query_with_schema(
-            "cols",
-            false,
-            "Terminal width (default 80)",
-            json!({"type": "integer", "minimum": 1, "maximum": 65535}),
-        )
-        .query_with_schema(
-            "rows",
-            false,
-            "Terminal height (default 24)",
-            json!({"type": "integer", "minimum": 1, "maximum": 65535}),
-        )
-        .query_with_schema(
-            "timeoutSeconds",
-            false,
-            "Kill the tree after this long; none means never",
-            json!({"type": "number", "exclusiveMinimum": 0, "maximum": 1e9}),
-        )
-        .description(
-            "Like `kubectl exec`: starts a long-lived process and attaches to it from its first \
-             byte, in the framing of attachProcess. The fields of a start (env, workdir, cols, \
-             rows, timeoutSeconds) are query parameters here, judged as in startProcess. The \
-             answer's `Agent-Sandbox-Process-Id` header names the process.",
-        )
-        .empty(101, "Switching to the WebSocket protocol")
-        .errors(&[400, 404, 409, 429, 502]),
-    ]
 }

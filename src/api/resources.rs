@@ -3,18 +3,23 @@
 //! `Fork` documents, a sandbox's `pause` and `resume` (`state.rs`), plus
 //! `/apis/agent-sandbox.io/v1/errors` for documents that did not apply.
 //!
+//! Each kind has its own routes (`.../sandboxes`, `.../snapshots`, ...), each documented with that
+//! kind's schemas (`docs.rs`): a handler generic over the kind fixes it and calls the shared code.
+//! Any other `{plural}` answers 404 naming the kinds the server has.
+//!
 //! Handlers only parse (through `resource::yaml`), call the store and shape the answer; they never
 //! touch Docker. The controller turns what they write into containers and status.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 
+use aide::axum::routing::{get_with, post_with};
+use aide::axum::ApiRouter;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
+use axum::routing::any;
 use bytes::Bytes;
 use futures::StreamExt;
 use schemars::JsonSchema;
@@ -23,16 +28,17 @@ use tokio::sync::broadcast;
 
 use super::body::{read_body, request_format, respond, response_format, Format, MAX_JSON_BODY};
 use super::error::ApiError;
-use super::openapi::Operation;
 use super::AppState;
 use crate::resource::yaml::{self, DocumentError};
 use crate::resource::{is_valid_name, AnyResource, Kind, API_VERSION};
 use crate::store::{EventType, Store, WatchEvent, WriteOptions};
 
+mod docs;
 mod patch;
-mod power_docs;
 mod selector;
 mod state;
+
+use docs::{DocumentedKind, ForkResource, SandboxPoolResource, SandboxResource, SnapshotResource};
 
 pub use selector::LabelSelector;
 pub use state::{PauseMode, PauseRequest};
@@ -40,31 +46,54 @@ pub use state::{PauseMode, PauseRequest};
 /// Where the resource API lives.
 pub const PREFIX: &str = "/apis/agent-sandbox.io/v1";
 
-/// The routes of the resource API (authentication is added by the caller).
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route(&format!("{PREFIX}/errors"), get(document_errors))
-        .route(&format!("{PREFIX}/{{plural}}"), get(list).post(create))
-        .route(
-            &format!("{PREFIX}/{{plural}}/{{name}}"),
-            get(get_one).put(replace).patch(patch::patch).delete(delete),
+/// The routes of the resource API, each with its description (authentication is added by the
+/// caller).
+pub fn routes() -> ApiRouter<AppState> {
+    ApiRouter::new()
+        .api_route(
+            &format!("{PREFIX}/errors"),
+            get_with(document_errors, docs::document_errors),
         )
-        .route(
+        .merge(kind_routes::<SandboxResource>())
+        .merge(kind_routes::<SnapshotResource>())
+        .merge(kind_routes::<ForkResource>())
+        .merge(kind_routes::<SandboxPoolResource>())
+        .api_route(
             &format!("{PREFIX}/sandboxes/{{name}}/pause"),
-            axum::routing::post(state::pause),
+            post_with(state::pause, docs::pause),
         )
-        .route(
+        .api_route(
             &format!("{PREFIX}/sandboxes/{{name}}/resume"),
-            axum::routing::post(state::resume),
+            post_with(state::resume, docs::resume),
+        )
+        // Behind the kinds' own routes: a type the server does not have (undocumented).
+        .route(&format!("{PREFIX}/{{plural}}"), any(unknown_kind))
+        .route(&format!("{PREFIX}/{{plural}}/{{name}}"), any(unknown_kind))
+}
+
+/// List, watch, create, get, replace, patch and delete of one kind.
+fn kind_routes<K: DocumentedKind>() -> ApiRouter<AppState> {
+    let collection = format!("{PREFIX}/{}", K::KIND.plural());
+    ApiRouter::new()
+        .api_route(
+            &collection,
+            get_with(list::<K>, docs::list::<K>).post_with(create::<K>, docs::create::<K>),
+        )
+        .api_route(
+            &format!("{collection}/{{name}}"),
+            get_with(get_one::<K>, docs::get::<K>)
+                .put_with(replace::<K>, docs::replace::<K>)
+                .patch_with(patch::patch::<K>, docs::patch::<K>)
+                .delete_with(delete::<K>, docs::delete::<K>),
         )
 }
 
-fn kind_of(plural: &str) -> Result<Kind, ApiError> {
-    Kind::from_plural(plural).ok_or_else(|| {
-        ApiError::NotFound(format!(
-            "the server has no resource type {plural:?} (expected sandboxes, snapshots or forks)"
-        ))
-    })
+async fn unknown_kind(Path(params): Path<HashMap<String, String>>) -> ApiError {
+    let plural = params.get("plural").map(String::as_str).unwrap_or_default();
+    ApiError::NotFound(format!(
+        "the server has no resource type {plural:?} (expected {})",
+        Kind::ALL.map(Kind::plural).join(", ")
+    ))
 }
 
 fn dry_run(params: &HashMap<String, String>) -> Result<WriteOptions, ApiError> {
@@ -157,13 +186,12 @@ struct List<'a> {
     items: Vec<&'a AnyResource>,
 }
 
-async fn list(
+async fn list<K: DocumentedKind>(
     State(state): State<AppState>,
-    Path(plural): Path<String>,
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let kind = kind_of(&plural)?;
+    let kind = K::KIND;
     let selector = selector(&params)?;
     let timeout = watch_timeout(&params)?;
     if flag(&params, "watch")? {
@@ -268,14 +296,13 @@ fn watch(
         .into_response()
 }
 
-async fn create(
+async fn create<K: DocumentedKind>(
     State(state): State<AppState>,
-    Path(plural): Path<String>,
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let kind = kind_of(&plural)?;
+    let kind = K::KIND;
     let opts = dry_run(&params)?;
     let bytes = read_body(&headers, body, MAX_JSON_BODY).await?;
     let mut resource = parse(&headers, &bytes, kind)?;
@@ -290,12 +317,12 @@ async fn create(
     respond(StatusCode::CREATED, &created, response_format(&headers))
 }
 
-async fn get_one(
+async fn get_one<K: DocumentedKind>(
     State(state): State<AppState>,
-    Path((plural, name)): Path<(String, String)>,
+    Path(name): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let kind = kind_of(&plural)?;
+    let kind = K::KIND;
     let entry = state.store.get(kind, &name).ok_or_else(|| {
         ApiError::from(crate::store::StoreError::NotFound {
             kind,
@@ -305,14 +332,14 @@ async fn get_one(
     respond(StatusCode::OK, &entry.resource, response_format(&headers))
 }
 
-async fn replace(
+async fn replace<K: DocumentedKind>(
     State(state): State<AppState>,
-    Path((plural, name)): Path<(String, String)>,
+    Path(name): Path<String>,
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let kind = kind_of(&plural)?;
+    let kind = K::KIND;
     let opts = dry_run(&params)?;
     let bytes = read_body(&headers, body, MAX_JSON_BODY).await?;
     let mut resource = parse(&headers, &bytes, kind)?;
@@ -331,13 +358,13 @@ async fn replace(
     respond(StatusCode::OK, &replaced, response_format(&headers))
 }
 
-async fn delete(
+async fn delete<K: DocumentedKind>(
     State(state): State<AppState>,
-    Path((plural, name)): Path<(String, String)>,
+    Path(name): Path<String>,
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let kind = kind_of(&plural)?;
+    let kind = K::KIND;
     let opts = dry_run(&params)?;
     let deleted = state
         .store
@@ -396,30 +423,4 @@ async fn document_errors(
         &DocumentErrors { errors },
         response_format(&headers),
     )
-}
-
-mod docs;
-
-/// The resource API's routes, for the OpenAPI document.
-pub fn operations() -> Vec<Operation> {
-    let mut ops = Vec::new();
-    for kind in Kind::ALL {
-        ops.extend(docs::operations_of(kind));
-    }
-    ops.extend(power_docs::operations());
-    ops.push(
-        Operation::new(
-            Method::GET,
-            format!("{PREFIX}/errors"),
-            "listDocumentErrors",
-            "Documents that did not apply",
-        )
-        .description(
-            "Manifests (in the data directory or a watched folder) that failed to parse or \
-             validate, or lost a name clash, with file, line and field.",
-        )
-        .tag("resources")
-        .resource::<DocumentErrors>(200, "The current document errors"),
-    );
-    ops
 }

@@ -1,20 +1,36 @@
-//! OpenAPI descriptions of the resource routes, and the schema names the resource kinds carry in
-//! the document (`SandboxResource`, `SandboxResourceList`, `SandboxWatchEvent`, ...), chosen so they never
-//! clash with the `/v1` wire types.
+//! The descriptions of the resource routes, each named by the `api_route` that registers its
+//! route (`get_with(list::<K>, docs::list::<K>)`), and the schema names the resource kinds carry
+//! in the document (`SandboxResource`, `SandboxResourceList`, `SandboxWatchEvent`, ...), chosen so
+//! they never clash with the `/v1` wire types.
 
 use std::borrow::Cow;
 
-use axum::http::Method;
+use aide::transform::TransformOperation;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 
-use super::PREFIX;
-use crate::api::openapi::Operation;
+use super::state::PauseRequest;
+use super::DocumentErrors;
+use crate::api::openapi::Describe;
 use crate::resource::{Fork, Kind, Sandbox, SandboxPool, Snapshot};
+
+/// A resource kind as routed and documented: the kind its routes fix, and the schemas of its
+/// document, list and watch events.
+pub trait DocumentedKind: JsonSchema + Send + Sync + 'static {
+    const KIND: Kind;
+    type List: JsonSchema;
+    type Event: JsonSchema;
+}
 
 macro_rules! documented_kind {
     ($kind:ident, $resource:ident, $list:ident, $event:ident) => {
         /// Schema-only stand-in for the resource kind under its document name.
         pub struct $resource;
+
+        impl DocumentedKind for $resource {
+            const KIND: Kind = Kind::$kind;
+            type List = $list;
+            type Event = $event;
+        }
 
         impl JsonSchema for $resource {
             fn schema_name() -> Cow<'static, str> {
@@ -83,31 +99,30 @@ documented_kind!(
     SandboxPoolWatchEvent
 );
 
-fn with_types<R: JsonSchema, L: JsonSchema, E: JsonSchema>(kind: Kind) -> Vec<Operation> {
-    let plural = kind.plural();
-    let collection = format!("{PREFIX}/{plural}");
-    let item = format!("{collection}/{{name}}");
-    let dry_run = |op: Operation| {
-        op.query_with_schema(
-            "dryRun",
-            false,
-            "`All`: validate and answer with the would-be object, writing nothing",
-            serde_json::json!({"type": "string", "enum": ["All", ""]}),
-        )
-    };
-    let tag = "resources";
-    vec![
-        Operation::new(
-            Method::GET,
-            collection.clone(),
-            format!("list{kind}"),
-            format!("List or watch {plural}"),
-        )
+type Op<'t> = TransformOperation<'t>;
+
+const TAG: &str = "resources";
+const NAME: &str = "Resource name";
+
+fn dry_run(op: Op<'_>) -> Op<'_> {
+    op.query_with_schema(
+        "dryRun",
+        false,
+        "`All`: validate and answer with the would-be object, writing nothing",
+        serde_json::json!({"type": "string", "enum": ["All", ""]}),
+    )
+}
+
+/// `GET {PREFIX}/{plural}`.
+pub fn list<K: DocumentedKind>(op: Op<'_>) -> Op<'_> {
+    let kind = K::KIND;
+    op.id(&format!("list{kind}"))
+        .summary(&format!("List or watch {}", kind.plural()))
         .description(
             "With `watch=true`, streams NDJSON events instead: `ADDED` for every current \
              object, then `ADDED`/`MODIFIED`/`DELETED` as they happen.",
         )
-        .tag(tag)
+        .tag(TAG)
         .query_with_schema(
             "watch",
             false,
@@ -126,104 +141,157 @@ fn with_types<R: JsonSchema, L: JsonSchema, E: JsonSchema>(kind: Kind) -> Vec<Op
             "`k=v`, `k!=v`, `k`, `!k`, comma-separated; all must hold",
             serde_json::json!({"type": "string", "pattern": super::selector::PATTERN}),
         )
-        .resource::<L>(
+        .resource::<K::List>(
             200,
             "The list (or, with watch=true, an NDJSON stream of events)",
         )
-        .ndjson::<E>(200, "With watch=true: one event per line")
-        .errors(&[400, 404]),
-        dry_run(
-            Operation::new(
-                Method::POST,
-                collection,
-                format!("create{kind}"),
-                format!("Create a {kind}"),
-            )
-            .description(if kind == Kind::Sandbox {
-                "A Sandbox without `metadata.name` gets `sb_` + 16 hex digits."
-            } else {
-                ""
-            })
-            .tag(tag)
-            .resource_body::<R>(),
-        )
-        .resource::<R>(201, "Created (with server metadata)")
-        .link(
-            201,
-            format!("get{kind}"),
-            "name",
-            "$response.body#/metadata/name",
-        )
-        .link(
-            201,
-            format!("replace{kind}"),
-            "name",
-            "$response.body#/metadata/name",
-        )
-        .link(
-            201,
-            format!("delete{kind}"),
-            "name",
-            "$response.body#/metadata/name",
-        )
-        .errors(&[400, 404, 409, 413, 415, 422]),
-        Operation::new(
-            Method::GET,
-            item.clone(),
-            format!("get{kind}"),
-            format!("Get a {kind}"),
-        )
-        .tag(tag)
-        .path_param("name", "Resource name")
-        .resource::<R>(200, "The resource with its status")
-        .errors(&[404]),
-        dry_run(
-            Operation::new(
-                Method::PUT,
-                item.clone(),
-                format!("replace{kind}"),
-                format!("Replace a {kind}"),
-            )
-            .description(
-                "Replaces labels, annotations and spec. A `metadata.resourceVersion` in the body \
-                 must be current (else 409).",
-            )
-            .tag(tag)
-            .path_param("name", "Resource name")
-            .resource_body::<R>(),
-        )
-        .resource::<R>(200, "Replaced")
-        .errors(&[400, 403, 404, 409, 413, 415, 422]),
-        dry_run(
-            Operation::new(
-                Method::DELETE,
-                item,
-                format!("delete{kind}"),
-                format!("Delete a {kind}"),
-            )
-            .description(
-                "Marks the resource for deletion; the controller removes what it owns, then the \
-                 resource disappears.",
-            )
-            .tag(tag)
-            .path_param("name", "Resource name"),
-        )
-        .resource::<R>(202, "Deletion started (the object shows deletionTimestamp)")
-        .errors(&[400, 403, 404, 409]),
-    ]
+        .ndjson::<K::Event>(200, "With watch=true: one event per line")
+        .errors(&[400, 404])
 }
 
-pub fn operations_of(kind: Kind) -> Vec<Operation> {
-    match kind {
-        Kind::Sandbox => {
-            with_types::<SandboxResource, SandboxResourceList, SandboxWatchEvent>(kind)
-        }
-        Kind::Snapshot => {
-            with_types::<SnapshotResource, SnapshotResourceList, SnapshotWatchEvent>(kind)
-        }
-        Kind::Fork => with_types::<ForkResource, ForkResourceList, ForkWatchEvent>(kind),
-        Kind::SandboxPool => {
-            with_types::<SandboxPoolResource, SandboxPoolResourceList, SandboxPoolWatchEvent>(kind)
-        }
-    }
+/// `POST {PREFIX}/{plural}`.
+pub fn create<K: DocumentedKind>(op: Op<'_>) -> Op<'_> {
+    let kind = K::KIND;
+    let op = op
+        .id(&format!("create{kind}"))
+        .summary(&format!("Create a {kind}"));
+    let op = if kind == Kind::Sandbox {
+        op.description("A Sandbox without `metadata.name` gets `sb_` + 16 hex digits.")
+    } else {
+        op
+    };
+    dry_run(op.tag(TAG))
+        .resource_body::<K>()
+        .resource::<K>(201, "Created (with server metadata)")
+        .link(
+            201,
+            &format!("get{kind}"),
+            "name",
+            "$response.body#/metadata/name",
+        )
+        .link(
+            201,
+            &format!("replace{kind}"),
+            "name",
+            "$response.body#/metadata/name",
+        )
+        .link(
+            201,
+            &format!("delete{kind}"),
+            "name",
+            "$response.body#/metadata/name",
+        )
+        .errors(&[400, 404, 409, 413, 415, 422])
+}
+
+/// `GET {PREFIX}/{plural}/{name}`.
+pub fn get<K: DocumentedKind>(op: Op<'_>) -> Op<'_> {
+    let kind = K::KIND;
+    op.id(&format!("get{kind}"))
+        .summary(&format!("Get a {kind}"))
+        .tag(TAG)
+        .path_param("name", NAME)
+        .resource::<K>(200, "The resource with its status")
+        .errors(&[404])
+}
+
+/// `PUT {PREFIX}/{plural}/{name}`.
+pub fn replace<K: DocumentedKind>(op: Op<'_>) -> Op<'_> {
+    let kind = K::KIND;
+    let op = op
+        .id(&format!("replace{kind}"))
+        .summary(&format!("Replace a {kind}"))
+        .description(
+            "Replaces labels, annotations and spec. A `metadata.resourceVersion` in the body \
+             must be current (else 409).",
+        )
+        .tag(TAG)
+        .path_param("name", NAME);
+    dry_run(op)
+        .resource_body::<K>()
+        .resource::<K>(200, "Replaced")
+        .errors(&[400, 403, 404, 409, 413, 415, 422])
+}
+
+/// `PATCH {PREFIX}/{plural}/{name}`.
+pub fn patch<K: DocumentedKind>(op: Op<'_>) -> Op<'_> {
+    let kind = K::KIND;
+    op.id(&format!("patch{kind}"))
+        .summary(&format!("Patch a {kind}"))
+        .description(
+            "A JSON merge patch (RFC 7386, `Content-Type: application/merge-patch+json`, as \
+             `kubectl patch --type merge` sends) of the document; `null` removes a field. \
+             The result is validated and checked for immutable fields as a PUT is; a \
+             `metadata.resourceVersion` in the patch must be current (else 409).",
+        )
+        .tag(TAG)
+        .path_param("name", NAME)
+        .query_with_schema(
+            "dryRun",
+            false,
+            "`All`: validate and answer with the would-be object, writing nothing",
+            serde_json::json!({"type": "string", "enum": ["All"]}),
+        )
+        .errors(&[400, 403, 404, 409, 413, 415, 422])
+        .merge_patch_body()
+        .resource::<K>(200, "Patched")
+}
+
+/// `DELETE {PREFIX}/{plural}/{name}`.
+pub fn delete<K: DocumentedKind>(op: Op<'_>) -> Op<'_> {
+    let kind = K::KIND;
+    let op = op
+        .id(&format!("delete{kind}"))
+        .summary(&format!("Delete a {kind}"))
+        .description(
+            "Marks the resource for deletion; the controller removes what it owns, then the \
+             resource disappears.",
+        )
+        .tag(TAG)
+        .path_param("name", NAME);
+    dry_run(op)
+        .resource::<K>(202, "Deletion started (the object shows deletionTimestamp)")
+        .errors(&[400, 403, 404, 409])
+}
+
+/// `POST {PREFIX}/sandboxes/{name}/pause`.
+pub fn pause(op: Op<'_>) -> Op<'_> {
+    op.id("pauseSandbox")
+        .summary("Pause or stop a sandbox")
+        .description(
+            "Writes `spec.state` (`Paused` by default: every process frozen, memory kept; \
+             `Stopped`: the container stopped, `/workspace` and a writable root filesystem kept) \
+             and answers once the controller reports it.",
+        )
+        .tag(TAG)
+        .path_param("name", "Sandbox name")
+        .optional_json_body::<PauseRequest>()
+        .resource::<SandboxResource>(200, "The sandbox, paused or stopped")
+        .errors(&[403, 404, 409, 422, 502, 503])
+}
+
+/// `POST {PREFIX}/sandboxes/{name}/resume`.
+pub fn resume(op: Op<'_>) -> Op<'_> {
+    op.id("resumeSandbox")
+        .summary("Resume a sandbox")
+        .description(
+            "Writes `spec.state: Running` and answers once the sandbox runs again: a paused one \
+             continues where it was, a stopped one starts its same container again.",
+        )
+        .tag(TAG)
+        .path_param("name", "Sandbox name")
+        .resource::<SandboxResource>(200, "The sandbox, running")
+        .errors(&[403, 404, 409, 502, 503])
+}
+
+/// `GET {PREFIX}/errors`.
+pub fn document_errors(op: Op<'_>) -> Op<'_> {
+    op.id("listDocumentErrors")
+        .summary("Documents that did not apply")
+        .description(
+            "Manifests (in the data directory or a watched folder) that failed to parse or \
+             validate, or lost a name clash, with file, line and field.",
+        )
+        .tag(TAG)
+        .resource::<DocumentErrors>(200, "The current document errors")
 }

@@ -10,6 +10,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::{Map, Value};
 
+use super::docs::DocumentedKind;
 use crate::api::body::{read_body, respond, response_format, MAX_JSON_BODY};
 use crate::api::error::ApiError;
 use crate::api::AppState;
@@ -73,14 +74,14 @@ pub fn apply(current: Value, patch: &Value) -> Value {
 const ATTEMPTS: usize = 8;
 
 /// `PATCH {PREFIX}/{plural}/{name}`.
-pub(super) async fn patch(
+pub(super) async fn patch<K: DocumentedKind>(
     State(state): State<AppState>,
-    Path((plural, name)): Path<(String, String)>,
+    Path(name): Path<String>,
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let kind = super::kind_of(&plural)?;
+    let kind = K::KIND;
     let opts = super::dry_run(&params)?;
     let media = headers
         .get(header::CONTENT_TYPE)

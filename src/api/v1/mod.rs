@@ -21,15 +21,16 @@ pub mod wire;
 
 use std::time::Duration;
 
+use aide::axum::routing::{get_with, post_with};
+use aide::axum::ApiRouter;
+use aide::transform::TransformOperation;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{DefaultBodyLimit, Path};
-use axum::http::Method;
-use axum::routing::{get, post};
-use axum::{Extension, Router};
+use axum::Extension;
 use serde_json::json;
 
 use crate::api::error::ApiError;
-use crate::api::openapi::Operation;
+use crate::api::openapi::Describe;
 use crate::api::AppState;
 use crate::config::Settings;
 use crate::dataplane::{paths, DataPlaneError, SandboxTarget};
@@ -50,41 +51,209 @@ impl Default for V1Options {
     }
 }
 
-/// The `/v1` routes with default options.
-pub fn routes() -> Router<AppState> {
-    routes_with(V1Options::default())
+/// The `/v1` routes with default options, described with the limits of `settings`.
+pub fn routes(settings: &Settings) -> ApiRouter<AppState> {
+    routes_with(settings, V1Options::default())
 }
 
-/// The `/v1` routes with explicit options (tests shorten the wait for the controller).
-pub fn routes_with(options: V1Options) -> Router<AppState> {
-    Router::new()
-        .route(
+/// Every `/v1` operation carries this tag.
+fn v1<'t>(op: TransformOperation<'t>, id: &str, summary: &str) -> TransformOperation<'t> {
+    op.id(id).summary(summary).tag("v1")
+}
+
+/// The `/v1` routes with explicit options (tests shorten the wait for the controller), each
+/// with its description; limits in the schemas are those of `settings`.
+pub fn routes_with(settings: &Settings, options: V1Options) -> ApiRouter<AppState> {
+    let exec_request = schemas::exec_request(settings);
+    ApiRouter::new()
+        .api_route(
             "/v1/sandboxes",
-            post(sandboxes::create).get(sandboxes::list),
+            post_with(sandboxes::create, |op| {
+                v1(op, "v1CreateSandbox", "Create a sandbox")
+                    .description(
+                        "Writes a Sandbox resource with every value resolved from the request \
+                         and the server's defaults, and answers once the controller reports it \
+                         running.",
+                    )
+                    .json_body_schema("V1SandboxCreate", schemas::sandbox_create(settings))
+                    .json::<wire::SandboxInfo>(201, "The new sandbox, running")
+                    .links_to_sandbox()
+                    .errors(&[400, 403, 413, 422, 429, 502, 503])
+            })
+            .get_with(sandboxes::list, |op| {
+                v1(op, "v1ListSandboxes", "List sandboxes")
+                    .json::<wire::SandboxList>(200, "Every sandbox, sorted by created_at")
+            }),
         )
-        .route(
+        .api_route(
             "/v1/sandboxes/{id}",
-            get(sandboxes::get).delete(sandboxes::delete),
+            get_with(sandboxes::get, |op| {
+                v1(op, "v1GetSandbox", "Get a sandbox")
+                    .path_param("id", SANDBOX_ID)
+                    .json::<wire::SandboxInfo>(200, "The sandbox")
+                    .errors(&[400, 404])
+            })
+            .delete_with(sandboxes::delete, |op| {
+                v1(op, "v1DeleteSandbox", "Delete a sandbox")
+                    .description("Its snapshots remain.")
+                    .path_param("id", SANDBOX_ID)
+                    .empty(204, "Deleted: container and workspace are gone")
+                    .errors(&[400, 403, 404, 503])
+            }),
         )
-        .route("/v1/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
-        .route("/v1/sandboxes/{id}/exec", post(exec::exec))
-        .route("/v1/sandboxes/{id}/exec/stream", post(exec::exec_stream))
-        .route(
+        .api_route(
+            "/v1/sandboxes/{id}/timeout",
+            post_with(sandboxes::set_timeout, |op| {
+                v1(op, "v1SetTimeout", "Set a sandbox's lifetime")
+                    .description("The sandbox now expires `timeout_seconds` from now.")
+                    .path_param("id", SANDBOX_ID)
+                    .json_body_schema("V1TimeoutRequest", schemas::timeout_request(settings))
+                    .json::<wire::SandboxInfo>(200, "The sandbox, with its new expires_at")
+                    .errors(&[400, 403, 404, 413, 422])
+            }),
+        )
+        .api_route(
+            "/v1/sandboxes/{id}/exec",
+            post_with(exec::exec, |op| {
+                v1(op, "v1Exec", "Run a command")
+                    .path_param("id", SANDBOX_ID)
+                    .json_body_schema("V1ExecRequest", exec_request.clone())
+                    .json::<wire::ExecResponse>(200, "The command's output and exit code")
+                    .errors(&[400, 404, 409, 413, 422, 502])
+            }),
+        )
+        .api_route(
+            "/v1/sandboxes/{id}/exec/stream",
+            post_with(exec::exec_stream, |op| {
+                v1(op, "v1ExecStream", "Run a command, streaming its output")
+                    .description(
+                        "One JSON object per line as output arrives; the last line is the \
+                         `exit` event.",
+                    )
+                    .path_param("id", SANDBOX_ID)
+                    .json_body_schema("V1ExecRequest", exec_request)
+                    .ndjson::<wire::ExecEvent>(200, "Output events, then exactly one exit event")
+                    .errors(&[400, 404, 409, 413, 422, 502])
+            }),
+        )
+        .api_route(
             "/v1/sandboxes/{id}/files",
+            get_with(files::read, |op| {
+                v1(op, "v1ReadFile", "Read a file")
+                    .path_param("id", SANDBOX_ID)
+                    .query_with_schema(
+                        "path",
+                        true,
+                        "File path; relative paths are under /workspace",
+                        schemas::path("File path; relative paths are under /workspace"),
+                    )
+                    .binary(200, "The file's bytes")
+                    .errors(&[400, 404, 409, 413, 422, 502])
+            })
+            .put_with(files::write, |op| {
+                v1(op, "v1WriteFile", "Write a file under /workspace")
+                    .description("Parent directories are created. The body is the file's content.")
+                    .path_param("id", SANDBOX_ID)
+                    .query_with_schema(
+                        "path",
+                        true,
+                        "File path, strictly under /workspace",
+                        schemas::path_in_workspace(),
+                    )
+                    .query_with_schema(
+                        "mode",
+                        false,
+                        "Octal permission bits (default 644)",
+                        json!({"type": "string", "pattern": "^0?[0-7]{3}$", "default": "644"}),
+                    )
+                    .binary_body()
+                    .json::<wire::FileInfo>(200, "The written file")
+                    .errors(&[400, 404, 409, 413, 422, 502])
+            })
             // The write caps its body itself at `max_file_bytes`, while it streams in.
-            get(files::read)
-                .put(files::write)
-                .layer(DefaultBodyLimit::disable()),
+            .layer(DefaultBodyLimit::disable()),
         )
-        .route("/v1/sandboxes/{id}/files/list", get(files::list))
-        .route("/v1/sandboxes/{id}/snapshots", post(snapshots::create))
-        .route("/v1/sandboxes/{id}/rollback", post(snapshots::rollback))
-        .route("/v1/snapshots", get(snapshots::list))
-        .route(
+        .api_route(
+            "/v1/sandboxes/{id}/files/list",
+            get_with(files::list, |op| {
+                v1(op, "v1ListFiles", "List a directory")
+                    .path_param("id", SANDBOX_ID)
+                    .query_with_schema(
+                        "path",
+                        false,
+                        "Directory (default /workspace)",
+                        schemas::path("Directory; relative paths are under /workspace"),
+                    )
+                    .json::<wire::FileList>(200, "The directory's entries, sorted by name")
+                    .errors(&[400, 404, 409, 502])
+            }),
+        )
+        .api_route(
+            "/v1/sandboxes/{id}/snapshots",
+            post_with(snapshots::create, |op| {
+                v1(op, "v1CreateSnapshot", "Snapshot a sandbox's workspace")
+                    .path_param("id", SANDBOX_ID)
+                    .optional_json_body_schema("V1SnapshotCreate", schemas::snapshot_create())
+                    .json::<wire::SnapshotInfo>(201, "The snapshot, ready")
+                    .link(201, "v1GetSnapshot", "id", "$response.body#/id")
+                    .link(201, "v1Fork", "id", "$response.body#/id")
+                    .link(201, "v1DeleteSnapshot", "id", "$response.body#/id")
+                    .errors(&[400, 404, 413, 422, 502, 503])
+            }),
+        )
+        .api_route(
+            "/v1/sandboxes/{id}/rollback",
+            post_with(snapshots::rollback, |op| {
+                v1(op, "v1Rollback", "Roll a sandbox back to a snapshot")
+                    .description(
+                        "Keeps the sandbox's ID, spec and expiry; replaces its container and \
+                         workspace with the snapshot's content. Running processes stop and /tmp \
+                         is cleared.",
+                    )
+                    .path_param("id", SANDBOX_ID)
+                    .json_body_schema("V1RollbackRequest", schemas::rollback_request())
+                    .json::<wire::SandboxInfo>(200, "The sandbox, with source_snapshot_id set")
+                    .errors(&[400, 403, 404, 409, 413, 422, 502, 503])
+            }),
+        )
+        .api_route(
+            "/v1/snapshots",
+            get_with(snapshots::list, |op| {
+                v1(op, "v1ListSnapshots", "List snapshots")
+                    .query("sandbox_id", false, "Only the snapshots of this sandbox")
+                    .json::<wire::SnapshotList>(200, "Snapshots, sorted by created_at")
+            }),
+        )
+        .api_route(
             "/v1/snapshots/{id}",
-            get(snapshots::get).delete(snapshots::delete),
+            get_with(snapshots::get, |op| {
+                v1(op, "v1GetSnapshot", "Get a snapshot")
+                    .path_param("id", SNAPSHOT_ID)
+                    .json::<wire::SnapshotInfo>(200, "The snapshot")
+                    .errors(&[400, 404])
+            })
+            .delete_with(snapshots::delete, |op| {
+                v1(op, "v1DeleteSnapshot", "Delete a snapshot")
+                    .path_param("id", SNAPSHOT_ID)
+                    .empty(204, "Deleted, with its data")
+                    .errors(&[400, 403, 404, 503])
+            }),
         )
-        .route("/v1/snapshots/{id}/fork", post(snapshots::fork))
+        .api_route(
+            "/v1/snapshots/{id}/fork",
+            post_with(snapshots::fork, |op| {
+                v1(op, "v1Fork", "Start a new sandbox from a snapshot")
+                    .description(
+                        "The new sandbox gets the snapshot's captured spec plus the overrides, \
+                         its own lifetime, and the snapshot's workspace.",
+                    )
+                    .path_param("id", SNAPSHOT_ID)
+                    .optional_json_body_schema("V1ForkRequest", schemas::fork_request(settings))
+                    .json::<wire::SandboxInfo>(201, "The new sandbox, running")
+                    .links_to_sandbox()
+                    .errors(&[400, 403, 404, 413, 422, 429, 502, 503])
+            }),
+        )
         .layer(Extension(options))
 }
 
@@ -166,217 +335,13 @@ trait SandboxLinks {
     fn links_to_sandbox(self) -> Self;
 }
 
-impl SandboxLinks for Operation {
-    fn links_to_sandbox(self) -> Operation {
+impl SandboxLinks for TransformOperation<'_> {
+    fn links_to_sandbox(self) -> Self {
         TAKES_SANDBOX_ID.iter().fold(self, |op, target| {
-            op.link(201, *target, "id", "$response.body#/id")
+            op.link(201, target, "id", "$response.body#/id")
         })
     }
 }
 
 const SANDBOX_ID: &str = "Sandbox ID (`sb_` + 16 hex digits for API-created sandboxes)";
 const SNAPSHOT_ID: &str = "Snapshot ID (`snap_` + 16 hex digits)";
-
-/// The documented `/v1` routes, for the OpenAPI document; limits are those of `settings`.
-pub fn operations(settings: &Settings) -> Vec<Operation> {
-    let op = |method: Method, path: &str, id: &str, summary: &str| {
-        Operation::new(method, path, id, summary).tag("v1")
-    };
-    vec![
-        op(
-            Method::POST,
-            "/v1/sandboxes",
-            "v1CreateSandbox",
-            "Create a sandbox",
-        )
-        .description(
-            "Writes a Sandbox resource with every value resolved from the request and the \
-                 server's defaults, and answers once the controller reports it running.",
-        )
-        .json_body_schema("V1SandboxCreate", schemas::sandbox_create(settings))
-        .json::<wire::SandboxInfo>(201, "The new sandbox, running")
-        .links_to_sandbox()
-        .errors(&[400, 403, 413, 422, 429, 502, 503]),
-        op(
-            Method::GET,
-            "/v1/sandboxes",
-            "v1ListSandboxes",
-            "List sandboxes",
-        )
-        .json::<wire::SandboxList>(200, "Every sandbox, sorted by created_at"),
-        op(
-            Method::GET,
-            "/v1/sandboxes/{id}",
-            "v1GetSandbox",
-            "Get a sandbox",
-        )
-        .path_param("id", SANDBOX_ID)
-        .json::<wire::SandboxInfo>(200, "The sandbox")
-        .errors(&[400, 404]),
-        op(
-            Method::DELETE,
-            "/v1/sandboxes/{id}",
-            "v1DeleteSandbox",
-            "Delete a sandbox",
-        )
-        .description("Its snapshots remain.")
-        .path_param("id", SANDBOX_ID)
-        .empty(204, "Deleted: container and workspace are gone")
-        .errors(&[400, 403, 404, 503]),
-        op(
-            Method::POST,
-            "/v1/sandboxes/{id}/timeout",
-            "v1SetTimeout",
-            "Set a sandbox's lifetime",
-        )
-        .description("The sandbox now expires `timeout_seconds` from now.")
-        .path_param("id", SANDBOX_ID)
-        .json_body_schema("V1TimeoutRequest", schemas::timeout_request(settings))
-        .json::<wire::SandboxInfo>(200, "The sandbox, with its new expires_at")
-        .errors(&[400, 403, 404, 413, 422]),
-        op(
-            Method::POST,
-            "/v1/sandboxes/{id}/exec",
-            "v1Exec",
-            "Run a command",
-        )
-        .path_param("id", SANDBOX_ID)
-        .json_body_schema("V1ExecRequest", schemas::exec_request(settings))
-        .json::<wire::ExecResponse>(200, "The command's output and exit code")
-        .errors(&[400, 404, 409, 413, 422, 502]),
-        op(
-            Method::POST,
-            "/v1/sandboxes/{id}/exec/stream",
-            "v1ExecStream",
-            "Run a command, streaming its output",
-        )
-        .description(
-            "One JSON object per line as output arrives; the last line is the `exit` event.",
-        )
-        .path_param("id", SANDBOX_ID)
-        .json_body_schema("V1ExecRequest", schemas::exec_request(settings))
-        .ndjson::<wire::ExecEvent>(200, "Output events, then exactly one exit event")
-        .errors(&[400, 404, 409, 413, 422, 502]),
-        op(
-            Method::GET,
-            "/v1/sandboxes/{id}/files",
-            "v1ReadFile",
-            "Read a file",
-        )
-        .path_param("id", SANDBOX_ID)
-        .query_with_schema(
-            "path",
-            true,
-            "File path; relative paths are under /workspace",
-            schemas::path("File path; relative paths are under /workspace"),
-        )
-        .binary(200, "The file's bytes")
-        .errors(&[400, 404, 409, 413, 422, 502]),
-        op(
-            Method::PUT,
-            "/v1/sandboxes/{id}/files",
-            "v1WriteFile",
-            "Write a file under /workspace",
-        )
-        .description("Parent directories are created. The body is the file's content.")
-        .path_param("id", SANDBOX_ID)
-        .query_with_schema(
-            "path",
-            true,
-            "File path, strictly under /workspace",
-            schemas::path_in_workspace(),
-        )
-        .query_with_schema(
-            "mode",
-            false,
-            "Octal permission bits (default 644)",
-            json!({"type": "string", "pattern": "^0?[0-7]{3}$", "default": "644"}),
-        )
-        .binary_body()
-        .json::<wire::FileInfo>(200, "The written file")
-        .errors(&[400, 404, 409, 413, 422, 502]),
-        op(
-            Method::GET,
-            "/v1/sandboxes/{id}/files/list",
-            "v1ListFiles",
-            "List a directory",
-        )
-        .path_param("id", SANDBOX_ID)
-        .query_with_schema(
-            "path",
-            false,
-            "Directory (default /workspace)",
-            schemas::path("Directory; relative paths are under /workspace"),
-        )
-        .json::<wire::FileList>(200, "The directory's entries, sorted by name")
-        .errors(&[400, 404, 409, 502]),
-        op(
-            Method::POST,
-            "/v1/sandboxes/{id}/snapshots",
-            "v1CreateSnapshot",
-            "Snapshot a sandbox's workspace",
-        )
-        .path_param("id", SANDBOX_ID)
-        .optional_json_body_schema("V1SnapshotCreate", schemas::snapshot_create())
-        .json::<wire::SnapshotInfo>(201, "The snapshot, ready")
-        .link(201, "v1GetSnapshot", "id", "$response.body#/id")
-        .link(201, "v1Fork", "id", "$response.body#/id")
-        .link(201, "v1DeleteSnapshot", "id", "$response.body#/id")
-        .errors(&[400, 404, 413, 422, 502, 503]),
-        op(
-            Method::POST,
-            "/v1/sandboxes/{id}/rollback",
-            "v1Rollback",
-            "Roll a sandbox back to a snapshot",
-        )
-        .description(
-            "Keeps the sandbox's ID, spec and expiry; replaces its container and workspace \
-                 with the snapshot's content. Running processes stop and /tmp is cleared.",
-        )
-        .path_param("id", SANDBOX_ID)
-        .json_body_schema("V1RollbackRequest", schemas::rollback_request())
-        .json::<wire::SandboxInfo>(200, "The sandbox, with source_snapshot_id set")
-        .errors(&[400, 403, 404, 409, 413, 422, 502, 503]),
-        op(
-            Method::GET,
-            "/v1/snapshots",
-            "v1ListSnapshots",
-            "List snapshots",
-        )
-        .query("sandbox_id", false, "Only the snapshots of this sandbox")
-        .json::<wire::SnapshotList>(200, "Snapshots, sorted by created_at"),
-        op(
-            Method::GET,
-            "/v1/snapshots/{id}",
-            "v1GetSnapshot",
-            "Get a snapshot",
-        )
-        .path_param("id", SNAPSHOT_ID)
-        .json::<wire::SnapshotInfo>(200, "The snapshot")
-        .errors(&[400, 404]),
-        op(
-            Method::DELETE,
-            "/v1/snapshots/{id}",
-            "v1DeleteSnapshot",
-            "Delete a snapshot",
-        )
-        .path_param("id", SNAPSHOT_ID)
-        .empty(204, "Deleted, with its data")
-        .errors(&[400, 403, 404, 503]),
-        op(
-            Method::POST,
-            "/v1/snapshots/{id}/fork",
-            "v1Fork",
-            "Start a new sandbox from a snapshot",
-        )
-        .description(
-            "The new sandbox gets the snapshot's captured spec plus the overrides, its own \
-                 lifetime, and the snapshot's workspace.",
-        )
-        .path_param("id", SNAPSHOT_ID)
-        .optional_json_body_schema("V1ForkRequest", schemas::fork_request(settings))
-        .json::<wire::SandboxInfo>(201, "The new sandbox, running")
-        .links_to_sandbox()
-        .errors(&[400, 403, 404, 413, 422, 429, 502, 503]),
-    ]
-}
