@@ -324,7 +324,7 @@ async fn runtime(
         configured
     };
     if !report.runtimes.iter().any(|r| r == name) {
-        let fix = if name == "runsc" {
+        let fix = if crate::docker::is_gvisor(name) {
             "install gVisor (Debian's `runsc` package) and register it with the daemon \
              (`scripts/install-runsc.sh` in the source tree does both), or unset \
              AGENT_SANDBOX_DOCKER_RUNTIME"
@@ -377,7 +377,7 @@ async fn runtime(
         Err(e) => Finding::fail(
             "runtime",
             format!("runtime {name:?} is registered but cannot run a container: {e}"),
-            if name == "runsc" {
+            if crate::docker::is_gvisor(name) {
                 "gVisor needs `--network=host` or `--network=none` in its runtimeArgs here \
                  (`scripts/install-runsc.sh` registers it so); see the daemon's log"
             } else {
