@@ -23,6 +23,7 @@ import docker_floor  # noqa: E402
 import idle  # noqa: E402
 import ours_only  # noqa: E402
 import paired  # noqa: E402
+import processes  # noqa: E402
 from common import API, API_VERSION, Results, Server, fmt, log  # noqa: E402
 
 OURS, REF = "ours", "reference"
@@ -43,6 +44,13 @@ RATIO_TARGETS = [
     ("rollback (warm pool)", 0.2),
     ("fork (warm pool)", 0.2),
     ("32 execs / 8 clients", 0.15),
+]
+
+# (operation, median at most, ms) from the long-lived processes issue.
+PROCESS_TARGETS = [
+    ("start a background process", 10.0),
+    ("keystroke echoed by cat through an attach WebSocket", 3.0),
+    ("replay of 8 MiB from offset 0 (base64, byte-exact)", 50.0),
 ]
 
 
@@ -200,6 +208,18 @@ def targets(results: Results, ratios: dict, args) -> str:
             rows.append(f"| Fork of 5 < 2× one{suffix} | {fmt(five.median())} ms vs {fmt(one.median())} ms: {x:.2f}× | {verdict(x < 2)} |")
         else:
             rows.append(f"| Fork of 5 < 2× one{suffix} | {_why(results, f'Fork resource, 5 replica(s) → all Running{suffix}')} | – |")
+    for op, limit in PROCESS_TARGETS:
+        s = results.series.get((op, OURS))
+        med = s.median() if s and not s.errors else None
+        shown = f"median {fmt(med)} ms, p95 {fmt(s.p95())} ms" if med is not None else _why(results, op)
+        rows.append(f"| {op} ≤ {limit:g} ms (p50) | {shown} | {verdict(None if med is None else med <= limit)} |")
+    base = results.series.get(("/v1 exec of true (same run)", OURS))
+    if base and base.median():
+        rows.append(f"| (baseline) /v1 exec of true, same run | median {fmt(base.median())} ms, p95 {fmt(base.p95())} ms | – |")
+    f = results.facts.get("100 followed processes, a line a second each", {})
+    cpu = f.get("server CPU % of one core")
+    rows.append(f"| 100 followed processes, a line a second: server < 2 % of one core | "
+                f"{fmt(cpu, 'x') + ' %' if cpu is not None else 'not measured'} | {verdict(None if cpu is None else cpu < 2.0)} |")
     one = results.series.get(("Docker alone: 1 container(s) created and started at once", OURS))
     five = results.series.get(("Docker alone: 5 container(s) created and started at once", OURS))
     if one and five and one.median() and five.median():
@@ -286,6 +306,7 @@ def main() -> int:
         results.fail("create (warm pool)", OURS, "this server has no SandboxPool resource")
     section("forks", ours_only.fork_replicas, results, ours, args.fork_rounds)
     section("bigsnapshot", ours_only.big_snapshot, results, ours, args.work, args.big_mib, args.big_rounds)
+    section("processes", processes.processes, results, ours, args.ours_pid, args.n)
     section("idle", idle.idle_scale, results, ours, args.ours_data, args.ours_pid, server_id,
             args.idle_count, args.idle_window, args.resync_seconds)
 

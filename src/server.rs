@@ -110,10 +110,7 @@ pub async fn run(
         settings: Arc::clone(&settings),
         store: Arc::clone(&store),
         dataplane: Arc::new(DataPlane::new(Arc::clone(&engine), Arc::clone(&settings))),
-        processes: Arc::new(crate::processes::Processes::new(
-            Arc::clone(&engine),
-            Arc::clone(&settings),
-        )),
+        processes: Arc::clone(controller.processes()),
         engine: Arc::clone(&engine),
         create_lock: Arc::new(tokio::sync::Mutex::new(())),
         keys: Arc::new(keys),

@@ -4,6 +4,10 @@
 //! container goes, and refuse hostile input naming the field.
 
 mod common;
+#[path = "processes/must_hold.rs"]
+mod must_hold;
+#[path = "processes/terminal.rs"]
+mod terminal;
 
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -502,6 +506,13 @@ fn websocket(
     socket
 }
 
+/// A binary message on channel `ch`.
+fn framed(ch: u8, data: &[u8]) -> tungstenite::Message {
+    let mut m = vec![ch];
+    m.extend_from_slice(data);
+    tungstenite::Message::Binary(m.into())
+}
+
 /// Reads messages until the status channel speaks: (stdout, stderr, status).
 fn until_status(
     ws: &mut tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>>,
@@ -540,11 +551,6 @@ fn until_status(
 fn websocket_exec_and_attach_speak_kubernetes_channels() {
     let server = Server::start();
     let sb = sandbox(&server);
-    let framed = |ch: u8, data: &[u8]| {
-        let mut m = vec![ch];
-        m.extend_from_slice(data);
-        tungstenite::Message::Binary(m.into())
-    };
 
     // exec: start and attach in one; stdin round-trips through cat; closing stdin ends it.
     let mut ws = websocket(

@@ -349,7 +349,7 @@ fn field(name: &str, what: &str) -> ApiError {
     ApiError::InvalidRequest(format!("{name}: {what}"))
 }
 
-fn parse_start(obj: Map<String, Value>) -> Result<StartSpec, ApiError> {
+pub(super) fn parse_start(obj: Map<String, Value>) -> Result<StartSpec, ApiError> {
     let mut f = Fields(obj);
     let command = f.string("command")?;
     let argv = match f.take("argv") {
@@ -577,6 +577,20 @@ fn data_line(stream: Stream, offset: u64, data: String) -> Bytes {
     line(serde_json::json!({"type": stream_name(stream), "offset": offset, "data": data}))
 }
 
+/// A data line in base64, written straight into its buffer: base64 needs no JSON escaping, so
+/// the text is encoded once and never scanned or copied again (a replay is mostly these).
+fn base64_line(stream: Stream, offset: u64, data: &[u8]) -> Bytes {
+    let head = format!(
+        "{{\"type\":\"{}\",\"offset\":{offset},\"data\":\"",
+        stream_name(stream)
+    );
+    let mut s = String::with_capacity(head.len() + data.len().div_ceil(3) * 4 + 3);
+    s.push_str(&head);
+    base64::engine::general_purpose::STANDARD.encode_string(data, &mut s);
+    s.push_str("\"}\n");
+    Bytes::from(s)
+}
+
 /// Where a complete UTF-8 prefix of `b` ends, keeping back only an incomplete last character.
 fn complete_prefix(b: &[u8]) -> usize {
     let tail_start = b.len().saturating_sub(3);
@@ -617,11 +631,7 @@ fn render(text: &mut TextStreams, ev: OutputEvent, encoding: Encoding) -> Vec<By
             offset,
             data,
         } => match encoding {
-            Encoding::Base64 => vec![data_line(
-                stream,
-                offset,
-                base64::engine::general_purpose::STANDARD.encode(&data),
-            )],
+            Encoding::Base64 => vec![base64_line(stream, offset, &data)],
             Encoding::Utf8 => {
                 let slot = &mut text.pending[stream as usize];
                 let (start, mut bytes) = std::mem::take(slot);
@@ -892,6 +902,17 @@ pub fn operations() -> Vec<Operation> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_base64_line_is_the_json_of_its_event() {
+        let line = super::base64_line(super::Stream::Stderr, 42, b"\x00\xffhi");
+        let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"type": "stderr", "offset": 42, "data": "AP9oaQ=="})
+        );
+        assert!(line.ends_with(b"}\n"));
+    }
+
     use super::*;
 
     #[test]

@@ -13,7 +13,6 @@
 //! session; nothing here buffers more than one message. The contract's parsing and errors live
 //! in `processes.rs`; this file only frames.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -23,11 +22,11 @@ use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
 use futures::{SinkExt, StreamExt};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 use super::openapi::Operation;
-use super::processes::{process_error, target};
+use super::processes::{parse_start, process_error, target};
 use super::resources::PREFIX;
 use super::AppState;
 use crate::processes::{OutputEvent, Processes, StartSpec, Stream, Target};
@@ -39,6 +38,8 @@ pub const CHANNEL_STATUS: u8 = 3;
 pub const CHANNEL_RESIZE: u8 = 4;
 pub const CHANNEL_CLOSE: u8 = 255;
 const PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
+/// The answer header of an exec naming the process it started.
+pub const PROCESS_ID_HEADER: &str = "agent-sandbox-process-id";
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -62,9 +63,18 @@ async fn attach(
         .map_err(process_error)?;
     let from = (p.stdout_bytes, p.stderr_bytes);
     let processes = Arc::clone(&state.processes);
-    Ok(ws
-        .protocols(PROTOCOLS)
-        .on_upgrade(move |socket| run(socket, processes, target, id, from)))
+    Ok(limited(ws).on_upgrade(move |socket| run(socket, processes, target, id, from)))
+}
+
+/// The largest message a client may send (a keystroke, a paste, a resize): a socket holds at
+/// most one, so many sockets cannot make the server hold much. Larger ones close the socket with
+/// "message too big"; the process is left as it was.
+pub const MAX_CLIENT_MESSAGE: usize = 1 << 20;
+
+fn limited(ws: WebSocketUpgrade) -> WebSocketUpgrade {
+    ws.protocols(PROTOCOLS)
+        .max_message_size(MAX_CLIENT_MESSAGE)
+        .max_frame_size(MAX_CLIENT_MESSAGE)
 }
 
 fn flag(v: Option<&String>, name: &str) -> Result<bool, ApiError> {
@@ -77,20 +87,57 @@ fn flag(v: Option<&String>, name: &str) -> Result<bool, ApiError> {
     }
 }
 
-async fn exec(
-    State(state): State<AppState>,
-    Path(name): Path<String>,
-    Query(query): Query<Vec<(String, String)>>,
-    ws: WebSocketUpgrade,
-) -> Result<Response, ApiError> {
+/// The start an exec's query asks for, judged by the same parser as `POST …/processes` (so a
+/// field at fault is named the same way): `command` once is a shell command line, several times
+/// an argv (kubectl's way); `argv` (repeatable) is an argv however many there are, so that one
+/// program with no arguments runs as given; `env=KEY=VALUE` repeatable; `workdir`, `tty`, `stdin`, `cols`,
+/// `rows`, `timeoutSeconds` as in the body of a start. kubectl's `stdout`, `stderr` and
+/// `container` are accepted and ignored (both streams are always sent; a sandbox has one
+/// container).
+fn exec_spec(query: Vec<(String, String)>) -> Result<StartSpec, ApiError> {
     let mut command = Vec::new();
-    let mut one: HashMap<String, String> = HashMap::new();
+    let mut argv = Vec::new();
+    let mut env = Map::new();
+    let mut body = Map::new();
     for (k, v) in query {
         match k.as_str() {
             "command" => command.push(v),
-            "tty" | "stdin" | "stdout" | "stderr" | "container" => {
-                one.insert(k, v);
+            "argv" => argv.push(v),
+            "env" => {
+                let Some((key, value)) = v.split_once('=') else {
+                    return Err(ApiError::InvalidRequest(format!(
+                        "env: expected KEY=VALUE, got {v:?}"
+                    )));
+                };
+                env.insert(key.to_string(), Value::String(value.to_string()));
             }
+            "tty" | "stdin" => {
+                body.insert(k.clone(), Value::Bool(flag(Some(&v), &k)?));
+            }
+            "cols" | "rows" => {
+                let n: u64 = v.parse().map_err(|_| {
+                    ApiError::InvalidRequest(format!(
+                        "{k}: must be an integer from 1 to 65535, got {v:?}"
+                    ))
+                })?;
+                body.insert(k, Value::from(n));
+            }
+            "timeoutSeconds" => {
+                let t = v
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(serde_json::Number::from_f64)
+                    .ok_or_else(|| {
+                        ApiError::InvalidRequest(format!(
+                            "timeoutSeconds: must be a number above 0, got {v:?}"
+                        ))
+                    })?;
+                body.insert(k, Value::Number(t));
+            }
+            "workdir" => {
+                body.insert(k, Value::String(v));
+            }
+            "stdout" | "stderr" | "container" => {}
             other => {
                 return Err(ApiError::InvalidRequest(format!(
                     "{other}: is not a known query parameter"
@@ -98,48 +145,53 @@ async fn exec(
             }
         }
     }
-    let tty = flag(one.get("tty"), "tty")?;
-    let stdin = flag(one.get("stdin"), "stdin")?;
-    let (shell, argv) = match command.as_slice() {
-        [] => return Err(ApiError::InvalidRequest("command: is required".into())),
-        [c] if c.trim().is_empty() => {
+    match (command.len(), argv.is_empty()) {
+        (0, true) => return Err(ApiError::InvalidRequest("command: is required".into())),
+        (0, false) => {}
+        (_, false) => {
             return Err(ApiError::InvalidRequest(
-                "command: must not be empty".into(),
+                "argv: give command or argv, not both".into(),
             ))
         }
-        // One value is a shell command line; several are an argv (kubectl's way).
-        [c] => (
-            Some(c.clone()),
-            vec!["/bin/sh".into(), "-c".into(), c.clone()],
-        ),
-        many => (None, many.to_vec()),
-    };
-    if argv.iter().any(|a| a.contains('\0')) || argv[0].is_empty() {
-        return Err(ApiError::InvalidRequest(
-            "command: must not be empty or contain NUL bytes".into(),
-        ));
+        (1, true) => {
+            body.insert("command".into(), Value::String(command.remove(0)));
+        }
+        (_, true) => argv = command,
     }
+    if !argv.is_empty() {
+        body.insert(
+            "argv".into(),
+            Value::Array(argv.into_iter().map(Value::String).collect()),
+        );
+    }
+    if !env.is_empty() {
+        body.insert("env".into(), Value::Object(env));
+    }
+    parse_start(body)
+}
+
+async fn exec(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(query): Query<Vec<(String, String)>>,
+    ws: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    let spec = exec_spec(query)?;
     let target = target(&state, &name).await?;
     let p = state
         .processes
-        .start(
-            &target,
-            StartSpec {
-                command: shell,
-                argv,
-                tty,
-                stdin,
-                cols: 80,
-                rows: 24,
-                ..StartSpec::default()
-            },
-        )
+        .start(&target, spec)
         .await
         .map_err(process_error)?;
     let processes = Arc::clone(&state.processes);
-    Ok(ws
-        .protocols(PROTOCOLS)
-        .on_upgrade(move |socket| run(socket, processes, target, p.id, (0, 0))))
+    // Which process this is, for a client that wants to find it again (`…/processes/{id}`).
+    let id_header = axum::http::HeaderValue::from_str(&p.id).ok();
+    let mut response =
+        limited(ws).on_upgrade(move |socket| run(socket, processes, target, p.id, (0, 0)));
+    if let Some(v) = id_header {
+        response.headers_mut().insert(PROCESS_ID_HEADER, v);
+    }
+    Ok(response)
 }
 
 /// A Kubernetes `Status` for the end of a process.
@@ -314,8 +366,13 @@ pub fn operations() -> Vec<Operation> {
         .path_param("name", "The sandbox's name")
         .query(
             "command",
-            true,
+            false,
             "One value: a shell command line; repeated: the argv (like kubectl)",
+        )
+        .query(
+            "argv",
+            false,
+            "Repeated: the argv as given, however many (instead of command)",
         )
         .query_with_schema(
             "tty",
@@ -329,9 +386,41 @@ pub fn operations() -> Vec<Operation> {
             "Keep stdin open",
             json!({"type": "boolean"}),
         )
+        .query_with_schema(
+            "env",
+            false,
+            "An environment variable, KEY=VALUE (repeatable)",
+            json!({"type": "string", "pattern": "^[^=\\u0000]+=[^\\u0000]*$"}),
+        )
+        .query_with_schema(
+            "workdir",
+            false,
+            "Working directory, an absolute path (default /workspace)",
+            json!({"type": "string", "pattern": "^/[^\\u0000]*$"}),
+        )
+        .query_with_schema(
+            "cols",
+            false,
+            "Terminal width (default 80)",
+            json!({"type": "integer", "minimum": 1, "maximum": 65535}),
+        )
+        .query_with_schema(
+            "rows",
+            false,
+            "Terminal height (default 24)",
+            json!({"type": "integer", "minimum": 1, "maximum": 65535}),
+        )
+        .query_with_schema(
+            "timeoutSeconds",
+            false,
+            "Kill the tree after this long; none means never",
+            json!({"type": "number", "exclusiveMinimum": 0, "maximum": 1e9}),
+        )
         .description(
             "Like `kubectl exec`: starts a long-lived process and attaches to it from its first \
-             byte, in the framing of attachProcess.",
+             byte, in the framing of attachProcess. The fields of a start (env, workdir, cols, \
+             rows, timeoutSeconds) are query parameters here, judged as in startProcess. The \
+             answer's `Agent-Sandbox-Process-Id` header names the process.",
         )
         .empty(101, "Switching to the WebSocket protocol")
         .errors(&[400, 404, 409, 429, 502]),

@@ -85,6 +85,9 @@ impl ClientError {
 
 pub type ClientResult<T> = Result<T, ClientError>;
 
+/// A WebSocket opened by [`Client::websocket`].
+pub type WebSocket = tokio_tungstenite::WebSocketStream<reqwest::Upgraded>;
+
 /// A client of one server.
 #[derive(Clone, Debug)]
 pub struct Client {
@@ -151,6 +154,70 @@ impl Client {
     pub async fn bytes(&self, builder: reqwest::RequestBuilder) -> ClientResult<bytes::Bytes> {
         let response = self.send(builder.timeout(REQUEST_TIMEOUT)).await?;
         response.bytes().await.map_err(|e| self.unreachable(&e))
+    }
+
+    /// Opens a WebSocket (`GET` upgraded) speaking `protocol`, through the same connection
+    /// settings, TLS and key as every other request. A refusal comes back as the server's error,
+    /// like [`Client::send`]; the answer's headers are returned with the socket.
+    pub async fn websocket(
+        &self,
+        builder: reqwest::RequestBuilder,
+        protocol: &str,
+    ) -> ClientResult<(WebSocket, reqwest::header::HeaderMap)> {
+        use base64::Engine as _;
+        use sha1::Digest as _;
+        let key = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 16]>());
+        let response = builder
+            .header(reqwest::header::CONNECTION, "Upgrade")
+            .header(reqwest::header::UPGRADE, "websocket")
+            .header(reqwest::header::SEC_WEBSOCKET_VERSION, "13")
+            .header(reqwest::header::SEC_WEBSOCKET_KEY, &key)
+            .header(reqwest::header::SEC_WEBSOCKET_PROTOCOL, protocol)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(&e))?;
+        if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+            if response.status().is_success() {
+                return Err(ClientError::Protocol(format!(
+                    "the server answered {} instead of switching to a WebSocket",
+                    response.status()
+                )));
+            }
+            return Err(error_of(response).await);
+        }
+        let header = |name: reqwest::header::HeaderName| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let accept = base64::engine::general_purpose::STANDARD.encode(
+            sha1::Sha1::new()
+                .chain_update(key.as_bytes())
+                .chain_update(b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11")
+                .finalize(),
+        );
+        if header(reqwest::header::SEC_WEBSOCKET_ACCEPT) != accept {
+            return Err(ClientError::Protocol(
+                "the WebSocket handshake's accept key is wrong".into(),
+            ));
+        }
+        if header(reqwest::header::SEC_WEBSOCKET_PROTOCOL) != protocol {
+            return Err(ClientError::Protocol(format!(
+                "the server does not speak {protocol}"
+            )));
+        }
+        let headers = response.headers().clone();
+        let upgraded = response.upgrade().await.map_err(|e| self.unreachable(&e))?;
+        let socket = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            upgraded,
+            tokio_tungstenite::tungstenite::protocol::Role::Client,
+            None,
+        )
+        .await;
+        Ok((socket, headers))
     }
 
     pub fn unreachable(&self, error: &reqwest::Error) -> ClientError {

@@ -12,17 +12,26 @@ use reqwest::Method;
 use serde_json::{json, Map, Value};
 
 use super::client::{Client, Connection, NdjsonReader};
+use super::interactive;
 use super::util::parse_duration;
 use super::CliError;
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Exits with the command's own exit status (137 when it timed out).
+    after_help = "Exits with the command's own exit status (137 when it timed out, 128 + N when
+signal N ended it).
+
+With -i or -t the command is a long-lived process of the sandbox, attached over a WebSocket like
+kubectl exec: -i sends this terminal's input (or a pipe) to it, -t runs it on a terminal and puts
+ours in raw mode (keys such as Ctrl-C go to the command; the window size follows ours). Leaving
+early (SIGTERM, SIGHUP) leaves the process running: see `ps`, `attach`, `kill`.
 
 Examples:
   agent-sandbox exec demo -- ls -la
   agent-sandbox exec demo -e DEBUG=1 -w /workspace/app -- python3 main.py
-  agent-sandbox exec demo --timeout 10m -- sh -c 'make test 2>&1 | tail -n 20'"
+  agent-sandbox exec demo --timeout 10m -- sh -c 'make test 2>&1 | tail -n 20'
+  agent-sandbox exec -it demo -- bash
+  echo hi | agent-sandbox exec -i demo -- cat"
 )]
 pub struct ExecArgs {
     /// The sandbox.
@@ -37,6 +46,12 @@ pub struct ExecArgs {
     /// server's (60s unless configured).
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<Duration>,
+    /// Pass stdin to the command (until its end, which closes the command's stdin).
+    #[arg(short = 'i', long)]
+    pub stdin: bool,
+    /// Run the command on a terminal (ours in raw mode while it runs).
+    #[arg(short = 't', long)]
+    pub tty: bool,
     /// The command and its arguments, after `--`. Run as given, not through a shell.
     #[arg(
         required = true,
@@ -66,6 +81,9 @@ fn env_map(pairs: &[String]) -> Result<Map<String, Value>, CliError> {
 pub async fn exec(args: ExecArgs) -> Result<ExitCode, CliError> {
     let env = env_map(&args.env)?;
     let client = Client::new(&args.connection)?;
+    if args.stdin || args.tty {
+        return exec_attached(&client, &args).await;
+    }
     let mut body = json!({ "command": args.command, "env": env });
     if let Some(dir) = &args.workdir {
         body["workdir"] = json!(dir);
@@ -105,6 +123,76 @@ pub async fn exec(args: ExecArgs) -> Result<ExitCode, CliError> {
     Err(CliError::Failed(
         "the output stream ended before the command's exit status arrived".into(),
     ))
+}
+
+/// `exec -i`/`-t`: a long-lived process started and attached in one (the WebSocket exec route).
+async fn exec_attached(client: &Client, args: &ExecArgs) -> Result<ExitCode, CliError> {
+    let terminal = args.tty && interactive_terminal(args.stdin);
+    let mut query: Vec<(&str, String)> = args.command.iter().map(|a| ("argv", a.clone())).collect();
+    query.push(("stdin", args.stdin.to_string()));
+    query.push(("tty", terminal.to_string()));
+    query.extend(args.env.iter().map(|e| ("env", e.clone())));
+    if let Some(dir) = &args.workdir {
+        // The process routes take absolute paths; relative ones are under /workspace, as for /v1.
+        let dir = if dir.starts_with('/') {
+            dir.clone()
+        } else {
+            format!("{}/{dir}", crate::processes::DEFAULT_WORKDIR)
+        };
+        query.push(("workdir", dir));
+    }
+    if let Some(timeout) = args.timeout {
+        query.push(("timeoutSeconds", timeout.as_secs_f64().to_string()));
+    }
+    if let (true, Some((cols, rows))) = (terminal, super::terminal::size()) {
+        query.push(("cols", cols.to_string()));
+        query.push(("rows", rows.to_string()));
+    }
+    let path = format!(
+        "{}/exec",
+        Client::resource_path(crate::resource::Kind::Sandbox, Some(&args.name))
+    );
+    let (socket, _) = client
+        .websocket(
+            client.request(Method::GET, &path).query(&query),
+            interactive::PROTOCOL,
+        )
+        .await?;
+    let _raw = raw_mode(terminal && args.stdin)?;
+    interactive::run(
+        socket,
+        interactive::Options {
+            stdin: args.stdin,
+            terminal,
+            detach_keys: false,
+        },
+    )
+    .await
+}
+
+/// Whether `-t` can have a terminal: our stdin must be one when it is passed on (kubectl's rule;
+/// otherwise a warning, and no terminal).
+pub(super) fn interactive_terminal(passing_stdin: bool) -> bool {
+    use std::io::IsTerminal;
+    let ours = if passing_stdin {
+        std::io::stdin().is_terminal()
+    } else {
+        std::io::stdout().is_terminal()
+    };
+    if !ours {
+        super::emit_err("Unable to use a TTY - input is not a terminal or the right kind of file");
+    }
+    ours
+}
+
+/// Our terminal in raw mode for the session, when it takes keys.
+pub(super) fn raw_mode(wanted: bool) -> Result<Option<super::terminal::RawMode>, CliError> {
+    if !wanted {
+        return Ok(None);
+    }
+    super::terminal::RawMode::enter()
+        .map(Some)
+        .map_err(|e| CliError::Failed(format!("cannot put the terminal in raw mode: {e}")))
 }
 
 /// The command's status as ours; statuses outside 0..=255 (unknown is -1) become 255.

@@ -5,8 +5,9 @@
 //! `AGENT_SANDBOX_API_KEY`), and `mcp` is an MCP server over stdio backed by that same client.
 //!
 //! Client commands never touch the data directory or Docker, and never parse YAML themselves:
-//! manifests go through `resource::yaml`. Long-lived processes (`run`, `ps`, `logs`, `kill`) are
-//! `processes.rs`. Every failure is one line on stderr and a non-zero exit.
+//! manifests go through `resource::yaml`. Long-lived processes (`run`, `ps`, `logs`, `attach`,
+//! `kill`) are `processes.rs`; interactive sessions (`attach`, `exec -i/-t`) `interactive.rs`,
+//! over WebSockets from the same client. Every failure is one line on stderr and a non-zero exit.
 
 mod apply;
 pub mod client;
@@ -15,11 +16,13 @@ mod diff;
 mod exec;
 mod export;
 mod get;
+mod interactive;
 mod manifests;
 pub mod mcp;
 mod ops;
 mod power;
 mod processes;
+mod terminal;
 mod util;
 mod validate;
 
@@ -97,6 +100,8 @@ pub enum Command {
     Ps(processes::PsArgs),
     /// Print a process's output, from a byte offset, optionally following it.
     Logs(processes::LogsArgs),
+    /// Attach to a running process: its output, and with -i its stdin.
+    Attach(processes::AttachArgs),
     /// Kill a process's whole tree and forget it, or send it a signal.
     Kill(processes::KillArgs),
     /// Wait until a resource meets a condition or is deleted.
@@ -254,6 +259,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
         Command::Run(args) => processes::run(args).await,
         Command::Ps(args) => processes::ps(args).await,
         Command::Logs(args) => processes::logs(args).await,
+        Command::Attach(args) => processes::attach(args).await,
         Command::Kill(args) => processes::kill(args).await,
         Command::Wait(args) => ops::wait(args).await,
         Command::Snapshot(args) => ops::snapshot(args).await,

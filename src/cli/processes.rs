@@ -1,7 +1,8 @@
 //! Long-lived processes from a terminal, with kubectl's habits: `run NAME --detach -- CMD…`
-//! (prints the process id), `ps NAME`, `logs NAME ID [-f] [--from N]`, `kill NAME ID [--signal
-//! S]`. All of it is the processes subresource of the resource API; output is replayed byte for
-//! byte (base64 on the wire).
+//! (prints the process id), `ps NAME`, `logs NAME ID [-f] [--from N]`, `attach NAME ID [-i]
+//! [-t]`, `kill NAME ID [--signal S]`. All of it is the processes subresource of the resource
+//! API; output is replayed byte for byte (base64 on the wire). Interactive sessions (`attach`,
+//! `exec -i/-t`) are `interactive.rs`.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -210,6 +211,72 @@ pub async fn logs(args: LogsArgs) -> Result<ExitCode, CliError> {
     Err(CliError::Failed(
         "the output stream ended early (the sandbox's container went away?)".into(),
     ))
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Streams what the process prints from now on (earlier output: logs) and exits
+with its exit status when it ends. With -t on a terminal, Ctrl-P Ctrl-Q detaches and leaves it
+running; so does ending attach any other way.
+
+Examples:
+  agent-sandbox attach demo p_1f0c2d3e4f5a6b7c
+  agent-sandbox attach -it demo p_1f0c2d3e4f5a6b7c
+  echo 'print(6 * 7)' | agent-sandbox attach -i demo p_1f0c2d3e4f5a6b7c"
+)]
+pub struct AttachArgs {
+    /// The sandbox.
+    pub name: String,
+    /// The process id.
+    pub id: String,
+    /// Pass stdin to the process (until its end, which closes the process's stdin).
+    #[arg(short = 'i', long)]
+    pub stdin: bool,
+    /// Our terminal in raw mode, for a process that runs on a terminal.
+    #[arg(short = 't', long)]
+    pub tty: bool,
+    #[command(flatten)]
+    pub connection: Connection,
+}
+
+pub async fn attach(args: AttachArgs) -> Result<ExitCode, CliError> {
+    let client = Client::new(&args.connection)?;
+    let p = client
+        .json(client.request(Method::GET, &path(&args.name, &format!("/{}", args.id))))
+        .await?;
+    if p["state"] != "Running" {
+        return Err(CliError::Failed(format!(
+            "process {} is {} (read its output with logs)",
+            args.id,
+            describe_end(&p)
+        )));
+    }
+    let mut terminal = args.tty && super::exec::interactive_terminal(args.stdin);
+    if terminal && p["tty"] != true {
+        super::emit_err("Unable to use a TTY - the process does not run on a terminal");
+        terminal = false;
+    }
+    let (socket, _) = client
+        .websocket(
+            client.request(
+                Method::GET,
+                &path(&args.name, &format!("/{}/attach", args.id)),
+            ),
+            super::interactive::PROTOCOL,
+        )
+        .await?;
+    let raw = super::exec::raw_mode(terminal && args.stdin)?;
+    let code = super::interactive::run(
+        socket,
+        super::interactive::Options {
+            stdin: args.stdin,
+            terminal,
+            detach_keys: raw.is_some(),
+        },
+    )
+    .await;
+    drop(raw);
+    code
 }
 
 #[derive(Args, Debug)]

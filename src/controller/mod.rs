@@ -104,6 +104,8 @@ pub struct Controller {
     fork_progress: status::ProgressWrites,
     /// Which sandboxes are in use, for their idle policies (see `power.rs`).
     activity: Arc<crate::activity::Activity>,
+    /// The sandboxes' long-lived processes: one still running keeps its sandbox in use.
+    processes: Arc<crate::processes::Processes>,
 }
 
 impl Controller {
@@ -128,21 +130,30 @@ impl Controller {
                 Arc::clone(&containers),
                 Arc::clone(&queue),
             ),
-            store,
-            engine,
-            settings,
             queue,
             containers,
             snapshots: Arc::default(),
             validated_files: Default::default(),
             fork_progress: Default::default(),
             activity: Arc::default(),
+            processes: Arc::new(crate::processes::Processes::new(
+                Arc::clone(&engine),
+                Arc::clone(&settings),
+            )),
+            store,
+            engine,
+            settings,
         })
     }
 
     /// Where the API reports sandbox activity (calls, running commands) for idle policies.
     pub fn activity(&self) -> &Arc<crate::activity::Activity> {
         &self.activity
+    }
+
+    /// The sandboxes' long-lived processes, shared with the API.
+    pub fn processes(&self) -> &Arc<crate::processes::Processes> {
+        &self.processes
     }
 
     pub fn queue(&self) -> &Arc<WorkQueue<Key>> {
@@ -284,6 +295,7 @@ impl Controller {
             snapshots: &self.snapshots,
             validated_files: &self.validated_files,
             activity: &self.activity,
+            processes: &self.processes,
         }
     }
 

@@ -131,6 +131,45 @@ pub(super) fn idle(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Idle {
     }
 }
 
+/// A sandbox its API calls show idle is asked about its long-lived processes before anything is
+/// done: one that still runs keeps it in use (it is looked at again a period later), and the end
+/// of the last one counts as activity, as the end of an exec does. The question is asked only
+/// when idleness is due, so it costs at most one request to the sandbox's supervisor a period,
+/// and the answer comes from the sandbox itself: a restarted server, which remembers no
+/// activity, gets it right. A sandbox that cannot answer (no supervisor) runs none.
+pub(super) async fn confirm_idle(
+    ctl: &SandboxContext<'_>,
+    sandbox: &Sandbox,
+    container_id: Option<&str>,
+    last: DateTime<Utc>,
+) -> Idle {
+    let (Some(policy), Some(container_id)) = (&sandbox.spec.idle, container_id) else {
+        return Idle::Since(last);
+    };
+    let target = crate::processes::Target {
+        name: sandbox.metadata.name.clone(),
+        uid: sandbox.metadata.uid.clone().unwrap_or_default(),
+        container_id: container_id.to_string(),
+        env: Default::default(),
+    };
+    let after =
+        chrono::TimeDelta::try_seconds(i64::try_from(policy.after_seconds).unwrap_or(i64::MAX))
+            .unwrap_or(chrono::TimeDelta::MAX);
+    let now = Utc::now();
+    match ctl.processes.in_use(&target).await {
+        Ok((true, _)) => Idle::Until(now.checked_add_signed(after)),
+        Ok((false, Some(ended))) if ended > last => match ended.checked_add_signed(after) {
+            Some(due) if due > now => Idle::Until(Some(due)),
+            _ => Idle::Since(ended),
+        },
+        Ok(_) => Idle::Since(last),
+        Err(error) => {
+            tracing::debug!(sandbox = %target.name, %error, "no answer about its processes");
+            Idle::Since(last)
+        }
+    }
+}
+
 /// Writes the idle policy's action into the sandbox's `spec.state`, the way a person would. A
 /// sandbox declared in a read-only folder cannot be changed: its policy only logs.
 pub(super) async fn act_on_idle(

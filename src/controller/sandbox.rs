@@ -192,7 +192,13 @@ pub(super) async fn reconcile(
             tracing::warn!(sandbox = name, %error, "removing replaced workspaces failed");
         }
     }
-    match power::idle(ctl, &sandbox) {
+    let idle = match power::idle(ctl, &sandbox) {
+        power::Idle::Since(last) => {
+            power::confirm_idle(ctl, &sandbox, status.container_id.as_deref(), last).await
+        }
+        not_yet => not_yet,
+    };
+    match idle {
         power::Idle::Until(at) => Ok(Outcome::at(earliest(expires_at, at))),
         power::Idle::Since(last) => {
             if power::act_on_idle(ctl, &sandbox).await? {

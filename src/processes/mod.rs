@@ -7,17 +7,18 @@
 //! memory, so they keep running and their output keeps being captured while no client is
 //! connected and while this server is down or restarting, and offsets continue exactly where
 //! they were. This module keeps no process state of its own except what it needs to report
-//! `Lost`: the processes it last saw in each sandbox and the container they ran in. When the
-//! container is replaced (rollback, restore, a changed spec) or goes away, the processes it saw
+//! `Lost`: the processes it last saw in each sandbox and the container they ran in (its id and
+//! when it started). When the container is replaced (rollback, restore, a changed spec), goes
+//! away, or stops and starts again (the sandbox killed its supervisor, say), the processes it saw
 //! there are reported `Lost` with a message until they are deleted. Server memory stays bounded
 //! whatever a process prints: output is streamed through one bridge connection per reader.
 //!
 //! Requests go over connections to the supervisor (`bridge.rs`, each one `docker exec` through
 //! the engine); idle ones are pooled per container (a few each) so that a start or a get costs a
-//! round trip, not an exec. An output reader, a deletion and an attach's stdin get connections of
-//! their own for as long as they need them. This module
-//! never knows the HTTP wire format (`api/processes.rs` does), and only the engine talks to
-//! Docker.
+//! round trip, not an exec. An output reader, a deletion and an attach's stdin hold a connection
+//! for as long as they need it (taken from the pool when there is one; an output reader gives it
+//! back once its answer has ended). This module never knows the HTTP wire format
+//! (`api/processes.rs` does), and only the engine talks to Docker.
 
 mod bridge;
 
@@ -219,6 +220,9 @@ fn from_info(p: ProcInfo) -> Process {
 #[derive(Default)]
 struct Seen {
     container_id: String,
+    /// When that container last started, as Docker says: a container stopped and started again
+    /// keeps its id but has a new supervisor, with none of the processes seen before.
+    started_at: Option<DateTime<Utc>>,
     processes: BTreeMap<String, Process>,
     /// Processes of an earlier container, reported `Lost`.
     lost: BTreeMap<String, Process>,
@@ -251,8 +255,21 @@ pub struct Processes {
     engine: Arc<dyn Engine>,
     settings: Arc<Settings>,
     seen: Mutex<HashMap<String, Seen>>,
-    /// Idle supervisor connections by container id.
-    pool: Mutex<HashMap<String, Vec<Bridge>>>,
+    pool: Pool,
+}
+
+/// Idle supervisor connections by container id.
+type Pool = Arc<Mutex<HashMap<String, Vec<Bridge>>>>;
+
+/// Keeps an idle connection for the next request into its container (a few per container).
+fn give_back(pool: &Pool, container: &str, b: Bridge) {
+    let mut pool = pool.lock().unwrap_or_else(|p| p.into_inner());
+    // Containers that are gone leave dead connections behind; forget those pools.
+    pool.retain(|_, idle| !idle.is_empty());
+    let idle = pool.entry(container.to_string()).or_default();
+    if idle.len() < POOL_PER_CONTAINER {
+        idle.push(b);
+    }
 }
 
 /// Idle connections kept per container.
@@ -262,6 +279,8 @@ const POOLED_ANSWER: std::time::Duration = std::time::Duration::from_secs(3);
 
 const REPLACED: &str = "the sandbox's container was replaced; its processes ended with it";
 const GONE: &str = "the sandbox's container went away; its processes ended with it";
+const RESTARTED: &str =
+    "the sandbox's container stopped and started again; its processes ended with it";
 
 fn bridge_error(target: &Target, e: BridgeError) -> ProcessError {
     match e {
@@ -304,7 +323,7 @@ impl Processes {
             engine,
             settings,
             seen: Mutex::new(HashMap::new()),
-            pool: Mutex::new(HashMap::new()),
+            pool: Pool::default(),
         }
     }
 
@@ -321,7 +340,25 @@ impl Processes {
                 s.lose_all(REPLACED);
             }
             s.container_id = target.container_id.clone();
+            s.started_at = None;
         }
+    }
+
+    /// Notes when the sandbox's container started (asked with each new connection: a restart
+    /// ends every connection, so none can outlive its supervisor unnoticed); what ran before a
+    /// new start is lost.
+    fn note_started(&self, target: &Target, started_at: Option<DateTime<Utc>>) {
+        let mut seen = self.seen();
+        let s = seen.entry(target.key()).or_default();
+        if s.container_id != target.container_id || started_at.is_none() {
+            return;
+        }
+        if s.started_at
+            .is_some_and(|before| Some(before) != started_at)
+        {
+            s.lose_all(RESTARTED);
+        }
+        s.started_at = started_at;
     }
 
     fn note(&self, target: &Target, p: &Process) {
@@ -355,7 +392,13 @@ impl Processes {
         )
         .await
         {
-            Ok(b) => Ok(b),
+            Ok(b) => {
+                if let Ok(Some(details)) = self.engine.inspect_container(&target.container_id).await
+                {
+                    self.note_started(target, details.started_at);
+                }
+                Ok(b)
+            }
             Err(e) => {
                 if matches!(
                     e,
@@ -374,6 +417,18 @@ impl Processes {
     /// connection is checked for life first; if it breaks anyway, only a request that is safe
     /// to repeat (not a start) is sent again on a fresh one.
     async fn call(&self, target: &Target, req: SupRequest) -> Result<Vec<Reply>, ProcessError> {
+        let (b, replies) = self.checked_out(target, &req).await?;
+        give_back(&self.pool, &target.container_id, b);
+        Ok(replies)
+    }
+
+    /// Like [`Processes::call`], keeping the connection: the caller gives it back to the pool
+    /// once nothing more will come on it, or drops it.
+    async fn checked_out(
+        &self,
+        target: &Target,
+        req: &SupRequest,
+    ) -> Result<(Bridge, Vec<Reply>), ProcessError> {
         let pooled = self.take_pooled(&target.container_id);
         let repeatable = !matches!(req, SupRequest::Start(_) | SupRequest::Stdin { .. });
         let (mut b, was_pooled) = match pooled {
@@ -386,22 +441,18 @@ impl Processes {
         // A pooled connection into a container that was just removed may never answer (under
         // gVisor its exec outlives the container for a while): give it a bounded time.
         let answer = if was_pooled {
-            tokio::time::timeout(POOLED_ANSWER, b.call(&req))
+            tokio::time::timeout(POOLED_ANSWER, b.call(req))
                 .await
                 .unwrap_or_else(|_| Err(BridgeError::Broken("no answer".into())))
         } else {
-            b.call(&req).await
+            b.call(req).await
         };
         match answer {
-            Ok(r) => {
-                self.give_back(&target.container_id, b);
-                Ok(r)
-            }
+            Ok(r) => Ok((b, r)),
             Err(_) if was_pooled && repeatable => {
                 let mut b = self.connect(target).await?;
-                let r = b.call(&req).await.map_err(|e| bridge_error(target, e))?;
-                self.give_back(&target.container_id, b);
-                Ok(r)
+                let r = b.call(req).await.map_err(|e| bridge_error(target, e))?;
+                Ok((b, r))
             }
             Err(e) => Err(bridge_error(target, e)),
         }
@@ -416,16 +467,6 @@ impl Processes {
             }
         }
         None
-    }
-
-    fn give_back(&self, container: &str, b: Bridge) {
-        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        // Containers that are gone leave dead connections behind; forget those pools.
-        pool.retain(|_, idle| !idle.is_empty());
-        let idle = pool.entry(container.to_string()).or_default();
-        if idle.len() < POOL_PER_CONTAINER {
-            idle.push(b);
-        }
     }
 
     pub async fn start(&self, target: &Target, spec: StartSpec) -> Result<Process, ProcessError> {
@@ -506,6 +547,22 @@ impl Processes {
             .map(|s| s.lost.values().cloned().collect::<Vec<_>>())
             .unwrap_or_default();
         Ok(current.into_iter().chain(lost).collect())
+    }
+
+    /// Whether a process runs in the sandbox now, and when the last one to end ended: what its
+    /// idle policy counts as use. Lost processes count for neither.
+    pub async fn in_use(
+        &self,
+        target: &Target,
+    ) -> Result<(bool, Option<DateTime<Utc>>), ProcessError> {
+        let processes = self.list(target).await?;
+        let running = processes.iter().any(|p| p.state == State::Running);
+        let last_end = processes
+            .iter()
+            .filter(|p| p.state == State::Exited)
+            .filter_map(|p| p.finished_at)
+            .max();
+        Ok((running, last_end))
     }
 
     pub async fn get(&self, target: &Target, id: &str) -> Result<Process, ProcessError> {
@@ -635,13 +692,12 @@ impl Processes {
                 p.message.unwrap_or_default()
             )));
         }
-        let mut b = self.connect(target).await?;
         // Refusals (no such process) before the stream starts; the first output of a quiet
-        // process may be long in coming.
-        let r = b
-            .call(&SupRequest::Get { id: id.to_string() })
-            .await
-            .map_err(|e| bridge_error(target, e))?;
+        // process may be long in coming. A pooled connection serves, and goes back to the pool
+        // once the answer has ended (a reader that leaves early takes its connection with it).
+        let (mut b, r) = self
+            .checked_out(target, &SupRequest::Get { id: id.to_string() })
+            .await?;
         expect_ok(&r)?;
         b.send(&SupRequest::Output {
             id: id.to_string(),
@@ -651,17 +707,48 @@ impl Processes {
         })
         .await
         .map_err(|e| bridge_error(target, e))?;
-        let stream =
-            futures::stream::unfold((Some(b), None::<Reply>), |(bridge, pending)| async move {
+        let back = (Arc::clone(&self.pool), target.container_id.clone());
+        let started_at = self.seen().get(&target.key()).and_then(|s| s.started_at);
+        let engine = Arc::clone(&self.engine);
+        let stream = futures::stream::unfold(Some(b), move |bridge| {
+            let (back, engine) = (back.clone(), Arc::clone(&engine));
+            async move {
                 let mut bridge = bridge?;
-                let reply = match pending {
-                    Some(r) => r,
-                    None => bridge.next().await.ok()?,
+                let reply = loop {
+                    match tokio::time::timeout(QUIET_CHECK, bridge.next()).await {
+                        Ok(reply) => break reply.ok()?,
+                        Err(_) if still_there(&engine, &back.1, started_at).await => {}
+                        Err(_) => return None,
+                    }
                 };
                 let (event, last) = to_event(reply)?;
-                Some((event, (if last { None } else { Some(bridge) }, None)))
-            });
+                if last {
+                    give_back(&back.0, &back.1, bridge);
+                    return Some((event, None));
+                }
+                Some((event, Some(bridge)))
+            }
+        });
         Ok(Box::pin(stream))
+    }
+}
+
+/// How long an output stream waits in silence before it checks that its container still runs
+/// as it did when the stream began: under gVisor a connection into a container whose supervisor
+/// died can stay open, and a follower must not wait on it for ever.
+const QUIET_CHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether the container still runs, started when it was (`None`: not known then). Docker not
+/// answering for a moment is no reason to end a stream.
+async fn still_there(
+    engine: &Arc<dyn Engine>,
+    container: &str,
+    started_at: Option<DateTime<Utc>>,
+) -> bool {
+    match engine.inspect_container(container).await {
+        Ok(Some(d)) => d.running && (started_at.is_none() || d.started_at == started_at),
+        Ok(None) => false,
+        Err(_) => true,
     }
 }
 
@@ -673,10 +760,18 @@ pub struct Session {
 }
 
 impl Processes {
+    /// A connection of its own for a client's writes (an idle pooled one if there is one).
     pub async fn session(&self, target: &Target) -> Result<Session, ProcessError> {
+        let bridge = match self.take_pooled(&target.container_id) {
+            Some(b) => {
+                self.note_container(target);
+                b
+            }
+            None => self.connect(target).await?,
+        };
         Ok(Session {
             target: target.clone(),
-            bridge: self.connect(target).await?,
+            bridge,
         })
     }
 }

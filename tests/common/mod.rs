@@ -122,6 +122,11 @@ impl Server {
         }
     }
 
+    /// The server's process id (while it runs).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
