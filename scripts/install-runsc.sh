@@ -1,24 +1,40 @@
 #!/usr/bin/env bash
-# Install gVisor (Debian's `runsc` package) and register it with the local Docker daemon as the
-# runtime "runsc", then check that a container runs with `--runtime runsc`. Idempotent.
+# Install gVisor and register it with the local Docker daemon as the runtime "runsc", then check
+# that a container runs with `--runtime runsc`. Idempotent.
 #
-# The runtime is registered with `runtimeArgs: ["--network=host"]`: gVisor's own network stack
-# refuses to start here ("cannot run with network enabled in root network namespace"), while
-# --network=host makes it use the network namespace Docker prepared, so a `--network none`
-# container sees only `lo` and a bridge container its own `eth0` (served by the host kernel).
-# Measured here: Docker's seccomp profile is not applied inside gVisor (runsc's --oci-seccomp is
-# off; gVisor itself is the syscall boundary), and --platform=kvm hangs, so the default ptrace
-# platform is kept. The daemon is reloaded with SIGHUP (or `systemctl reload docker` under
-# systemd); running containers are not touched.
+# The release must have gVisor's systrap platform (gVisor 2023 and later). Debian bookworm's own
+# runsc (release 20221219) has only ptrace and kvm, and both fail a sandbox here: under ptrace every
+# address space keeps one host stub thread per sentry thread that ever ran it, so host threads grow
+# as processes x sentry threads (measured: about 1,360 after 55 short busy processes within a pids
+# limit of 64, against about 150 under systrap) until the container's pids cgroup refuses one and
+# the whole gVisor sandbox dies; kvm hangs at boot on these machines (their /dev/kvm is the
+# paravirtual PVM module, /sys/module/kvm_pvm, which gVisor cannot drive). So when the runsc on
+# PATH lacks systrap, the runsc package of the next Debian release (GVISOR_SUITE, default trixie:
+# release 20240729) is downloaded with a private apt configuration (the machine's apt sources
+# are not touched) and its static binary installed as RUNSC_DIR/runsc; Debian's /usr/bin/runsc
+# stays as it is. Without network access to that suite it falls back to the runsc on PATH (or
+# bookworm's package) with a warning: process storms can then still restart a gVisor sandbox.
+#
+# The runtime is registered with `runtimeArgs: ["--network=host", "--platform=systrap"]`: gVisor's
+# own network stack refuses to start here ("cannot run with network enabled in root network
+# namespace"), while --network=host makes it use the network namespace Docker prepared, so a
+# `--network none` container sees only `lo` and a bridge container its own `eth0` (served by the
+# host kernel). Measured here: Docker's seccomp profile is not applied inside gVisor (runsc's
+# --oci-seccomp is off; gVisor itself is the syscall boundary). The daemon is reloaded with SIGHUP
+# (or `systemctl reload docker` under systemd); running containers are not touched: each keeps the
+# runsc binary it was started with.
 #
 # Usage: scripts/install-runsc.sh [--help]
-# Environment: RUNSC_NAME (default runsc), RUNSC_ARGS (JSON array, default ["--network=host"]),
+# Environment: RUNSC_NAME (default runsc), RUNSC_ARGS (JSON array; default ["--network=host",
+#              "--platform=systrap"], or ["--network=host"] for a release without systrap),
+#              GVISOR_SUITE (default trixie), RUNSC_DIR (default /usr/local/lib/agent-sandbox),
 #              DAEMON_JSON (default /etc/docker/daemon.json), TEST_IMAGE (default
 #              agent-sandbox-test/busybox:latest; built with scripts/build-test-images.sh if missing).
 set -euo pipefail
 
 RUNSC_NAME="${RUNSC_NAME:-runsc}"
-RUNSC_ARGS="${RUNSC_ARGS:-[\"--network=host\"]}"
+GVISOR_SUITE="${GVISOR_SUITE:-trixie}"
+RUNSC_DIR="${RUNSC_DIR:-/usr/local/lib/agent-sandbox}"
 DAEMON_JSON="${DAEMON_JSON:-/etc/docker/daemon.json}"
 TEST_IMAGE="${TEST_IMAGE:-agent-sandbox-test/busybox:latest}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -36,13 +52,62 @@ die() { log "error: $*"; exit 1; }
 command -v docker >/dev/null || die "docker CLI not found"
 docker info >/dev/null 2>&1 || die "cannot reach the Docker daemon"
 
-# 1. The package.
-if ! command -v runsc >/dev/null 2>&1; then
-    log "installing Debian package runsc"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runsc >/dev/null
+# 1. A gVisor release with the systrap platform.
+has_systrap() { "$1" flags 2>&1 | grep -q systrap; }
+
+# Downloads GVISOR_SUITE's runsc package into a private apt tree and installs its binary as
+# RUNSC_DIR/runsc. Nothing of the machine's apt configuration or package database changes.
+fetch_runsc() {
+    local tree deb
+    tree="$(mktemp -d)"
+    # apt drops privileges to _apt for downloads: the tree must be readable and writable by it.
+    chmod 0755 "$tree"
+    mkdir -p "$tree/lists/partial" "$tree/cache/archives/partial"
+    chown -R _apt "$tree/lists" "$tree/cache" 2>/dev/null || true
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $GVISOR_SUITE main" >"$tree/sources.list"
+    local apt=(-o "Dir::Etc::SourceList=$tree/sources.list" -o Dir::Etc::SourceParts=/dev/null
+        -o "Dir::State::Lists=$tree/lists" -o "Dir::Cache=$tree/cache" -o Debug::NoLocking=1)
+    if ! apt-get "${apt[@]}" update -qq >"$tree/log" 2>&1 ||
+        ! (cd "$tree" && apt-get "${apt[@]}" download runsc >>"$tree/log" 2>&1); then
+        log "could not fetch runsc from Debian $GVISOR_SUITE: $(tail -n 2 "$tree/log" | tr '\n' ' ')"
+        rm -rf "$tree"
+        return 1
+    fi
+    deb="$(ls "$tree"/runsc_*.deb 2>/dev/null | head -n1)"
+    if [ -z "$deb" ] || ! dpkg-deb -x "$deb" "$tree/x" || ! has_systrap "$tree/x/usr/bin/runsc"; then
+        log "Debian $GVISOR_SUITE's runsc package has no systrap platform"
+        rm -rf "$tree"
+        return 1
+    fi
+    mkdir -p "$RUNSC_DIR"
+    install -m 0755 "$tree/x/usr/bin/runsc" "$RUNSC_DIR/.runsc.new"
+    mv -f "$RUNSC_DIR/.runsc.new" "$RUNSC_DIR/runsc"
+    log "installed $RUNSC_DIR/runsc from $(basename "$deb")"
+    rm -rf "$tree"
+}
+
+RUNSC_PATH=""
+if [ -x "$RUNSC_DIR/runsc" ] && has_systrap "$RUNSC_DIR/runsc"; then
+    RUNSC_PATH="$RUNSC_DIR/runsc"
+elif command -v runsc >/dev/null 2>&1 && has_systrap "$(command -v runsc)"; then
+    RUNSC_PATH="$(command -v runsc)"
+elif fetch_runsc; then
+    RUNSC_PATH="$RUNSC_DIR/runsc"
+else
+    if ! command -v runsc >/dev/null 2>&1; then
+        log "installing Debian package runsc"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runsc >/dev/null
+    fi
+    RUNSC_PATH="$(command -v runsc)"
+    log "WARNING: $RUNSC_PATH has no systrap platform; under its ptrace platform a process storm" \
+        "can exhaust the sandbox's pids headroom and restart the gVisor sandbox (see SECURITY.md)"
 fi
-RUNSC_PATH="$(command -v runsc)"
+if has_systrap "$RUNSC_PATH"; then
+    RUNSC_ARGS="${RUNSC_ARGS:-[\"--network=host\", \"--platform=systrap\"]}"
+else
+    RUNSC_ARGS="${RUNSC_ARGS:-[\"--network=host\"]}"
+fi
 log "runsc: $RUNSC_PATH ($("$RUNSC_PATH" --version 2>/dev/null | head -n1))"
 
 # 2. Merge the runtime into daemon.json, keeping every other key. Writes only when it changes.
@@ -146,6 +211,6 @@ if ! docker image inspect "$TEST_IMAGE" >/dev/null 2>&1; then
         die "test image $TEST_IMAGE not found"
     fi
 fi
-out="$(docker run --rm --runtime "$RUNSC_NAME" --network none "$TEST_IMAGE" sh -c 'dmesg 2>/dev/null | head -n1; ls /sys/class/net | tr "\n" " "')" ||
+out="$(docker run --rm --runtime "$RUNSC_NAME" --network none "$TEST_IMAGE" sh -c 'dmesg 2>/dev/null | head -n1; ls /sys/class/net 2>/dev/null | tr "\n" " "')" ||
     die "a container did not run with --runtime $RUNSC_NAME"
 log "docker run --runtime $RUNSC_NAME: ok (${out//$'\n'/; })"

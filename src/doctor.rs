@@ -130,9 +130,56 @@ pub async fn run(settings: &Settings, occasion: Occasion) -> Vec<Finding> {
     ));
     findings.extend(known_problems(&report.server_version));
     findings.push(runtime(&engine, settings, &report, occasion).await);
+    findings.extend(gvisor_platform(settings, &report));
     findings.push(image(&engine, settings).await);
     findings.push(workspace_access(settings, &report));
     findings
+}
+
+/// A warning when the server's runtime is gVisor registered without its systrap platform. Under
+/// ptrace (the default of releases before 2023, such as Debian bookworm's) gVisor's host threads
+/// grow with every process storm until the container's pids bound kills the whole gVisor sandbox
+/// (SECURITY.md).
+fn gvisor_platform(settings: &Settings, report: &DaemonReport) -> Option<Finding> {
+    let name = settings.docker_runtime.trim();
+    let name = if name.is_empty() {
+        report.default_runtime.as_str()
+    } else {
+        name
+    };
+    if !crate::docker::is_gvisor(name) {
+        return None;
+    }
+    let args = report.runtime_args.get(name)?;
+    let platform = gvisor_platform_arg(args);
+    if platform == Some("systrap") {
+        return None;
+    }
+    let said = match platform {
+        Some(p) => format!("runs gVisor's {p} platform"),
+        None => "names no platform (releases before 2023 default to ptrace)".to_string(),
+    };
+    Some(Finding::warn(
+        "runtime",
+        format!("runtime {name:?} {said}: process storms can restart its sandboxes"),
+        "register a gVisor release with `--platform=systrap` (`scripts/install-runsc.sh` in the \
+         source tree installs and registers one)",
+    ))
+}
+
+/// The value of `--platform` (or `-platform`) in a runtime's arguments.
+fn gvisor_platform_arg(args: &[String]) -> Option<&str> {
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let flag = arg.trim_start_matches('-');
+        if let Some(value) = flag.strip_prefix("platform=") {
+            return Some(value);
+        }
+        if flag == "platform" && arg.starts_with('-') {
+            return it.next().map(String::as_str);
+        }
+    }
+    None
 }
 
 /// The data directory: exists and is this user's, or can be created.
@@ -324,7 +371,7 @@ async fn runtime(
         configured
     };
     if !report.runtimes.iter().any(|r| r == name) {
-        let fix = if name == "runsc" {
+        let fix = if crate::docker::is_gvisor(name) {
             "install gVisor (Debian's `runsc` package) and register it with the daemon \
              (`scripts/install-runsc.sh` in the source tree does both), or unset \
              AGENT_SANDBOX_DOCKER_RUNTIME"
@@ -377,7 +424,7 @@ async fn runtime(
         Err(e) => Finding::fail(
             "runtime",
             format!("runtime {name:?} is registered but cannot run a container: {e}"),
-            if name == "runsc" {
+            if crate::docker::is_gvisor(name) {
                 "gVisor needs `--network=host` or `--network=none` in its runtimeArgs here \
                  (`scripts/install-runsc.sh` registers it so); see the daemon's log"
             } else {
@@ -482,6 +529,19 @@ fn workspace_access(settings: &Settings, report: &DaemonReport) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gvisor_platform_is_read_from_the_runtime_arguments() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let of = |a: &[&str]| gvisor_platform_arg(&args(a)).map(str::to_string);
+        assert_eq!(
+            of(&["--network=host", "--platform=systrap"]).as_deref(),
+            Some("systrap")
+        );
+        assert_eq!(of(&["-platform", "ptrace"]).as_deref(), Some("ptrace"));
+        assert_eq!(of(&["--network=host"]), None);
+        assert_eq!(of(&["--platform_device_path=/dev/kvm"]), None);
+    }
 
     #[test]
     fn known_docker_problems() {

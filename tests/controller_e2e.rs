@@ -61,13 +61,13 @@ fn manifests_in_a_watched_folder_become_hardened_running_containers() {
     assert_eq!(host["Memory"], 128 * 1024 * 1024);
     assert_eq!(host["MemorySwap"], 128 * 1024 * 1024);
     assert_eq!(host["NanoCpus"], 500_000_000);
-    // Under runsc the pids cgroup also counts gVisor's own threads, hence the headroom.
-    let headroom = if test_runtime() == "runsc" {
-        agent_sandbox::docker::RUNSC_PIDS_HEADROOM
+    // Under runsc the pids cgroup counts gVisor's own host threads, hence the larger bound.
+    let host_pids = if gvisor() {
+        agent_sandbox::docker::gvisor_pids_limit(64)
     } else {
-        0
+        64
     };
-    assert_eq!(host["PidsLimit"], 64 + headroom);
+    assert_eq!(host["PidsLimit"], host_pids);
     assert_eq!(host["IpcMode"], "private");
     assert_eq!(host["Init"], true);
     assert_eq!(host["Privileged"], false);
@@ -116,7 +116,7 @@ fn editing_a_manifest_applies_the_change_and_keeps_the_workspace() {
     );
     let s = server.wait_running_at(&name, 2, Duration::from_secs(30));
     assert_eq!(s["metadata"]["generation"], 2);
-    if test_runtime() == "runsc" {
+    if gvisor() {
         // runsc cannot change a live container's limits: the container is replaced instead,
         // and the workspace survives (checked below).
         assert_ne!(container_id(&name), first);

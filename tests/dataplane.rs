@@ -25,7 +25,7 @@ fn server() -> Server {
 /// Creates a sandbox through `/v1` and returns its ID (also its container's name suffix).
 fn sandbox(server: &Server, env: Value) -> String {
     let mut body = json!({ "env": env });
-    if test_runtime() == "runsc" {
+    if gvisor() {
         // gVisor's ptrace platform spends host threads (counted by the pids limit) per guest
         // task: 25 concurrent commands need several hundred.
         body["pids_limit"] = json!(4096);

@@ -266,13 +266,16 @@ async fn hardened_container_as_docker_reports_it() {
     assert_eq!(hc.memory, Some(96 * 1024 * 1024));
     assert_eq!(hc.memory_swap, hc.memory);
     assert_eq!(hc.nano_cpus, Some(500_000_000));
-    // Under runsc the pids cgroup also counts gVisor's own threads: the engine adds headroom.
-    let headroom = if runtime().as_deref() == Some("runsc") {
-        agent_sandbox::docker::RUNSC_PIDS_HEADROOM as i64
+    // Under runsc the pids cgroup counts gVisor's own host threads: the engine asks for more.
+    let host_limit = if runtime()
+        .as_deref()
+        .is_some_and(agent_sandbox::docker::is_gvisor)
+    {
+        agent_sandbox::docker::gvisor_pids_limit(128)
     } else {
-        0
+        128
     };
-    assert_eq!(hc.pids_limit, Some(128 + headroom));
+    assert_eq!(hc.pids_limit, Some(host_limit as i64));
     assert_eq!(hc.ipc_mode.as_deref(), Some("private"));
     assert_eq!(hc.init, Some(true));
     assert!(hc.devices.unwrap_or_default().is_empty());
@@ -721,7 +724,10 @@ async fn helper_volume_is_filled_once_and_runs_the_idle_helper() {
     assert_eq!(helper.rw, Some(false));
     // Without a network, under runc: networking disabled, and the volume's hosts file bound
     // read-only at /etc/hosts in place of the one Docker's network sandbox would provide.
-    if runtime().as_deref() == Some("runsc") {
+    if runtime()
+        .as_deref()
+        .is_some_and(agent_sandbox::docker::is_gvisor)
+    {
         assert_eq!(mounts.len(), 2, "{mounts:?}");
     } else {
         assert_eq!(mounts.len(), 3, "{mounts:?}");

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{free_port, http, test_runtime, TEST_IMAGE};
+use common::{free_port, gvisor, http, test_runtime, TEST_IMAGE};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-sandbox");
@@ -60,7 +60,7 @@ fn doctor_passes_on_a_ready_machine_and_names_each_fix() {
     assert!(line_of(&text, "ok", "docker").contains("API 1."), "{text}");
     let runtime = line_of(&text, "ok", "runtime");
     assert!(runtime.contains("starts a hardened container"), "{runtime}");
-    if test_runtime() == "runsc" {
+    if gvisor() {
         assert!(runtime.contains("\"runsc\""), "{runtime}");
     }
     line_of(&text, "ok", "image");

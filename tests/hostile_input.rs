@@ -333,7 +333,7 @@ fn exec_output_flood_is_truncated_and_memory_stays_flat() {
     let before = server_rss_mb(&server);
     let started = Instant::now();
     // gVisor's pipes (ptrace platform) are far slower: a smaller flood, still 100 times the cap.
-    let flood = if test_runtime() == "runsc" {
+    let flood = if gvisor() {
         "yes | head -c 100m; yes err | head -c 20m >&2; echo done"
     } else {
         "yes | head -c 500m; yes err | head -c 100m >&2; echo done"

@@ -76,7 +76,7 @@ fn sandboxes_claim_warm_containers_with_their_own_limits_and_the_pool_refills() 
 
     // runsc cannot change a live container's limits, so there only default-sized sandboxes
     // claim; under runc the claim applies the sandbox's own limits.
-    let runsc = test_runtime() == "runsc";
+    let runsc = gvisor();
     let (memory, cpus, pids) = if runsc {
         (512, 1.0, 256)
     } else {
@@ -102,12 +102,12 @@ fn sandboxes_claim_warm_containers_with_their_own_limits_and_the_pool_refills() 
     assert_eq!(c["HostConfig"]["Memory"], memory * 1024 * 1024);
     assert_eq!(c["HostConfig"]["MemorySwap"], memory * 1024 * 1024);
     assert_eq!(c["HostConfig"]["NanoCpus"], (cpus * 1e9) as i64);
-    let headroom = if runsc {
-        agent_sandbox::docker::RUNSC_PIDS_HEADROOM
+    let host_pids = if runsc {
+        agent_sandbox::docker::gvisor_pids_limit(pids)
     } else {
-        0
+        pids
     };
-    assert_eq!(c["HostConfig"]["PidsLimit"], pids + headroom);
+    assert_eq!(c["HostConfig"]["PidsLimit"], host_pids);
     assert_eq!(c["HostConfig"]["ReadonlyRootfs"], true);
     assert_eq!(c["HostConfig"]["CapDrop"], json!(["ALL"]));
     // The sandbox's env reaches its commands even though the container was made before it.
@@ -384,7 +384,7 @@ fn an_edit_that_needs_a_new_container_carries_the_workspace_into_a_warm_one() {
     assert_eq!(status, 201, "{body}");
     let first = server.wait_running(&name);
     assert!(first["status"]["claimedFrom"].is_null(), "{first:#}");
-    let carried = test_runtime() != "runsc";
+    let carried = !gvisor();
     // gVisor keeps a FIFO made in the sandbox to itself: it never reaches the volume.
     let fifo = if carried { "mkfifo pipe;" } else { "" };
     let script = format!(

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 fn sandbox(server: &Server) -> String {
     let mut body = json!({});
-    if test_runtime() == "runsc" {
+    if gvisor() {
         body["pids_limit"] = json!(4096);
     }
     let (status, body) = server.request("POST", "/v1/sandboxes", Some(&body));
@@ -207,7 +207,7 @@ fn processes_survive_a_server_sigkill_and_replay_byte_exact() {
     assert!(numbers.iter().enumerate().all(|(i, n)| *n == i as u64));
     // The web server still answers. (Under gVisor, busybox's wget gets EAGAIN from any local
     // httpd, supervised or not, so there only its state is checked.)
-    if test_runtime() != "runsc" {
+    if !gvisor() {
         let (code, body) = server.exec(
             &sb,
             "echo served > /workspace/index.html; wget -qO- http://127.0.0.1:8000/index.html",

@@ -14,10 +14,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{json, Value};
 
-fn gvisor() -> bool {
-    test_runtime() == "runsc"
-}
-
 /// Runs `script` with `/bin/sh -c` inside the sandbox through `/v1` exec; (exit code, stdout).
 fn inside(server: &Server, name: &str, script: &str) -> (i64, String) {
     inside_for(server, name, script, 60)
@@ -458,10 +454,10 @@ fn pids_limit_contains_a_fork_bomb() {
     create(&server, &bomb, json!({"pidsLimit": limit}));
     create(&server, &other, json!({}));
     let c = container(&bomb).unwrap();
-    // Under gVisor the pids cgroup also counts runsc's own threads, so the engine adds headroom
-    // (SECURITY.md); the bound enforced on the host is the limit plus that headroom.
+    // Under gVisor the pids cgroup counts gVisor's own host threads, so the engine asks for more
+    // (SECURITY.md); the bound enforced inside is the sandbox user's RLIMIT_NPROC.
     let host_limit = if gvisor() {
-        limit + agent_sandbox::docker::RUNSC_PIDS_HEADROOM
+        agent_sandbox::docker::gvisor_pids_limit(limit)
     } else {
         limit
     };

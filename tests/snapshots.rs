@@ -604,7 +604,7 @@ fn reading_the_workspace_on_the_host_gives_the_same_tar_as_docker() {
 
     assert_eq!(from_host_summary, from_docker_summary);
     // gVisor keeps a FIFO made inside the sandbox to itself: the volume never holds it.
-    let dropped_or_changed = if test_runtime() == "runsc" { 1 } else { 2 };
+    let dropped_or_changed = if gvisor() { 1 } else { 2 };
     assert!(
         from_host_summary.adjusted_count >= dropped_or_changed,
         "the FIFO and the setuid bit are reported: {from_host_summary:?}"
@@ -648,7 +648,7 @@ fn container_actions(id: &str, since: f64) -> Vec<String> {
 fn workspaces_are_made_on_the_host_when_verifiable_and_match_the_archive_api() {
     // The host path needs a process of the container to prove the directory is its /workspace;
     // gVisor's sandbox process shows no container files, so under runsc both go through Docker.
-    let host_possible = test_runtime() != "runsc";
+    let host_possible = !gvisor();
     let on_host = Server::start();
     let through_docker = Server::start_with(&[("AGENT_SANDBOX_HOST_WORKSPACE_ACCESS", "false")]);
     for (server, host_expected) in [(&on_host, host_possible), (&through_docker, false)] {

@@ -35,6 +35,11 @@ pub struct Command {
     pub timed_out: bool,
     /// `'K'` or `'F'` was sent: the shepherd is on its way out.
     pub ending: bool,
+    /// The command's main process (its process group), once started.
+    pub main_pid: Option<libc::pid_t>,
+    /// Past its deadline and told to kill: if the shepherd is still there at this instant, the
+    /// helper kills it and the command's process group itself and reports the command.
+    pub force_at: Option<Instant>,
 }
 
 impl Command {
@@ -67,6 +72,7 @@ pub fn parse_status(c: &mut Command, events: &mut Vec<Event>) {
         let used = match b[0] {
             shepherd::MSG_STARTED => {
                 c.started = true;
+                c.main_pid = Some(value);
                 events.push(Event::Started {
                     id: c.id,
                     pid: value as u32,
@@ -134,6 +140,20 @@ pub fn read_output_once(
             false
         }
     }
+}
+
+/// The shepherd did not go within its grace after a kill past the deadline (stopped, or stuck):
+/// SIGKILL the command's process group and the shepherd (our child, so its pid cannot have been
+/// reused before we reap it here), then read what the pipes hold and close them. The status
+/// pipe closes with the shepherd; the command is then reported like any other.
+pub fn force_end(c: &mut Command, out: &mut Vec<u8>, buf: &mut [u8], discard: bool) {
+    if let Some(pid) = c.main_pid.filter(|&p| p > 1) {
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+    }
+    unsafe { libc::kill(c.shepherd, libc::SIGKILL) };
+    let _ = sys::wait_for(c.shepherd);
+    c.status = None;
+    drain_and_close(c, out, buf, discard);
 }
 
 /// Reads whatever the pipes hold right now, then closes them.

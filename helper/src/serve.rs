@@ -12,13 +12,19 @@ use helper_protocol::{
     EXIT_CODE_TIMEOUT, MAX_CHUNK_LEN, PROTOCOL_VERSION,
 };
 
-use crate::command::{drain_and_close, parse_status, prepare, read_output_once, spawn, Command};
+use crate::command::{
+    drain_and_close, force_end, parse_status, prepare, read_output_once, spawn, Command,
+};
 use crate::{files, shepherd, sys};
 
 /// Stop reading command output while this much is queued for stdout (back-pressure).
 const OUTPUT_HIGH_WATER: usize = 1 << 20;
 /// After a shutdown starts, give up waiting for commands after this long.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How long a shepherd told to kill at its command's deadline has to go before the helper kills
+/// it and the command's process group itself. Below the host's own grace (one second), so that a
+/// command is always reported by the helper rather than given up by the host.
+const SHEPHERD_GRACE: Duration = Duration::from_millis(500);
 
 /// A file write received over the channel (`WriteFile`, `Data`…, `End`).
 struct Write {
@@ -156,12 +162,33 @@ impl Helper {
             // Timers.
             let mut next: Option<Instant> = self.shutdown_since.map(|s| s + SHUTDOWN_GRACE);
             for c in self.commands.values_mut() {
+                // The deadline holds in every state until the command is reported: one whose
+                // shepherd was already told to finish (main exited, output closed) but is still
+                // there is told to kill as well; either way the shepherd then has a short grace.
                 if let Some(d) = c.deadline {
-                    if now >= d && !c.ending && c.status.is_some() {
-                        c.timed_out = true;
-                        c.kill();
-                    } else if !c.ending {
+                    if c.status.is_none() {
+                        c.deadline = None;
+                    } else if now >= d {
+                        c.deadline = None;
+                        if !c.ending {
+                            c.timed_out = true;
+                            c.kill();
+                        } else {
+                            c.tell(shepherd::CTL_KILL);
+                        }
+                        c.force_at = Some(now + SHEPHERD_GRACE);
+                    } else {
                         next = earliest(next, Some(d));
+                    }
+                }
+                if let Some(f) = c.force_at {
+                    if c.status.is_none() {
+                        c.force_at = None;
+                    } else if now >= f {
+                        c.force_at = None;
+                        force_end(c, &mut self.out, &mut self.buf, self.out_broken);
+                    } else {
+                        next = earliest(next, Some(f));
                     }
                 }
                 if let Some(d) = c.linger_deadline {
@@ -435,6 +462,8 @@ impl Helper {
                         linger_deadline: None,
                         timed_out: false,
                         ending: false,
+                        main_pid: None,
+                        force_at: None,
                     },
                 );
                 if self.shutdown_since.is_some() {

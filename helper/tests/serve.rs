@@ -1127,3 +1127,84 @@ fn file_writes_answer_like_write_file_and_can_be_abandoned() {
     };
     assert_eq!(o.out(), "ran\n");
 }
+
+/// Reads `id`'s events until its first stdout line; returns the main's pid and that line (the
+/// scripts echo their shepherd's pid, `$PPID`, first).
+fn first_line(h: &mut Helper, id: u64) -> (u32, String) {
+    let mut got = Vec::new();
+    let mut main = 0;
+    while !got.contains(&b'\n') {
+        match h.next(Duration::from_secs(20)) {
+            Some(Event::Started { id: i, pid }) if i == id => main = pid,
+            Some(Event::Stdout { id: i, data }) if i == id => got.extend_from_slice(&data),
+            Some(Event::Exit { .. }) | None => panic!("no output from {id}"),
+            Some(_) => {}
+        }
+    }
+    let text = String::from_utf8_lossy(&got).into_owned();
+    (main, text.lines().next().unwrap().to_string())
+}
+
+/// Waits for `id`'s `Exit` (skipping other events) and returns (exit code, timed out, elapsed).
+fn exit_of(h: &mut Helper, id: u64, within: Duration) -> (i32, bool, Duration) {
+    let began = Instant::now();
+    while began.elapsed() < within {
+        if let Some(Event::Exit {
+            id: i,
+            exit_code,
+            timed_out,
+            ..
+        }) = h.next(within.saturating_sub(began.elapsed()))
+        {
+            if i == id {
+                return (exit_code, timed_out, began.elapsed());
+            }
+        }
+    }
+    panic!("{id} was not reported within {within:?}");
+}
+
+#[test]
+fn a_stopped_shepherd_cannot_hold_a_command_past_its_deadline() {
+    let mut h = Helper::spawn();
+    let m = marker();
+    h.start_sh(1, "echo $PPID; exec sleep 1000", &m, 1500);
+    let shepherd: i32 = first_line(&mut h, 1).1.parse().unwrap();
+    // A shepherd that no longer acts (stopped here; starved or stuck in a real sandbox) used to
+    // keep the command unreported: its status pipe never closed.
+    unsafe { libc::kill(shepherd, libc::SIGSTOP) };
+    let (code, timed_out, _) = exit_of(&mut h, 1, Duration::from_secs(10));
+    assert_eq!((code, timed_out), (EXIT_CODE_TIMEOUT, true));
+    assert_none_left(&m);
+}
+
+#[test]
+fn a_shepherd_stuck_after_the_main_exit_is_reported_with_the_main_exit() {
+    let mut h = Helper::spawn();
+    let m = marker();
+    // The main exits 3 at once; its background sleep holds the output open, so the helper
+    // lingers a second, then closes the output and tells the shepherd to finish: a stopped shepherd
+    // never does, and the deadline ends it with the main's own exit code.
+    h.start(StartRequest {
+        id: 1,
+        argv: sh("echo $PPID; sleep 1000 & exit 3"),
+        env: env_with(&m),
+        timeout_ms: 3000,
+        linger_ms: 1000,
+        ..Default::default()
+    });
+    let (main, line) = first_line(&mut h, 1);
+    let shepherd: i32 = line.parse().unwrap();
+    // The shepherd reaps the main and reports it in one go: once the main is gone from /proc,
+    // its exit is on its way to the helper.
+    let gone = Instant::now();
+    while std::path::Path::new(&format!("/proc/{main}")).exists() {
+        assert!(gone.elapsed() < Duration::from_secs(10), "the main did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    unsafe { libc::kill(shepherd, libc::SIGSTOP) };
+    let (code, timed_out, _) = exit_of(&mut h, 1, Duration::from_secs(10));
+    assert_eq!((code, timed_out), (3, false));
+    assert_none_left(&m);
+}

@@ -249,7 +249,7 @@ impl Pools {
             && limits.memory_mb == defaults.memory_mb
             && limits.pids_limit == defaults.pids_limit;
         // gVisor cannot change limits of a live container; only default-sized sandboxes fit.
-        if runtime == "runsc" && !default_limits {
+        if crate::docker::is_gvisor(&runtime) && !default_limits {
             return Ok(None);
         }
         let pool_name = pool.metadata.name.clone();

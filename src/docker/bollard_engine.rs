@@ -27,7 +27,7 @@ mod plan;
 mod pull;
 
 pub use daemon::DaemonReport;
-pub use plan::RUNSC_PIDS_HEADROOM;
+pub use plan::{gvisor_pids_limit, RUNSC_PIDS_HEADROOM};
 mod tarball;
 
 use std::collections::{BTreeMap, HashMap};

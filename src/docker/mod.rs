@@ -23,7 +23,7 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 use tokio::io::AsyncWrite;
 
-pub use bollard_engine::{BollardEngine, DaemonReport, RUNSC_PIDS_HEADROOM};
+pub use bollard_engine::{gvisor_pids_limit, BollardEngine, DaemonReport, RUNSC_PIDS_HEADROOM};
 
 /// Label on every container and volume this server manages.
 pub const LABEL_MANAGED: &str = "io.agent-sandbox.managed";
@@ -40,6 +40,13 @@ pub const LABEL_SPEC_HASH: &str = "io.agent-sandbox.spec-hash";
 pub const LABEL_SERVER: &str = "io.agent-sandbox.server";
 /// Label on shared, server-owned objects that belong to no sandbox (the helper volume).
 pub const LABEL_ROLE: &str = "io.agent-sandbox.role";
+
+/// Whether Docker runtime `runtime` is gVisor: `runsc`, or a variant registered beside it under a
+/// `runsc-` name (another release or platform, e.g. `runsc-kvm`). gVisor sandboxes get the pids
+/// headroom and `RLIMIT_NPROC` of the create body and cannot change limits while running.
+pub fn is_gvisor(runtime: &str) -> bool {
+    runtime == "runsc" || runtime.starts_with("runsc-")
+}
 
 /// Docker's name for a sandbox's container.
 pub fn container_name(sandbox: &str) -> String {

@@ -23,6 +23,11 @@ pub fn test_runtime() -> String {
     std::env::var("AGENT_SANDBOX_TEST_RUNTIME").unwrap_or_default()
 }
 
+/// Whether the tests run under gVisor (`runsc`, or a `runsc-…` variant registered beside it).
+pub fn gvisor() -> bool {
+    agent_sandbox::docker::is_gvisor(&test_runtime())
+}
+
 pub struct Server {
     child: Option<Child>,
     pub url: String,

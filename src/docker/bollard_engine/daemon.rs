@@ -35,6 +35,8 @@ pub struct DaemonReport {
     pub api_version: String,
     /// Runtimes registered with the daemon, sorted.
     pub runtimes: Vec<String>,
+    /// The `runtimeArgs` each registered runtime was given (none for most).
+    pub runtime_args: std::collections::BTreeMap<String, Vec<String>>,
     /// The runtime used when a container names none.
     pub default_runtime: String,
     /// Where the daemon keeps its data (volumes live below it).
@@ -52,12 +54,18 @@ impl BollardEngine {
             .await
             .map_err(|e| EngineError::Unreachable(e.to_string()))?;
         let version = self.docker.client_version();
-        let mut runtimes: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
+        let registered = info.runtimes.unwrap_or_default();
+        let runtime_args = registered
+            .iter()
+            .map(|(name, r)| (name.clone(), r.runtime_args.clone().unwrap_or_default()))
+            .collect();
+        let mut runtimes: Vec<String> = registered.into_keys().collect();
         runtimes.sort();
         Ok(DaemonReport {
             server_version: info.server_version.unwrap_or_default(),
             api_version: format!("{}.{}", version.major_version, version.minor_version),
             runtimes,
+            runtime_args,
             default_runtime: info.default_runtime.unwrap_or_else(|| "runc".into()),
             root_dir: info.docker_root_dir.unwrap_or_default(),
             endpoint: std::env::var("DOCKER_HOST")

@@ -107,7 +107,7 @@ impl Freezer {
 
 /// Whether a container of Docker runtime `runtime` runs its processes as host tasks in its cgroup.
 fn is_runc(runtime: &str) -> bool {
-    runtime.is_empty() || (runtime.contains("runc") && !runtime.contains("runsc"))
+    runtime.is_empty() || (runtime.contains("runc") && !crate::docker::is_gvisor(runtime))
 }
 
 /// The freezer of `inspected`, when it is a running runc container of this host.

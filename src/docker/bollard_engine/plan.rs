@@ -14,10 +14,23 @@ use crate::docker::{
     LABEL_SERVER, LABEL_SPEC_HASH, LABEL_UID,
 };
 
-/// Extra pids granted under runsc: the container's pids cgroup also counts gVisor's own host
-/// threads, which grow with concurrent activity (about 30 per running command was measured), not
-/// with the sandbox's processes.
+/// Fixed part of the host pids granted to a gVisor container beyond its sandbox's own processes:
+/// the container's pids cgroup counts gVisor's host threads (its sentry, gofer and, under the
+/// systrap platform, one stub thread per guest thread), not the sandbox's processes. Measured under
+/// systrap (`scripts/install-runsc.sh`): about 30 host threads at rest, 164 after a storm at
+/// `pidsLimit: 64`, 317 with 248 busy processes at `pidsLimit: 256`.
 pub const RUNSC_PIDS_HEADROOM: u64 = 1024;
+
+/// The pids cgroup limit of a gVisor container whose sandbox may hold `pids_limit` processes and
+/// threads: one host thread for each of them, one more for gVisor's per-process share (measured at
+/// most 1.1 beyond the process itself), and [`RUNSC_PIDS_HEADROOM`]. It is a host-side backstop
+/// against gVisor itself; the sandbox's own bound is its `RLIMIT_NPROC`.
+pub fn gvisor_pids_limit(pids_limit: u64) -> u64 {
+    pids_limit
+        .saturating_mul(2)
+        .saturating_add(RUNSC_PIDS_HEADROOM)
+}
+
 /// Under runsc the declared pids limit becomes the sandbox user's `RLIMIT_NPROC` (soft and hard),
 /// which gVisor's kernel counts per sandbox: the pids cgroup there counts gVisor's host threads,
 /// not the sandbox's processes, so without it nothing would refuse a process beyond the limit and
@@ -70,17 +83,20 @@ pub fn create_body(
 
     let memory = memory_bytes(plan.memory_mb)
         .ok_or_else(|| invalid(format!("memory of {} MiB is out of range", plan.memory_mb)))?;
-    // Under gVisor the container's pids cgroup also counts the runsc sandbox's own threads
-    // (its Go runtime), which would otherwise eat a small limit before any command runs.
-    let headroom = if plan.runtime.as_deref() == Some("runsc") {
-        RUNSC_PIDS_HEADROOM
+    // Under gVisor the container's pids cgroup counts gVisor's host threads, and the declared
+    // limit becomes the sandbox user's RLIMIT_NPROC, which gVisor's kernel enforces.
+    let gvisor = plan
+        .runtime
+        .as_deref()
+        .is_some_and(crate::docker::is_gvisor);
+    let out_of_range = || invalid(format!("pids limit {} is out of range", plan.pids_limit));
+    let nproc = i64::try_from(plan.pids_limit).map_err(|_| out_of_range())?;
+    let pids = if gvisor {
+        i64::try_from(gvisor_pids_limit(plan.pids_limit)).map_err(|_| out_of_range())?
     } else {
-        0
+        nproc
     };
-    let pids = i64::try_from(plan.pids_limit.saturating_add(headroom))
-        .map_err(|_| invalid(format!("pids limit {} is out of range", plan.pids_limit)))?;
-    let nproc = pids - i64::try_from(headroom).unwrap_or(0);
-    let ulimits = (headroom > 0).then(|| {
+    let ulimits = gvisor.then(|| {
         vec![ResourcesUlimits {
             name: Some(RUNSC_NPROC_ULIMIT.into()),
             soft: Some(nproc),
@@ -302,14 +318,22 @@ mod tests {
 
     #[test]
     fn under_runsc_the_pids_limit_is_the_sandbox_users_nproc_limit() {
+        // A variant registered beside `runsc` (another release or platform) is gVisor too.
+        for runtime in ["runsc", "runsc-kvm"] {
+            let mut p = plan();
+            p.runtime = Some(runtime.into());
+            let hc = create_body(&p, None).unwrap().host_config.unwrap();
+            assert_eq!(hc.pids_limit, Some(2 * 64 + RUNSC_PIDS_HEADROOM as i64));
+            let ulimits = hc.ulimits.unwrap();
+            assert_eq!(ulimits.len(), 1);
+            assert_eq!(ulimits[0].name.as_deref(), Some("nproc"));
+            assert_eq!((ulimits[0].soft, ulimits[0].hard), (Some(64), Some(64)));
+        }
+        // A name that merely contains it is not.
         let mut p = plan();
-        p.runtime = Some("runsc".into());
+        p.runtime = Some("myrunsc".into());
         let hc = create_body(&p, None).unwrap().host_config.unwrap();
-        assert_eq!(hc.pids_limit, Some(64 + RUNSC_PIDS_HEADROOM as i64));
-        let ulimits = hc.ulimits.unwrap();
-        assert_eq!(ulimits.len(), 1);
-        assert_eq!(ulimits[0].name.as_deref(), Some("nproc"));
-        assert_eq!((ulimits[0].soft, ulimits[0].hard), (Some(64), Some(64)));
+        assert_eq!((hc.pids_limit, hc.ulimits), (Some(64), None));
     }
 
     #[test]
