@@ -23,6 +23,7 @@ import docker_floor  # noqa: E402
 import idle  # noqa: E402
 import ours_only  # noqa: E402
 import paired  # noqa: E402
+import power  # noqa: E402
 import processes  # noqa: E402
 from common import API, API_VERSION, Results, Server, fmt, log  # noqa: E402
 
@@ -191,6 +192,22 @@ def targets(results: Results, ratios: dict, args) -> str:
     rows.append(f"| idle CPU < 1 % ({args.idle_count} sandboxes) | {fmt(cpu, 'x') + ' % ' + scale if cpu is not None else f.get('error', 'not measured')} | {verdict(None if cpu is None else cpu < 1.0 and n >= args.idle_count)} |")
     rows.append(f"| server memory < 60 MB ({args.idle_count} sandboxes) | {fmt(rss, 'x') + ' MiB RSS ' + scale if rss is not None else 'not measured'} | {verdict(None if rss is None else rss * 1.048576 < 60 and n >= args.idle_count)} |")
     rows.append(f"| no Docker writes on idle resync | {str(writes) + ' ' + scale if writes is not None else 'not measured'} | {verdict(None if writes is None else writes == 0)} |")
+    for op, limit in (("pause (→ Paused answered)", 20.0),
+                      ("resume from Paused (→ Running answered)", 20.0),
+                      ("exec auto-resuming a Paused sandbox", 30.0)):
+        s = results.series.get((op, OURS))
+        med = s.median() if s and not s.errors and s.samples else None
+        shown = f"median {fmt(med)} ms, p95 {fmt(s.p95())} ms" if med is not None else _why(results, op)
+        rows.append(f"| {op} ≤ {limit:.0f} ms (p50) | {shown} | {verdict(None if med is None else med <= limit)} |")
+    for key, value in power.ratios(results).items():
+        rows.append(f"| {key} ≤ 1.3 | {value:.3f} | {verdict(value <= 1.3)} |")
+    f = results.facts.get("idle, 90 % Stopped", {})
+    if f:
+        n, cpu = f.get("declared and Running", 0), f.get("idle CPU % of one core")
+        shown = (f"{fmt(cpu, 'x')} % with {n} declared, {f.get('of which declared Stopped', 0)} Stopped"
+                 if cpu is not None else f.get("error", "not measured"))
+        rows.append(f"| idle CPU < 1 % ({args.idle_count} sandboxes, 90 % Stopped) | {shown} | "
+                    f"{verdict(None if cpu is None else cpu < 1.0 and n >= args.idle_count)} |")
     big = f"snapshot of {args.big_mib} MiB (ours)"
     so, st = results.series.get((big, OURS)), results.series.get((f"plain tar -cf of {args.big_mib} MiB", OURS))
     if so and st and so.median() and st.median():
@@ -306,9 +323,15 @@ def main() -> int:
         results.fail("create (warm pool)", OURS, "this server has no SandboxPool resource")
     section("forks", ours_only.fork_replicas, results, ours, args.fork_rounds)
     section("bigsnapshot", ours_only.big_snapshot, results, ours, args.work, args.big_mib, args.big_rounds)
+    section("power", power.pause_resume, results, ours, args.n)
     section("processes", processes.processes, results, ours, args.ours_pid, args.n)
     section("idle", idle.idle_scale, results, ours, args.ours_data, args.ours_pid, server_id,
             args.idle_count, args.idle_window, args.resync_seconds)
+    # Run on its own (`--only idle-stopped`) on a fresh server, as `idle` is.
+    if "idle-stopped" in only:
+        section("idle-stopped", idle.idle_scale, results, ours, args.ours_data, args.ours_pid,
+                server_id, args.idle_count, args.idle_window, args.resync_seconds, 4096,
+                args.idle_count * 9 // 10, "idle, 90 % Stopped")
 
     if "idle" in skip:
         results.facts["server RSS after the other measurements, MiB"] = round(idle.rss_mib(args.ours_pid), 1)

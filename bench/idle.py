@@ -45,8 +45,20 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def is_settled(doc) -> bool:
+    """Running, or Stopped as its spec says, at its current generation."""
+    if is_converged(doc):
+        return True
+    meta, status = (doc or {}).get("metadata") or {}, (doc or {}).get("status") or {}
+    return (
+        ((doc or {}).get("spec") or {}).get("state") == "Stopped"
+        and status.get("phase") == "Stopped"
+        and status.get("observedGeneration") == meta.get("generation")
+    )
+
+
 def count_running(ours: Server, batch: str) -> int:
-    return sum(1 for d in ours.resources("sandboxes", f"bench-idle={batch}") if is_converged(d))
+    return sum(1 for d in ours.resources("sandboxes", f"bench-idle={batch}") if is_settled(d))
 
 
 def docker_writes(since: float, until: float, server_id: str, volume_prefix: str) -> dict:
@@ -79,13 +91,18 @@ def docker_writes(since: float, until: float, server_id: str, volume_prefix: str
 
 
 def idle_scale(results: Results, ours: Server, data_dir: pathlib.Path, pid: int, server_id: str,
-               target: int, window: float, resync: float, reserve_mib: float = 4096) -> None:
+               target: int, window: float, resync: float, reserve_mib: float = 4096,
+               stopped: int = 0, key: str = "idle") -> None:
+    """Declares `target` sandboxes, the first `stopped` of them with `state: Stopped`, and
+    measures the server at rest with them; facts go under `key`."""
     folder = data_dir / "manifests" / "sandboxes"
     folder.mkdir(parents=True, exist_ok=True)
     batch = f"i{int(time.time()) % 10**8}"
     names: list[str] = []
-    facts = results.facts.setdefault("idle", {})
+    facts = results.facts.setdefault(key, {})
     facts.update({"target sandboxes": target, "window seconds": window, "resync seconds": resync})
+    if stopped:
+        facts["of which declared Stopped"] = stopped
     try:
         rss_before = rss_mib(pid)
         mem_start = mem_available_mib()
@@ -104,12 +121,13 @@ def idle_scale(results: Results, ours: Server, data_dir: pathlib.Path, pid: int,
                     break
             for i in range(len(names), len(names) + want):
                 name = f"bench-{batch}-{i:04d}"
+                spec = CHEAP_SPEC + ("  state: Stopped\n" if i < stopped else "")
                 write_atomic(folder / f"{name}.yaml",
-                             sandbox_yaml(name, ours.image, {"bench-idle": batch}, CHEAP_SPEC), data_dir)
+                             sandbox_yaml(name, ours.image, {"bench-idle": batch}, spec), data_dir)
                 names.append(name)
             _wait_running(ours, batch, len(names))
             per_sandbox = max(0.5, (mem_start - mem_available_mib()) / len(names))
-            log(f"idle: {len(names)} running, ~{per_sandbox:.1f} MiB each, "
+            log(f"{key}: {len(names)} settled, ~{per_sandbox:.1f} MiB each, "
                 f"{mem_available_mib():.0f} MiB available")
         facts["declared and Running"] = len(names)
         facts["time to declare and converge, s"] = round(time.perf_counter() - start, 1)

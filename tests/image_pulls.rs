@@ -6,8 +6,12 @@
 
 mod common;
 
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -95,6 +99,69 @@ impl Registry {
         );
         assert!(docker_status(&["rmi", &reference]));
         reference
+    }
+}
+
+/// A TCP relay to a registry that passes its answers on at about `bytes_per_second` per
+/// connection, so that a pull from loopback lasts long enough to be watched. The daemon pulls
+/// through it by naming the relay's port in the image reference (the registry does not care).
+struct SlowRelay {
+    port: u16,
+    stop: Arc<AtomicBool>,
+}
+
+impl SlowRelay {
+    fn start(to: u16, bytes_per_second: usize) -> SlowRelay {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                let client = match listener.accept() {
+                    Ok((client, _)) => client,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    }
+                    Err(_) => return,
+                };
+                let Ok(upstream) = TcpStream::connect(("127.0.0.1", to)) else {
+                    continue;
+                };
+                let _ = client.set_nonblocking(false);
+                let (mut from_client, mut to_upstream) =
+                    (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from_client, &mut to_upstream);
+                    let _ = to_upstream.shutdown(Shutdown::Write);
+                });
+                let (mut from_upstream, mut to_client) = (upstream, client);
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16 * 1024];
+                    loop {
+                        let n = match from_upstream.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if to_client.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        let pace = n as f64 / bytes_per_second as f64;
+                        std::thread::sleep(Duration::from_secs_f64(pace));
+                    }
+                    let _ = to_client.shutdown(Shutdown::Write);
+                });
+            }
+        });
+        SlowRelay { port, stop }
+    }
+}
+
+impl Drop for SlowRelay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
@@ -249,4 +316,208 @@ fn a_missing_tag_fails_with_the_registrys_reason_and_never_pulls_what_is_not_all
         "nothing was asked of the registry:\n{}",
         registry.log()
     );
+}
+
+/// `apply --wait` and `wait` show the pull a sandbox waits for: plain lines on a pipe (the
+/// figures of the status, a tenth at a time, then one when it is done), and a bar on a terminal
+/// (here `script`'s pseudo-terminal).
+#[test]
+fn apply_wait_and_wait_show_the_pull_as_lines_on_a_pipe_and_a_bar_on_a_terminal() {
+    let registry = Registry::start();
+    let pushed = registry.push_unique("pulltest/progress", &unique("t"), 16);
+    // Pulled through a relay at 4 MiB/s: the pull lasts about four seconds, so the client sees
+    // it under way whatever the machine's load.
+    let relay = SlowRelay::start(registry.port, 4 << 20);
+    let image = pushed.replacen(
+        &format!("127.0.0.1:{}/", registry.port),
+        &format!("127.0.0.1:{}/", relay.port),
+        1,
+    );
+    let _pulled = RemoveImage(image.clone());
+    let server = Server::start();
+    let name = unique("pull-cli");
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("sandbox.yaml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "apiVersion: agent-sandbox.io/v1\nkind: Sandbox\nmetadata:\n  name: {name}\nspec:\n  image: {image}\n"
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = server.cli(&[
+        "apply",
+        "-f",
+        manifest.to_str().unwrap(),
+        "--wait",
+        "--timeout=120s",
+    ]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(
+        out,
+        format!("sandbox/{name} created\nsandbox/{name} ready\n"),
+        "stderr:\n{err}"
+    );
+    assert!(
+        !err.contains('\r') && !err.contains('\x1b'),
+        "no terminal codes on a pipe: {err:?}"
+    );
+    let lines: Vec<&str> = err.lines().collect();
+    let prefix = format!("sandbox/{name}: ");
+    assert!(lines.iter().all(|l| l.starts_with(&prefix)), "{err}");
+    // Whatever this run's poll saw of the pull in progress, its end is said once, with the
+    // total the status reports.
+    let doc = server.get("sandboxes", &name).unwrap();
+    let total = doc["status"]["imagePull"]["bytesTotal"].as_u64().unwrap();
+    assert!(total >= 16 * 1024 * 1024 / 2, "{doc}");
+    let last = lines.last().copied().unwrap_or_default();
+    assert!(
+        last.starts_with(&format!("{prefix}pulled {image} (")),
+        "the last line says the pull ended: {err}"
+    );
+    let pulling = lines.iter().filter(|l| l.contains(": pulling ")).count();
+    assert!(pulling <= 10, "at most a line per tenth: {err}");
+    let mut midway = 0;
+    for line in lines.iter().filter(|l| l.contains(": pulling ")) {
+        assert!(
+            line.starts_with(&format!("{prefix}pulling {image}: ")),
+            "{line}"
+        );
+        let percent = line
+            .rsplit_once(" (")
+            .and_then(|(_, p)| p.strip_suffix("%)"))
+            .and_then(|p| p.parse::<u32>().ok());
+        if percent.is_some_and(|p| p > 0 && p < 100) {
+            midway += 1;
+        }
+    }
+    assert!(midway >= 1, "the pull was seen under way: {err}");
+    eprintln!("apply --wait printed, on a pipe:\n{err}");
+
+    // On a terminal: `wait` draws the (finished) pull as a full bar and ends its line.
+    let command = format!(
+        "{} wait sandbox/{name} --for=condition=Ready",
+        env!("CARGO_BIN_EXE_agent-sandbox")
+    );
+    let out = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("AGENT_SANDBOX_URL", &server.url)
+        .env("AGENT_SANDBOX_API_KEY", &server.key)
+        .env("COLUMNS", "200")
+        .output()
+        .expect("run script (util-linux)");
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{shown}");
+    assert!(
+        shown.contains(&format!("\rsandbox/{name}  pulled {image}  [#")),
+        "{shown:?}"
+    );
+    assert!(shown.contains("100%"), "{shown:?}");
+    drop(relay);
+    assert!(!shown.contains("#-"), "a full bar: {shown:?}");
+    assert!(
+        shown.contains(&format!("sandbox/{name} condition met")),
+        "{shown:?}"
+    );
+}
+
+/// How many pulls the server started (its pulls module logs each once; a reconcile waiting for
+/// one may name it in its own lines too).
+fn pulls_started(server: &Server) -> usize {
+    server
+        .log()
+        .lines()
+        .filter(|l| l.contains("controller::pulls") && l.contains("pulling image"))
+        .count()
+}
+
+/// A pool pulls its image before any sandbox asks for it; `Always` pulls an image that is there,
+/// `IfNotPresent` does not, and `Never` refuses one that is not.
+#[test]
+fn a_pool_pulls_ahead_and_the_pull_policies_hold() {
+    let registry = Registry::start();
+    let image = registry.push_unique("pulltest/pool", &unique("t"), 2);
+    let _pulled = RemoveImage(image.clone());
+    let tag = image.rsplit(':').next().unwrap().to_string();
+    let manifest_lookups = |since: usize| {
+        registry.log()[since..]
+            .lines()
+            .filter(|l| {
+                l.starts_with("127.0.0.1 - -")
+                    && (l.contains("\"HEAD /v2/") || l.contains("\"GET /v2/"))
+                    && l.contains(&format!("/manifests/{tag} "))
+            })
+            .count()
+    };
+
+    let server = Server::start();
+    let pool = unique("pullpool");
+    let doc = json!({
+        "apiVersion": "agent-sandbox.io/v1", "kind": "SandboxPool",
+        "metadata": { "name": pool }, "spec": { "image": image, "size": 1 },
+    });
+    let (status, body) = server.request("POST", &format!("{API}/sandboxpools"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    server
+        .wait_for(
+            "sandboxpools",
+            &pool,
+            "filled",
+            Duration::from_secs(120),
+            |r| r.is_some_and(|r| r["status"]["readyReplicas"] == 1),
+        )
+        .unwrap();
+    assert!(
+        docker_status(&["image", "inspect", &image]),
+        "pulled ahead, before any sandbox asked"
+    );
+    assert_eq!(pulls_started(&server), 1, "{}", server.log());
+    let (status, body) = server.request("DELETE", &format!("{API}/sandboxpools/{pool}"), None);
+    assert!(status < 300, "{status}: {body}");
+    server.wait_gone("sandboxpools", &pool);
+    drop(server);
+
+    // A server of its own, so that no earlier pull counts as fresh.
+    let server = Server::start();
+    let since = registry.log().len();
+    let present = unique("pull-ifnotpresent");
+    create(&server, &present, &image);
+    server.wait_running(&present);
+    assert_eq!(pulls_started(&server), 0, "present: not pulled");
+    assert_eq!(manifest_lookups(since), 0);
+
+    let always = unique("pull-always");
+    let doc = json!({
+        "apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+        "metadata": { "name": always },
+        "spec": { "image": image, "imagePullPolicy": "Always" },
+    });
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    server.wait_running(&always);
+    assert_eq!(pulls_started(&server), 1, "Always pulls");
+    assert_eq!(manifest_lookups(since), 1, "the registry was asked");
+
+    let never = unique("pull-never");
+    let doc = json!({
+        "apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+        "metadata": { "name": never },
+        "spec": { "image": format!("{image}-missing"), "imagePullPolicy": "Never" },
+    });
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    let doc = server
+        .wait_for(
+            "sandboxes",
+            &never,
+            "Failed",
+            Duration::from_secs(60),
+            |r| r.is_some_and(|r| r["status"]["phase"] == "Failed"),
+        )
+        .unwrap();
+    assert_eq!(
+        doc["status"]["conditions"][0]["reason"], "ImageMissing",
+        "{doc}"
+    );
+    assert_eq!(pulls_started(&server), 1, "Never never pulls");
 }

@@ -81,6 +81,21 @@ fn start_counter(name: &str) {
     });
 }
 
+/// How long the pause tests keep a sandbox paused.
+const FROZEN_FOR: Duration = Duration::from_secs(3);
+
+/// A loop ticking every 0.1 s read `before` and then `after`, `between` apart, of which it was
+/// paused for [`FROZEN_FOR`]: it may have counted only while it ran (plus one tick either side),
+/// however long the reads took on a loaded machine. One that was not frozen counts about 30 more.
+fn assert_frozen(before: u64, after: u64, between: Duration) {
+    let ran = between.saturating_sub(FROZEN_FOR);
+    let most = before + (ran.as_millis() / 100) as u64 + 2;
+    assert!(
+        after >= before && after <= most,
+        "frozen while paused: {before} before, {after} after, at most {most} in {between:?}"
+    );
+}
+
 fn count(name: &str) -> u64 {
     let (code, out) = docker_exec(name, "cat /tmp/count");
     assert_eq!(code, 0, "read the counter of {name}");
@@ -105,6 +120,7 @@ fn a_paused_sandbox_keeps_its_processes_and_their_memory() {
     create(&server, &name, json!({}));
     start_counter(&name);
     let pid = docker_exec(&name, "cat /tmp/pid").1;
+    let read_before = Instant::now();
     let before = count(&name);
 
     let started = Instant::now();
@@ -112,7 +128,7 @@ fn a_paused_sandbox_keeps_its_processes_and_their_memory() {
     let pause_took = started.elapsed();
     let ready = &paused["status"]["conditions"][0];
     assert_eq!(ready["reason"], "Paused", "{paused}");
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(FROZEN_FOR);
     // Still the same container, still "running" as far as the process table goes: frozen.
     assert!(running(&name) || container(&name).unwrap()["State"]["Paused"] == true);
 
@@ -120,11 +136,7 @@ fn a_paused_sandbox_keeps_its_processes_and_their_memory() {
     let resumed = resume(&server, &name);
     let resume_took = started.elapsed();
     let after = count(&name);
-    // 1.5 s frozen: a running loop would have counted about 15 more.
-    assert!(
-        after >= before && after < before + 8,
-        "frozen while paused: {before} before, {after} after"
-    );
+    assert_frozen(before, after, read_before.elapsed());
     let (code, _) = docker_exec(&name, &format!("kill -0 {}", pid.trim()));
     assert_eq!(code, 0, "the same process runs on");
     wait_until("the counter counts again", WAIT, || {
@@ -371,39 +383,23 @@ fn pause_and_stop_survive_a_docker_daemon_restart() {
     assert_eq!(server.exec(&stopped, "cat /workspace/w.txt").1, "kept\n");
 }
 
-/// Runs the command-line client against `server`; returns (exit code, stdout, stderr).
-fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
-        .args(args)
-        .env_clear()
-        .env("AGENT_SANDBOX_URL", &server.url)
-        .env("AGENT_SANDBOX_API_KEY", &server.key)
-        .output()
-        .expect("run agent-sandbox");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
-
 #[test]
 fn the_command_line_pauses_stops_and_resumes() {
     let server = Server::start();
     let name = unique("cli-pause");
     create(&server, &name, json!({}));
-    let (code, out, err) = cli(&server, &["pause", &name]);
+    let (code, out, err) = server.cli(&["pause", &name]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, format!("sandbox/{name} paused\n"));
-    let (code, out, err) = cli(&server, &["pause", &name, "--stop"]);
+    let (code, out, err) = server.cli(&["pause", &name, "--stop"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, format!("sandbox/{name} stopped\n"));
     assert!(!running(&name));
-    let (code, out, err) = cli(&server, &["resume", &name]);
+    let (code, out, err) = server.cli(&["resume", &name]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, format!("sandbox/{name} running\n"));
     assert!(running(&name));
-    let (code, _, err) = cli(&server, &["pause", "no-such-sandbox"]);
+    let (code, _, err) = server.cli(&["pause", "no-such-sandbox"]);
     assert_ne!(code, 0);
     assert!(err.contains("not found"), "{err}");
 }
@@ -445,21 +441,297 @@ fn process_calls_resume_a_paused_sandbox_and_its_processes_carry_on() {
     );
 }
 
+const PYTHON_IMAGE: &str = "agent-sandbox-test/python:latest";
+
 #[test]
-fn a_v1_snapshot_of_a_stopped_sandbox_wakes_it_first() {
+fn a_python_process_keeps_its_memory_across_a_pause() {
+    if !docker_status(&["image", "inspect", PYTHON_IMAGE]) {
+        eprintln!("{PYTHON_IMAGE} is missing (scripts/build-test-images.sh --python): skipped");
+        return;
+    }
     let server = Server::start();
-    let name = unique("snapwake");
+    let name = unique("pause-py");
+    create(&server, &name, json!({ "image": PYTHON_IMAGE }));
+    // 8 MiB of random bytes held in the interpreter's memory; every tick writes the tick count and
+    // the bytes' digest, so a restarted process (new bytes) or a lost one shows.
+    let script = "import hashlib, os, time\n\
+                  data = os.urandom(8 << 20)\n\
+                  open('/tmp/pid', 'w').write(str(os.getpid()))\n\
+                  n = 0\n\
+                  while True:\n\
+                  \x20   n += 1\n\
+                  \x20   open('/tmp/state.new', 'w').write('%d %s' % (n, hashlib.sha256(data).hexdigest()))\n\
+                  \x20   os.rename('/tmp/state.new', '/tmp/state')\n\
+                  \x20   time.sleep(0.1)\n";
+    assert!(docker_status(&[
+        "exec",
+        "-d",
+        "-u",
+        "1000:1000",
+        &format!("agent-sandbox-{name}"),
+        "python3",
+        "-c",
+        script,
+    ]));
+    let state = |name: &str| -> (u64, String) {
+        let (code, out) = docker_exec(name, "cat /tmp/state");
+        assert_eq!(code, 0, "read the state of {name}: {out}");
+        let (n, digest) = out.trim().split_once(' ').expect("tick and digest");
+        (n.parse().expect("a tick count"), digest.to_string())
+    };
+    wait_until("the Python process ticks", WAIT, || {
+        docker_exec(&name, "cat /tmp/state").0 == 0 && state(&name).0 > 2
+    });
+    let pid = docker_exec(&name, "cat /tmp/pid").1;
+    let read_before = Instant::now();
+    let (before, digest) = state(&name);
+
+    pause(&server, &name, "Paused");
+    std::thread::sleep(FROZEN_FOR);
+    resume(&server, &name);
+    let (after, digest_after) = state(&name);
+    assert_eq!(digest_after, digest, "the same bytes in memory");
+    assert_frozen(before, after, read_before.elapsed());
+    assert_eq!(
+        docker_exec(&name, "cat /tmp/pid").1,
+        pid,
+        "the same process"
+    );
+    wait_until("the Python process ticks again", WAIT, || {
+        state(&name).0 > after + 3
+    });
+    assert_eq!(state(&name).1, digest);
+}
+
+#[test]
+fn an_idle_sandbox_stays_up_while_a_background_process_runs() {
+    let server = Server::start();
+    let name = unique("idle-proc");
+    create(
+        &server,
+        &name,
+        json!({ "idle": { "afterSeconds": 2, "action": "Stop" } }),
+    );
+    // Started through the API; it outlives the call. Nothing else is asked of the sandbox: a
+    // resource GET is not activity.
+    let (status, process) = server.request(
+        "POST",
+        &format!("{API}/sandboxes/{name}/processes"),
+        Some(&json!({ "command": "sleep 6" })),
+    );
+    assert_eq!(status, 201, "{process}");
+    let started = Instant::now();
+    let start_time = chrono::Utc::now();
+    std::thread::sleep(Duration::from_millis(5000));
+    let doc = server.get("sandboxes", &name).unwrap();
+    assert_eq!(
+        doc["status"]["phase"], "Running",
+        "not stopped while its background process runs: {doc}"
+    );
+    assert!(running(&name));
+
+    let doc = wait_phase(&server, &name, "Stopped");
+    let after = started.elapsed();
+    assert!(
+        after >= Duration::from_millis(7500),
+        "stopped only the idle time after the process ended: {after:?}"
+    );
+    assert_eq!(doc["status"]["conditions"][0]["reason"], "Idle", "{doc}");
+    // Idle since the process ended, not since the call that started it.
+    let since = doc["status"]["idleSince"].as_str().expect("idleSince");
+    let since = chrono::DateTime::parse_from_rfc3339(since).unwrap();
+    assert!(
+        since.to_utc() >= start_time + chrono::TimeDelta::seconds(5),
+        "idle since the process ended (started {start_time}, idle since {since}): {doc}"
+    );
+}
+
+/// Creates Snapshot `snap` of sandbox `of` through the resource API and waits until it is Ready.
+fn snapshot_resource(server: &Server, snap: &str, of: &str) -> Value {
+    let doc = json!({
+        "apiVersion": "agent-sandbox.io/v1", "kind": "Snapshot",
+        "metadata": { "name": snap }, "spec": { "sandbox": of },
+    });
+    let (status, body) = server.request("POST", &format!("{API}/snapshots"), Some(&doc));
+    assert_eq!(status, 201, "snapshot {snap}: {body}");
+    server
+        .wait_for("snapshots", snap, "Ready", WAIT, |r| {
+            r.is_some_and(|r| r["status"]["phase"] == "Ready" || r["status"]["phase"] == "Failed")
+        })
+        .unwrap()
+}
+
+/// Asks for a rollback of `name` to `snapshot` by a merge patch of `spec.rollback`; waits until
+/// the controller reports it done with the sandbox in `phase`.
+fn patch_rollback(server: &Server, name: &str, snapshot: &str, phase: &str) -> Value {
+    let request = unique("r");
+    let patch = json!({ "spec": { "rollback": { "snapshot": snapshot, "requestId": request } } });
+    let (status, body) = server.request_raw(
+        "PATCH",
+        &format!("{API}/sandboxes/{name}"),
+        Some(patch.to_string()),
+        "application/merge-patch+json",
+    );
+    assert_eq!(status, 200, "{body}");
+    server
+        .wait_for("sandboxes", name, "rolled back", WAIT, |r| {
+            r.is_some_and(|r| {
+                r["status"]["lastRollback"]["requestId"] == request.as_str()
+                    && r["status"]["phase"] == phase
+                    && r["status"]["observedGeneration"] == r["metadata"]["generation"]
+            })
+        })
+        .unwrap()
+}
+
+/// A new sandbox started from `snapshot` finds `content` in `/workspace/f.txt`.
+fn assert_started_from(server: &Server, snapshot: &str, content: &str) {
+    let child = unique("from-snap");
+    create(
+        server,
+        &child,
+        json!({ "source": { "snapshot": snapshot } }),
+    );
+    assert_eq!(server.exec(&child, "cat /workspace/f.txt").1, content);
+}
+
+fn resumes(doc: &Value) -> u64 {
+    doc["status"]["resumes"].as_u64().unwrap_or(0)
+}
+
+/// Snapshots and rollbacks through the resource API leave a paused sandbox paused: its workspace
+/// is read frozen as it is, and a rollback builds its new container paused. Nothing wakes it, so
+/// `autoResume: false` refuses nothing here; `/v1`'s rollback, which answers a running sandbox,
+/// refuses with 409.
+#[test]
+fn a_paused_sandbox_is_snapshotted_and_rolled_back_without_waking() {
+    let server = Server::start();
+    let name = unique("snap-paused");
+    create(&server, &name, json!({ "autoResume": false }));
+    server.exec(&name, "echo one > /workspace/f.txt");
+    start_counter(&name);
+    let before = count(&name);
+    pause(&server, &name, "Paused");
+
+    let snap = unique("snap-p");
+    let snapshot = snapshot_resource(&server, &snap, &name);
+    assert_eq!(snapshot["status"]["phase"], "Ready", "{snapshot}");
+    assert!(snapshot["status"]["sizeBytes"].as_u64().unwrap() > 0);
+    let doc = server.get("sandboxes", &name).unwrap();
+    assert_eq!(doc["status"]["phase"], "Paused", "left paused: {doc}");
+    assert_eq!(resumes(&doc), 0, "{doc}");
+    std::thread::sleep(Duration::from_millis(1000));
+    resume(&server, &name);
+    let after = count(&name);
+    assert!(
+        after < before + 8,
+        "frozen before, during and after the snapshot: {before} before, {after} after"
+    );
+
+    server.exec(&name, "echo two > /workspace/f.txt");
+    pause(&server, &name, "Paused");
+    let id = container_id(&name);
+    let doc = patch_rollback(&server, &name, &snap, "Paused");
+    assert_ne!(container_id(&name), id, "a new container");
+    assert_eq!(doc["status"]["conditions"][0]["reason"], "Paused", "{doc}");
+    assert_eq!(resumes(&doc), 1, "only the one resume above: {doc}");
+    // /v1's rollback would answer the sandbox running: without autoResume it is refused.
+    let (status, body) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{name}/rollback"),
+        Some(&json!({ "snapshot_id": snap })),
+    );
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "sandbox_paused", "{body}");
+    resume(&server, &name);
+    assert_eq!(server.exec(&name, "cat /workspace/f.txt").1, "one\n");
+
+    // A sandbox started from the snapshot has its content.
+    assert_started_from(&server, &snap, "one\n");
+}
+
+/// A stopped sandbox's workspace is read without starting it, through `/v1` as through the
+/// resource API; a declared rollback keeps it stopped; `/v1`'s rollback resumes it.
+#[test]
+fn a_stopped_sandbox_is_snapshotted_and_rolled_back_without_waking() {
+    let server = Server::start();
+    let name = unique("snap-stopped");
     create(&server, &name, json!({}));
-    server.exec(&name, "echo kept > /workspace/f.txt");
-    pause(&server, &name, "Stopped");
-    let (status, snapshot) = server.request(
+    server.exec(&name, "echo one > /workspace/f.txt");
+    let (status, first) = server.request(
         "POST",
         &format!("/v1/sandboxes/{name}/snapshots"),
         Some(&json!({})),
     );
-    assert_eq!(status, 201, "{snapshot}");
-    assert!(snapshot["size_bytes"].as_u64().unwrap() > 0, "{snapshot}");
+    assert_eq!(status, 201, "{first}");
+    let first = first["id"].as_str().unwrap().to_string();
+    server.exec(&name, "echo two > /workspace/f.txt");
+    pause(&server, &name, "Stopped");
+
+    let (status, second) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{name}/snapshots"),
+        Some(&json!({})),
+    );
+    assert_eq!(status, 201, "{second}");
+    let second = second["id"].as_str().unwrap().to_string();
+    let third = unique("snap-s");
+    assert_eq!(
+        snapshot_resource(&server, &third, &name)["status"]["phase"],
+        "Ready"
+    );
+    assert!(!running(&name), "still stopped");
     let doc = server.get("sandboxes", &name).unwrap();
-    assert_eq!(doc["status"]["phase"], "Running", "{doc}");
-    assert_eq!(doc["status"]["resumes"], 1, "{doc}");
+    assert_eq!(doc["status"]["phase"], "Stopped", "{doc}");
+    assert_eq!(resumes(&doc), 0, "{doc}");
+
+    let doc = patch_rollback(&server, &name, &first, "Stopped");
+    assert!(!running(&name), "rolled back, still stopped: {doc}");
+    assert_eq!(resumes(&doc), 0, "{doc}");
+    let doc = resume(&server, &name);
+    assert_eq!(resumes(&doc), 1, "{doc}");
+    assert_eq!(server.exec(&name, "cat /workspace/f.txt").1, "one\n");
+
+    // /v1's rollback of a stopped sandbox resumes it and answers it running.
+    pause(&server, &name, "Stopped");
+    let (status, body) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{name}/rollback"),
+        Some(&json!({ "snapshot_id": second })),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "running", "{body}");
+    assert!(running(&name));
+    let doc = server.get("sandboxes", &name).unwrap();
+    assert_eq!(resumes(&doc), 2, "{doc}");
+    assert_eq!(doc["spec"]["state"], "Running", "{doc}");
+    assert_eq!(server.exec(&name, "cat /workspace/f.txt").1, "two\n");
+
+    // The stopped sandbox's snapshot through the resource API holds what it held then.
+    assert_started_from(&server, &third, "two\n");
+}
+
+/// A sandbox's time to live keeps counting while it is paused or stopped: one made through the
+/// API expires and is deleted in either state.
+#[test]
+fn the_time_to_live_keeps_counting_while_paused_or_stopped() {
+    let server = Server::start();
+    let frozen = unique("ttl-paused");
+    let stopped = unique("ttl-stopped");
+    let started = Instant::now();
+    create(&server, &frozen, json!({ "ttlSeconds": 10 }));
+    create(&server, &stopped, json!({ "ttlSeconds": 10 }));
+    pause(&server, &frozen, "Paused");
+    pause(&server, &stopped, "Stopped");
+    for name in [&frozen, &stopped] {
+        server.wait_gone("sandboxes", name);
+        wait_until("its containers are gone", WAIT, || {
+            containers_of(name).is_empty()
+        });
+    }
+    let lived = started.elapsed();
+    assert!(
+        lived >= Duration::from_secs(9),
+        "expired at its time to live, not before: {lived:?}"
+    );
 }

@@ -1,8 +1,9 @@
 //! Pausing, stopping and resuming sandboxes from the API: writing `spec.state` and waiting until
 //! the controller reports it, and waking a paused or stopped sandbox before a call that needs it
 //! running (`spec.autoResume`), reporting every such call as activity for idle policies. The
-//! resource API's `pause`/`resume` routes and the `/v1` exec and file calls use it. Like every
-//! handler it only writes the store; the controller does the Docker work.
+//! resource API's `pause`/`resume` routes, the process calls and `/v1`'s exec, file and rollback
+//! calls use it (a snapshot does not: the controller reads a paused or stopped sandbox's workspace
+//! as it is). Like every handler it only writes the store; the controller does the Docker work.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -123,9 +124,23 @@ pub fn needs_resume(sandbox: &Sandbox) -> bool {
 /// itself). Answers the sandbox as it is when the call may go ahead.
 pub async fn awake(state: &AppState, sandbox: Sandbox) -> Result<Sandbox, ApiError> {
     let name = sandbox.metadata.name.clone();
-    state.activity.touch(&name);
-    if !needs_resume(&sandbox) {
+    if !wake_with_change(state, &sandbox)? {
         return Ok(sandbox);
+    }
+    let resumed = set_state(&state.store, &name, SandboxState::Running, STATE_WAIT).await?;
+    // The resume itself is activity: the idle count starts again from now.
+    state.activity.touch(&name);
+    Ok(resumed)
+}
+
+/// Before a call that needs `sandbox` running and changes its spec anyway (a rollback): counts
+/// the call as activity and answers whether the same write must also set `spec.state: Running`
+/// (it is paused or stopped and resumes by itself), or refuses with 409 `sandbox_paused`.
+pub fn wake_with_change(state: &AppState, sandbox: &Sandbox) -> Result<bool, ApiError> {
+    let name = sandbox.metadata.name.as_str();
+    state.activity.touch(name);
+    if !needs_resume(sandbox) {
+        return Ok(false);
     }
     if !sandbox.spec.auto_resumes() {
         return Err(ApiError::SandboxPaused(format!(
@@ -136,10 +151,7 @@ pub async fn awake(state: &AppState, sandbox: Sandbox) -> Result<Sandbox, ApiErr
             }
         )));
     }
-    let resumed = set_state(&state.store, &name, SandboxState::Running, STATE_WAIT).await?;
-    // The resume itself is activity: the idle count starts again from now.
-    state.activity.touch(&name);
-    Ok(resumed)
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -13,7 +13,9 @@ use serde_json::Value;
 
 use super::client::{Client, Connection};
 use super::manifests::{self, reference, Document};
+use super::progress::Progress;
 use super::util::{kind_and_name, parse_duration};
+use super::waiting::{wait_for_condition, wait_gone, WaitError};
 use super::{emit, emit_err, CliError};
 use crate::resource::{AnyResource, Kind};
 
@@ -22,7 +24,8 @@ use crate::resource::{AnyResource, Kind};
   agent-sandbox apply -f sandbox.yaml
   agent-sandbox apply -f manifests/          # every *.yaml, *.yml, *.json below, in order
   cat sandbox.yaml | agent-sandbox apply -f -
-  agent-sandbox apply -f manifests/ --dry-run")]
+  agent-sandbox apply -f manifests/ --dry-run
+  agent-sandbox apply -f sandbox.yaml --wait --timeout=10m   # until Ready; an image pull shows a bar")]
 pub struct ApplyArgs {
     /// A manifest file, a folder (read recursively) or `-` for standard input. Repeatable.
     #[arg(short = 'f', long = "filename", required = true, value_name = "PATH")]
@@ -30,6 +33,13 @@ pub struct ApplyArgs {
     /// Let the server validate every change and say what it would do, without changing anything.
     #[arg(long)]
     pub dry_run: bool,
+    /// Then wait until every resource the files name is Ready. A sandbox waiting for its image
+    /// shows the pull: a progress bar on a terminal, a line per tenth otherwise (on stderr).
+    #[arg(long, conflicts_with = "dry_run")]
+    pub wait: bool,
+    /// How long `--wait` waits for all of them together.
+    #[arg(long, default_value = "5m", value_parser = parse_duration, requires = "wait")]
+    pub timeout: Duration,
     #[command(flatten)]
     pub connection: Connection,
 }
@@ -149,7 +159,36 @@ pub async fn apply(args: ApplyArgs) -> Result<ExitCode, CliError> {
             documents.len()
         )));
     }
+    if args.wait {
+        wait_ready(&client, &documents, Instant::now() + args.timeout).await?;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `apply --wait`: waits, one after the other, until every applied resource is Ready for its
+/// current generation, and says so for each.
+async fn wait_ready(
+    client: &Client,
+    documents: &[Document],
+    deadline: Instant,
+) -> Result<(), CliError> {
+    let mut progress = Progress::on_stderr();
+    for doc in documents {
+        let (kind, name) = (doc.resource.kind(), doc.resource.name());
+        let waited =
+            wait_for_condition(client, kind, name, "Ready", "True", deadline, &mut progress).await;
+        match waited {
+            Ok(()) => emit(&format!("{} ready\n", doc.reference())),
+            Err(WaitError::TimedOut(why)) => {
+                return Err(CliError::Failed(format!(
+                    "timed out waiting for {} to be ready: {why}",
+                    doc.reference()
+                )))
+            }
+            Err(WaitError::Client(e)) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[derive(Args, Debug)]
@@ -255,28 +294,6 @@ pub async fn delete(args: DeleteArgs) -> Result<ExitCode, CliError> {
         )));
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Polls until the resource is gone.
-pub async fn wait_gone(
-    client: &Client,
-    kind: Kind,
-    name: &str,
-    deadline: Instant,
-) -> Result<(), CliError> {
-    loop {
-        let current = client.get_resource(kind, name).await?;
-        let Some(current) = current else {
-            return Ok(());
-        };
-        if Instant::now() >= deadline {
-            let phase = current["status"]["phase"].as_str().unwrap_or("unknown");
-            return Err(CliError::Failed(format!(
-                "still there after the timeout (phase {phase}); deletion goes on in the server"
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[cfg(test)]

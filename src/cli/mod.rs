@@ -22,9 +22,11 @@ pub mod mcp;
 mod ops;
 mod power;
 mod processes;
+mod progress;
 mod terminal;
 mod util;
 mod validate;
+mod waiting;
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -10,10 +10,11 @@ use clap::Args;
 use reqwest::Method;
 use serde_json::{json, Map, Value};
 
-use super::apply::wait_gone;
 use super::client::{Client, Connection};
 use super::manifests::reference;
+use super::progress::Progress;
 use super::util::{bytes, kind_and_name, parse_duration, remaining};
+use super::waiting::{wait_for_condition, wait_gone, WaitError};
 use super::{emit, CliError};
 use crate::resource::{Kind, API_VERSION};
 
@@ -65,42 +66,6 @@ fn parse_goal(text: &str) -> Result<Goal, CliError> {
     })
 }
 
-/// Whether `item` has condition `type_` at `status` for its current generation; otherwise a
-/// description of where it stands.
-fn condition_state(item: &Value, type_: &str, status: &str) -> Result<(), String> {
-    let generation = item["metadata"]["generation"].as_u64();
-    let conditions = item["status"]["conditions"].as_array();
-    let found = conditions.into_iter().flatten().find(|c| {
-        c["type"]
-            .as_str()
-            .is_some_and(|t| t.eq_ignore_ascii_case(type_))
-    });
-    let Some(c) = found else {
-        return Err(format!(
-            "no {type_} condition yet (phase {})",
-            item["status"]["phase"].as_str().unwrap_or("Pending")
-        ));
-    };
-    let current = match (c["observedGeneration"].as_u64(), generation) {
-        (Some(seen), Some(generation)) => seen >= generation,
-        _ => true,
-    };
-    let actual = c["status"].as_str().unwrap_or("Unknown");
-    if current && actual.eq_ignore_ascii_case(status) {
-        return Ok(());
-    }
-    let mut why = format!("condition {type_} is {actual}",);
-    if !current {
-        why.push_str(" for an older generation");
-    }
-    for key in ["reason", "message"] {
-        if let Some(text) = c[key].as_str().filter(|t| !t.is_empty()) {
-            why.push_str(&format!("; {key}: {text}"));
-        }
-    }
-    Err(why)
-}
-
 pub async fn wait(args: WaitArgs) -> Result<ExitCode, CliError> {
     let (kind, name) =
         kind_and_name(&args.target, args.name.as_deref()).map_err(CliError::Usage)?;
@@ -115,25 +80,27 @@ pub async fn wait(args: WaitArgs) -> Result<ExitCode, CliError> {
                 .map_err(|e| CliError::Failed(format!("timed out waiting for {what}: {e}")))?;
             emit(&format!("{what} deleted\n"));
         }
-        Goal::Condition { type_, status } => loop {
-            let state = match client.get_resource(kind, &name).await? {
-                Some(item) => condition_state(&item, &type_, &status),
-                None => Err("it does not exist".to_string()),
-            };
-            match state {
-                Ok(()) => {
-                    emit(&format!("{what} condition met\n"));
-                    break;
-                }
-                Err(why) if Instant::now() >= deadline => {
-                    return Err(CliError::Failed(format!(
-                        "timed out after {:?} waiting for {what}: {why}",
-                        args.timeout
-                    )))
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-            }
-        },
+        Goal::Condition { type_, status } => {
+            let mut progress = Progress::on_stderr();
+            wait_for_condition(
+                &client,
+                kind,
+                &name,
+                &type_,
+                &status,
+                deadline,
+                &mut progress,
+            )
+            .await
+            .map_err(|e| match e {
+                WaitError::TimedOut(why) => CliError::Failed(format!(
+                    "timed out after {:?} waiting for {what}: {why}",
+                    args.timeout
+                )),
+                WaitError::Client(e) => e,
+            })?;
+            emit(&format!("{what} condition met\n"));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -410,21 +377,6 @@ mod tests {
         }
         assert!(parse_goal("jsonpath={.x}").is_err());
         assert!(parse_goal("condition=").is_err());
-    }
-
-    #[test]
-    fn conditions_count_only_for_the_current_generation() {
-        let item = |status: &str, observed: u64| {
-            json!({"metadata": {"generation": 2}, "status": {"phase": "Running", "conditions": [
-                {"type": "Ready", "status": status, "reason": "R", "message": "m", "observedGeneration": observed}
-            ]}})
-        };
-        assert!(condition_state(&item("True", 2), "Ready", "True").is_ok());
-        let old = condition_state(&item("True", 1), "Ready", "True").unwrap_err();
-        assert!(old.contains("older generation"), "{old}");
-        let no = condition_state(&item("False", 2), "Ready", "True").unwrap_err();
-        assert!(no.contains("is False") && no.contains("message: m"), "{no}");
-        assert!(condition_state(&json!({"status": {}}), "Ready", "True").is_err());
     }
 
     #[test]

@@ -367,6 +367,8 @@ async fn ensure_running(
         ctl.engine.unpause(&details.id).await?;
     }
     if !details.running {
+        // A snapshot reading the stopped sandbox's workspace finishes first.
+        let _snapshots_wait = ctl.snapshots.lock(name).await;
         ctl.engine.start_container(&details.id).await?;
     }
     if status.applied_limits != Some(limits) {

@@ -198,6 +198,23 @@ impl Server {
         )
     }
 
+    /// Runs the command-line client against this server, with stdout and stderr piped (no
+    /// terminal); returns (exit code, stdout, stderr).
+    pub fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
+            .args(args)
+            .env_clear()
+            .env("AGENT_SANDBOX_URL", &self.url)
+            .env("AGENT_SANDBOX_API_KEY", &self.key)
+            .output()
+            .expect("run agent-sandbox");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    }
+
     pub fn get(&self, kind_plural: &str, name: &str) -> Option<Value> {
         let (status, body) = self.request("GET", &format!("{API}/{kind_plural}/{name}"), None);
         (status == 200).then_some(body)

@@ -322,7 +322,7 @@ pub fn operations(settings: &Settings) -> Vec<Operation> {
         .link(201, "v1GetSnapshot", "id", "$response.body#/id")
         .link(201, "v1Fork", "id", "$response.body#/id")
         .link(201, "v1DeleteSnapshot", "id", "$response.body#/id")
-        .errors(&[400, 404, 409, 413, 422, 502, 503]),
+        .errors(&[400, 404, 413, 422, 502, 503]),
         op(
             Method::POST,
             "/v1/sandboxes/{id}/rollback",
@@ -336,7 +336,7 @@ pub fn operations(settings: &Settings) -> Vec<Operation> {
         .path_param("id", SANDBOX_ID)
         .json_body_schema("V1RollbackRequest", schemas::rollback_request())
         .json::<wire::SandboxInfo>(200, "The sandbox, with source_snapshot_id set")
-        .errors(&[400, 403, 404, 413, 422, 502, 503]),
+        .errors(&[400, 403, 404, 409, 413, 422, 502, 503]),
         op(
             Method::GET,
             "/v1/snapshots",

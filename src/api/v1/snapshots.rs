@@ -22,7 +22,8 @@ use super::{path_id, V1Options};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::resource::{
-    AnyResource, ConditionStatus, Kind, RollbackRequest, Snapshot, SnapshotPhase, SnapshotSpec,
+    AnyResource, ConditionStatus, Kind, RollbackRequest, SandboxState, Snapshot, SnapshotPhase,
+    SnapshotSpec,
 };
 use crate::store::{StoreError, WriteOptions};
 
@@ -40,10 +41,10 @@ pub async fn create(
     let mut f = Fields::new(&obj);
     let name = f.opt_str("name", Some(128));
     f.finish()?;
-    // A snapshot reads the running container's workspace: a paused or stopped sandbox is woken
-    // first, as for exec and files (or the call refused without `autoResume`).
-    let sandbox = live_sandbox(&state.store, &sandbox_id)?;
-    crate::api::power::awake(&state, sandbox).await?;
+    // A paused or stopped sandbox is snapshotted as it is, and stays so (the controller reads
+    // its workspace without waking it); the call still counts as the sandbox's activity.
+    live_sandbox(&state.store, &sandbox_id)?;
+    state.activity.touch(&sandbox_id);
 
     let events = state.store.subscribe();
     let spec = SnapshotSpec {
@@ -213,7 +214,10 @@ pub async fn rollback(
     let snapshot_id = snapshot_id.unwrap_or_default();
     // The reference looks the snapshot up first: an unknown snapshot wins over an unknown sandbox.
     ready_snapshot(&state.store, &snapshot_id)?;
-    live_sandbox(&state.store, &id)?;
+    let sandbox = live_sandbox(&state.store, &id)?;
+    // The answer is the sandbox running on the snapshot's content: a paused or stopped one is
+    // resumed by the same write (or the call refused without `autoResume`), as exec does.
+    let wake = crate::api::power::wake_with_change(&state, &sandbox)?;
 
     let events = state.store.subscribe();
     let request_id = new_id("r-");
@@ -228,6 +232,9 @@ pub async fn rollback(
             store.update(Kind::Sandbox, &name, |resource| match resource {
                 AnyResource::Sandbox(sandbox) if sandbox.metadata.deletion_timestamp.is_none() => {
                     sandbox.spec.rollback = Some(request.clone());
+                    if wake {
+                        sandbox.spec.state = Some(SandboxState::Running);
+                    }
                     Ok(())
                 }
                 _ => Err(StoreError::NotFound {

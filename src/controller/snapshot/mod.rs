@@ -3,9 +3,11 @@
 //! (a Ready snapshot without data becomes Failed), and deleting the data with the resource.
 //!
 //! A snapshot pauses its sandbox's container while exporting, so the tar is one instant of the
-//! workspace, and always unpauses it. The tracker (`tracker.rs`) is the in-memory record of that: which sandboxes
-//! a snapshot is holding (the sandbox reconcile leaves those paused and unpauses any other paused
-//! container, e.g. one left by a crash) and which temp files are being written. This module never
+//! workspace, and always unpauses it. A sandbox that is paused or stopped (`spec.state`) is read
+//! as it is and left so: a snapshot never wakes one. The tracker (`tracker.rs`) is the in-memory
+//! record of that: which sandboxes a snapshot is holding (the sandbox reconcile leaves those
+//! paused and unpauses any other paused container, e.g. one left by a crash) and which temp files
+//! are being written. This module never
 //! restores anything; see `restore.rs`. `export.rs` writes the tar; the store keeps the data
 //! files (`store/snapshots.rs`).
 //!
@@ -111,8 +113,12 @@ async fn take(
             sandbox_status.phase,
             SandboxPhase::Pending | SandboxPhase::Creating
         );
-        let running =
-            sandbox_status.phase == SandboxPhase::Running && sandbox_status.container_id.is_some();
+        // A paused or stopped sandbox is read as it is, without waking it: its workspace is one
+        // instant already, and its declared state is not the snapshot's to change.
+        let running = matches!(
+            sandbox_status.phase,
+            SandboxPhase::Running | SandboxPhase::Paused | SandboxPhase::Stopped
+        ) && sandbox_status.container_id.is_some();
         if sandbox.metadata.deletion_timestamp.is_none() && !running && starting {
             let age = snapshot
                 .metadata
@@ -159,8 +165,9 @@ async fn take(
         .as_ref()
         .and_then(|s| s.container_id.clone())
         .unwrap_or_default();
+    let stopped = sandbox.status.as_ref().map(|s| s.phase) == Some(SandboxPhase::Stopped);
     let details = ctl.engine.inspect_container(&container).await?;
-    let Some(details) = details.filter(|d| d.running || d.paused) else {
+    let Some(details) = details.filter(|d| d.running || d.paused || stopped) else {
         let message = format!("sandbox {sandbox_name:?} has no running container");
         fail(&mut status, snapshot, "SandboxNotRunning", &message);
         write_status(ctl.store, snapshot, &status).await?;
@@ -173,14 +180,16 @@ async fn take(
     let exported = {
         let _paused_mark = ctl.snapshots.hold_paused(sandbox_name);
         // Armed before pausing: a dropped future must not leave the container frozen.
-        // An engine that cannot freeze a container gets its workspace read while it runs.
+        // An engine that cannot freeze a container gets its workspace read while it runs. One
+        // already paused (the sandbox's own state) or stopped is read as it is and left so; the
+        // mark keeps a resume meanwhile from thawing it under the export.
         let capabilities = ctl.engine.capabilities();
-        let freeze = capabilities.pause;
+        let freeze = capabilities.pause && details.running && !details.paused;
         let mut unpause = PauseGuard {
             engine: Arc::clone(ctl.engine),
             container: freeze.then(|| details.id.clone()),
         };
-        if freeze && !details.paused {
+        if freeze {
             ctl.engine.pause(&details.id).await?;
         }
         let host = (ctl.settings.host_workspace_access && capabilities.host_workspace_access)
@@ -220,6 +229,10 @@ async fn take(
         }
         exported
     };
+    if details.paused {
+        // A resume asked for while the export held the sandbox frozen is carried out now.
+        ctl.queue.add((Kind::Sandbox, sandbox_name.to_string()));
+    }
 
     let exported = match exported {
         Ok(exported) => exported,
