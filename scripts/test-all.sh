@@ -4,7 +4,7 @@
 # drives the server through the published Python SDK, the MCP server through an MCP client, and
 # a property-based fuzz run of the HTTP API from its own OpenAPI document.
 #
-# Needs: a running Docker daemon, cargo, python3. Builds the offline test images itself.
+# Needs: a running Docker daemon, cargo, python3, debootstrap. Builds the offline test images itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,8 +13,12 @@ step() { printf '\n==> %s\n' "$*"; }
 # The in-sandbox helper is part of what is tested: a build without it must fail, not fall back.
 export AGENT_SANDBOX_REQUIRE_HELPER=1
 
+# The Python image too (debootstrap from Debian's mirror): the tests that need Python or bash
+# (a REPL keeping state, a bash fork bomb, a thread storm) must run here, so a missing image
+# fails them instead of skipping them.
 step "test images"
-bash scripts/build-test-images.sh
+bash scripts/build-test-images.sh --python
+export AGENT_SANDBOX_REQUIRE_PYTHON_IMAGE=1
 
 step "build"
 cargo build --all-targets --locked

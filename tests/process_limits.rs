@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{json, Value};
 
-const PYTHON_IMAGE: &str = "agent-sandbox-test/python:latest";
 const LIMIT: u64 = 64;
 
 /// `POST /v1/sandboxes` with the limits of the original report.
@@ -176,23 +175,18 @@ fn a_fork_bomb_is_bounded_by_the_limit_and_the_timeout() {
     still_working(&server, &id, &calm, &before);
 
     // The classic spelling, in an image with bash.
-    if docker_status(&["image", "inspect", PYTHON_IMAGE]) {
+    if python_image("the bash fork bomb") {
         let bash = create_v1(&server, PYTHON_IMAGE);
         let before = started_at(&bash);
         let out = exec(&server, &bash, "bash -c ':(){ :|:& };:; sleep 30'", 8);
         assert_eq!(out["timed_out"], true, "{out}");
         still_working(&server, &bash, &calm, &before);
-    } else {
-        eprintln!(
-            "{PYTHON_IMAGE} is missing (scripts/build-test-images.sh --python): bash bomb skipped"
-        );
     }
 }
 
 #[test]
 fn a_thread_storm_is_refused_inside_the_sandbox() {
-    if !docker_status(&["image", "inspect", PYTHON_IMAGE]) {
-        eprintln!("{PYTHON_IMAGE} is missing (scripts/build-test-images.sh --python): skipped");
+    if !python_image("the thread storm") {
         return;
     }
     let server = Server::start();

@@ -6,6 +6,10 @@
 mod common;
 #[path = "processes/must_hold.rs"]
 mod must_hold;
+#[path = "processes/sandbox_end.rs"]
+mod sandbox_end;
+#[path = "processes/storage.rs"]
+mod storage;
 #[path = "processes/terminal.rs"]
 mod terminal;
 

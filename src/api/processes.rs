@@ -30,7 +30,7 @@ use super::AppState;
 use crate::processes::{
     OutputEvent, Process, ProcessError, StartSpec, State as PState, Stream, Target,
 };
-use crate::resource::Kind;
+use crate::resource::{Kind, SandboxPhase};
 
 /// Largest stdin body taken in one request.
 pub const MAX_STDIN_BODY: usize = 8 * 1024 * 1024;
@@ -567,10 +567,36 @@ async fn start(
     Ok((StatusCode::CREATED, Json(wire(p))).into_response())
 }
 
+/// A sandbox kept `Expired` (one declared in a watched folder) has no container to ask: its
+/// processes ended with it, and those seen running are reported `Lost`.
+fn expired(state: &AppState, name: &str) -> Option<Target> {
+    let sandbox = state
+        .store
+        .get(Kind::Sandbox, name)?
+        .resource
+        .as_sandbox()
+        .cloned()?;
+    let phase = sandbox.status.as_ref().map(|s| s.phase);
+    (sandbox.metadata.deletion_timestamp.is_none() && phase == Some(SandboxPhase::Expired)).then(
+        || Target {
+            name: name.to_string(),
+            uid: sandbox.metadata.uid.clone().unwrap_or_default(),
+            container_id: String::new(),
+            env: BTreeMap::new(),
+        },
+    )
+}
+
 async fn list(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<ProcessList>, ApiError> {
+    if let Some(target) = expired(&state, &name) {
+        let items = state.processes.of_expired(&target);
+        return Ok(Json(ProcessList {
+            items: items.into_iter().map(wire).collect(),
+        }));
+    }
     let target = target(&state, &name).await?;
     let items = state.processes.list(&target).await.map_err(process_error)?;
     Ok(Json(ProcessList {
@@ -582,6 +608,19 @@ async fn get_one(
     State(state): State<AppState>,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Json<ProcessObject>, ApiError> {
+    if let Some(target) = expired(&state, &name) {
+        return match state
+            .processes
+            .of_expired(&target)
+            .into_iter()
+            .find(|p| p.id == id)
+        {
+            Some(p) => Ok(Json(wire(p))),
+            None => Err(ApiError::NotFound(format!(
+                "process {id} not found in sandbox {name}: it expired"
+            ))),
+        };
+    }
     let target = target(&state, &name).await?;
     let p = state
         .processes

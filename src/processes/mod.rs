@@ -281,6 +281,7 @@ const REPLACED: &str = "the sandbox's container was replaced; its processes ende
 const GONE: &str = "the sandbox's container went away; its processes ended with it";
 const RESTARTED: &str =
     "the sandbox's container stopped and started again; its processes ended with it";
+const EXPIRED: &str = "the sandbox expired; its processes ended with it";
 
 fn bridge_error(target: &Target, e: BridgeError) -> ProcessError {
     match e {
@@ -375,6 +376,18 @@ impl Processes {
         if let Some(s) = seen.get_mut(&target.key()) {
             s.lose_all(GONE);
         }
+    }
+
+    /// The processes of a sandbox that expired and is kept without a container: those seen
+    /// running in its last container are `Lost`, with those lost before; none runs any more.
+    /// (`target.container_id` is not used: there is none.)
+    pub fn of_expired(&self, target: &Target) -> Vec<Process> {
+        let mut seen = self.seen();
+        let Some(s) = seen.get_mut(&target.key()) else {
+            return Vec::new();
+        };
+        s.lose_all(EXPIRED);
+        s.lost.values().cloned().collect()
     }
 
     fn lost(&self, target: &Target, id: &str) -> Option<Process> {

@@ -12,6 +12,8 @@ use serde_json::Value;
 
 pub const TEST_IMAGE: &str = "agent-sandbox-test/busybox:latest";
 pub const API: &str = "/apis/agent-sandbox.io/v1";
+/// The optional image with Python and bash (`scripts/build-test-images.sh --python`).
+pub const PYTHON_IMAGE: &str = "agent-sandbox-test/python:latest";
 
 /// A unique, valid resource-name prefix for one test.
 pub fn unique(prefix: &str) -> String {
@@ -348,6 +350,23 @@ pub fn docker_status(args: &[&str]) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// Whether the optional Python image is there for the part of a test that needs it. Without it
+/// that part is skipped, saying so, unless `AGENT_SANDBOX_REQUIRE_PYTHON_IMAGE=1` (set by
+/// `scripts/test-all.sh`, which builds it): then a missing image fails the test instead of
+/// letting it pass without having run.
+pub fn python_image(what: &str) -> bool {
+    if docker_status(&["image", "inspect", PYTHON_IMAGE]) {
+        return true;
+    }
+    let hint = "scripts/build-test-images.sh --python builds it";
+    assert!(
+        std::env::var("AGENT_SANDBOX_REQUIRE_PYTHON_IMAGE").as_deref() != Ok("1"),
+        "{PYTHON_IMAGE} is missing and AGENT_SANDBOX_REQUIRE_PYTHON_IMAGE=1: {what} cannot run ({hint})"
+    );
+    eprintln!("{PYTHON_IMAGE} is missing ({hint}): {what} skipped");
+    false
 }
 
 /// `docker inspect` of one object as JSON, or `None` when it does not exist.

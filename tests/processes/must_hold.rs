@@ -24,7 +24,7 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 /// An HTTP/1.0 request whose answer is the body as it comes (no chunking), not yet read.
-fn raw_get(server: &Server, path: &str) -> TcpStream {
+pub(super) fn raw_get(server: &Server, path: &str) -> TcpStream {
     let host = server.url.trim_start_matches("http://");
     let mut stream = TcpStream::connect(host).unwrap();
     stream
@@ -40,15 +40,15 @@ fn raw_get(server: &Server, path: &str) -> TcpStream {
 }
 
 /// What a follower of a stdout read saw: data bytes, bytes skipped by truncation, the last event.
-struct Followed {
-    data: u64,
-    skipped: u64,
-    last: Value,
+pub(super) struct Followed {
+    pub(super) data: u64,
+    pub(super) skipped: u64,
+    pub(super) last: Value,
 }
 
 /// Reads an NDJSON output answer (utf8, ASCII output) to its end, checking that offsets run on
 /// without gap except where a `truncated` event says so.
-fn follow_all(stream: TcpStream) -> Followed {
+pub(super) fn follow_all(stream: TcpStream) -> Followed {
     let mut reader = BufReader::with_capacity(1 << 20, stream);
     let mut line = String::new();
     loop {
@@ -531,12 +531,8 @@ fn start_fields_apply_a_rollback_loses_processes_and_a_python_repl_keeps_state()
     );
     assert_eq!(status, 409, "a lost process takes no signal");
 
-    // A Python REPL keeps its state between two inputs (in the image with Python, when built).
-    const PYTHON_IMAGE: &str = "agent-sandbox-test/python:latest";
-    if !docker_status(&["image", "inspect", PYTHON_IMAGE]) {
-        eprintln!(
-            "{PYTHON_IMAGE} is missing (scripts/build-test-images.sh --python): REPL skipped"
-        );
+    // A Python REPL keeps its state between two inputs (in the image with Python).
+    if !python_image("the Python REPL") {
         return;
     }
     let mut body = json!({"image": PYTHON_IMAGE});
