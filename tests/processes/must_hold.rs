@@ -23,8 +23,10 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
-/// An HTTP/1.0 request whose answer is the body as it comes (no chunking), not yet read.
-pub(super) fn raw_get(server: &Server, path: &str) -> TcpStream {
+/// An HTTP/1.0 request whose answer is the body as it comes (no chunking): its head is read and
+/// must be a 200, so that the stream is open at the server when this returns (a later change to
+/// the sandbox is then seen by it); the body is not yet read.
+pub(super) fn raw_get(server: &Server, path: &str) -> BufReader<TcpStream> {
     let host = server.url.trim_start_matches("http://");
     let mut stream = TcpStream::connect(host).unwrap();
     stream
@@ -36,7 +38,26 @@ pub(super) fn raw_get(server: &Server, path: &str) -> TcpStream {
         server.key
     )
     .unwrap();
-    stream
+    // A client that never reads reads at most this much ahead with its head.
+    let mut reader = BufReader::with_capacity(64 << 10, stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert!(
+        line.split_whitespace().nth(1) == Some("200"),
+        "GET {path}: {line}"
+    );
+    loop {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        assert!(
+            !line.is_empty(),
+            "the answer to GET {path} ended in its head"
+        );
+    }
+    reader
 }
 
 /// What a follower of a stdout read saw: data bytes, bytes skipped by truncation, the last event.
@@ -48,17 +69,8 @@ pub(super) struct Followed {
 
 /// Reads an NDJSON output answer (utf8, ASCII output) to its end, checking that offsets run on
 /// without gap except where a `truncated` event says so.
-pub(super) fn follow_all(stream: TcpStream) -> Followed {
-    let mut reader = BufReader::with_capacity(1 << 20, stream);
+pub(super) fn follow_all(mut reader: BufReader<TcpStream>) -> Followed {
     let mut line = String::new();
-    loop {
-        line.clear();
-        reader.read_line(&mut line).unwrap();
-        if line == "\r\n" {
-            break;
-        }
-        assert!(!line.is_empty(), "the answer ended in its head");
-    }
     let (mut next, mut data, mut skipped) = (0u64, 0u64, 0u64);
     let mut last = Value::Null;
     loop {
