@@ -263,9 +263,11 @@ fn hostile_frames_huge_argv_and_invalid_utf8() {
     assert_eq!(out, b"still\n");
     assert!(status.is_none());
     // A message over the limit closes that socket only.
-    ws.send(framed(0, &vec![b'x'; 2 << 20])).unwrap();
-    let (out, _, status) = until_status(&mut ws, None);
-    assert!(out.is_empty() && status.is_none(), "{status:?}");
+    // (On a busy machine the server may close it while the message is still being written.)
+    if ws.send(framed(0, &vec![b'x'; 2 << 20])).is_ok() {
+        let (out, _, status) = until_status(&mut ws, None);
+        assert!(out.is_empty() && status.is_none(), "{status:?}");
+    }
 
     // Broken framing: the server closes the connection, and nothing else changes.
     let frames: Vec<(&str, Vec<u8>)> = vec![
