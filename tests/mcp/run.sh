@@ -56,7 +56,9 @@ PYTHON="$VENV/bin/python"
 
 say "building agent-sandbox"
 cargo build --locked --bin agent-sandbox
-BINARY="$(pwd)/${CARGO_TARGET_DIR:-$TARGET_DIR}/debug/agent-sandbox"
+BINARY="${CARGO_TARGET_DIR:-$TARGET_DIR}/debug/agent-sandbox"
+# An absolute path stays as it is (a CARGO_TARGET_DIR elsewhere); a relative one is from here.
+[[ "$BINARY" = /* ]] || BINARY="$(pwd)/$BINARY"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/agent-sandbox-mcp.XXXXXX")
 server_log="$work/server.log"
