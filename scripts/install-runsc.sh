@@ -15,7 +15,8 @@
 # stays as it is. Without network access to that suite it falls back to the runsc on PATH (or
 # bookworm's package) with a warning: process storms can then still restart a gVisor sandbox.
 #
-# The runtime is registered with `runtimeArgs: ["--network=host", "--platform=systrap"]`: gVisor's
+# The runtime is registered with `runtimeArgs: ["--network=host", "--platform=systrap",
+# "--overlay2=none"]` (the last two where the release has them; see below for the overlay): gVisor's
 # own network stack refuses to start here ("cannot run with network enabled in root network
 # namespace"), while --network=host makes it use the network namespace Docker prepared, so a
 # `--network none` container sees only `lo` and a bridge container its own `eth0` (served by the
@@ -26,7 +27,7 @@
 #
 # Usage: scripts/install-runsc.sh [--help]
 # Environment: RUNSC_NAME (default runsc), RUNSC_ARGS (JSON array; default ["--network=host",
-#              "--platform=systrap"], or ["--network=host"] for a release without systrap),
+#              "--platform=systrap", "--overlay2=none"], less what the release lacks),
 #              GVISOR_SUITE (default trixie), RUNSC_DIR (default /usr/local/lib/agent-sandbox),
 #              DAEMON_JSON (default /etc/docker/daemon.json), TEST_IMAGE (default
 #              agent-sandbox-test/busybox:latest; built with scripts/build-test-images.sh if missing).
@@ -53,7 +54,7 @@ command -v docker >/dev/null || die "docker CLI not found"
 docker info >/dev/null 2>&1 || die "cannot reach the Docker daemon"
 
 # 1. A gVisor release with the systrap platform.
-has_systrap() { "$1" flags 2>&1 | grep -q systrap; }
+has_systrap() { "$1" flags 2>&1 | grep systrap >/dev/null; }
 
 # Downloads GVISOR_SUITE's runsc package into a private apt tree and installs its binary as
 # RUNSC_DIR/runsc. Nothing of the machine's apt configuration or package database changes.
@@ -103,10 +104,17 @@ else
     log "WARNING: $RUNSC_PATH has no systrap platform; under its ptrace platform a process storm" \
         "can exhaust the sandbox's pids headroom and restart the gVisor sandbox (see SECURITY.md)"
 fi
-if has_systrap "$RUNSC_PATH"; then
-    RUNSC_ARGS="${RUNSC_ARGS:-[\"--network=host\", \"--platform=systrap\"]}"
-else
-    RUNSC_ARGS="${RUNSC_ARGS:-[\"--network=host\"]}"
+# gVisor releases from 2023 on wrap the root filesystem in an overlay of their own by default
+# (`--overlay2=root:self`): writes outside the volumes then live in a gVisor file store, are
+# lost when the container stops and are invisible to `docker diff` and `docker commit`. A
+# stopped-and-resumed sandbox must keep what was installed in it, as under runc: turn it off.
+# (grep reads to the end: with -q it would leave early and the SIGPIPE would fail the pipeline.)
+has_overlay2() { "$1" flags 2>&1 | grep -- '-overlay2' >/dev/null; }
+if [ -z "${RUNSC_ARGS:-}" ]; then
+    RUNSC_ARGS='"--network=host"'
+    if has_systrap "$RUNSC_PATH"; then RUNSC_ARGS+=', "--platform=systrap"'; fi
+    if has_overlay2 "$RUNSC_PATH"; then RUNSC_ARGS+=', "--overlay2=none"'; fi
+    RUNSC_ARGS="[$RUNSC_ARGS]"
 fi
 log "runsc: $RUNSC_PATH ($("$RUNSC_PATH" --version 2>/dev/null | head -n1))"
 
@@ -214,3 +222,10 @@ fi
 out="$(docker run --rm --runtime "$RUNSC_NAME" --network none "$TEST_IMAGE" sh -c 'dmesg 2>/dev/null | head -n1; ls /sys/class/net 2>/dev/null | tr "\n" " "')" ||
     die "a container did not run with --runtime $RUNSC_NAME"
 log "docker run --runtime $RUNSC_NAME: ok (${out//$'\n'/; })"
+# A write to the root filesystem reaches the container's own layer and survives a stop.
+probe="$(docker run -d --runtime "$RUNSC_NAME" --network none "$TEST_IMAGE" sleep 600)"
+kept="$(docker exec "$probe" sh -c 'echo kept > /.runsc-probe' && docker stop -t 1 "$probe" >/dev/null &&
+    docker start "$probe" >/dev/null && docker exec "$probe" cat /.runsc-probe 2>&1 || true)"
+docker rm -f "$probe" >/dev/null
+[ "$kept" = kept ] || die "under --runtime $RUNSC_NAME a root filesystem write did not survive a stop ($kept)"
+log "docker run --runtime $RUNSC_NAME: root filesystem writes survive a stop"

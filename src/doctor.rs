@@ -136,11 +136,13 @@ pub async fn run(settings: &Settings, occasion: Occasion) -> Vec<Finding> {
     findings
 }
 
-/// A warning when the server's runtime is gVisor registered without its systrap platform. Under
-/// ptrace (the default of releases before 2023, such as Debian bookworm's) gVisor's host threads
-/// grow with every process storm until the container's pids bound kills the whole gVisor sandbox
-/// (SECURITY.md).
-fn gvisor_platform(settings: &Settings, report: &DaemonReport) -> Option<Finding> {
+/// Warnings about how gVisor is registered, when it is the server's runtime: without its systrap
+/// platform (under ptrace, the default of releases before 2023 such as Debian bookworm's, gVisor's
+/// host threads grow with every process storm until the container's pids bound kills the whole
+/// gVisor sandbox: SECURITY.md), and, on a release that has systrap, with its own root overlay
+/// left on (its default from 2023: writes outside the volumes then live in gVisor's memory file
+/// store, lost when a sandbox stops and invisible to Docker).
+fn gvisor_platform(settings: &Settings, report: &DaemonReport) -> Vec<Finding> {
     let name = settings.docker_runtime.trim();
     let name = if name.is_empty() {
         report.default_runtime.as_str()
@@ -148,34 +150,47 @@ fn gvisor_platform(settings: &Settings, report: &DaemonReport) -> Option<Finding
         name
     };
     if !crate::docker::is_gvisor(name) {
-        return None;
+        return Vec::new();
     }
-    let args = report.runtime_args.get(name)?;
-    let platform = gvisor_platform_arg(args);
-    if platform == Some("systrap") {
-        return None;
-    }
-    let said = match platform {
-        Some(p) => format!("runs gVisor's {p} platform"),
-        None => "names no platform (releases before 2023 default to ptrace)".to_string(),
+    let Some(args) = report.runtime_args.get(name) else {
+        return Vec::new();
     };
-    Some(Finding::warn(
-        "runtime",
-        format!("runtime {name:?} {said}: process storms can restart its sandboxes"),
-        "register a gVisor release with `--platform=systrap` (`scripts/install-runsc.sh` in the \
-         source tree installs and registers one)",
-    ))
+    let fix = "register it with `scripts/install-runsc.sh` from the source tree (a gVisor \
+               release with `--platform=systrap`, and `--overlay2=none`)";
+    let platform = gvisor_arg(args, "platform");
+    if platform != Some("systrap") {
+        let said = match platform {
+            Some(p) => format!("runs gVisor's {p} platform"),
+            None => "names no platform (releases before 2023 default to ptrace)".to_string(),
+        };
+        return vec![Finding::warn(
+            "runtime",
+            format!("runtime {name:?} {said}: process storms can restart its sandboxes"),
+            fix,
+        )];
+    }
+    if gvisor_arg(args, "overlay2") != Some("none") {
+        return vec![Finding::warn(
+            "runtime",
+            format!(
+                "runtime {name:?} keeps gVisor's own root overlay: what a sandbox installs \
+                 outside its workspace is lost when it stops"
+            ),
+            fix,
+        )];
+    }
+    Vec::new()
 }
 
-/// The value of `--platform` (or `-platform`) in a runtime's arguments.
-fn gvisor_platform_arg(args: &[String]) -> Option<&str> {
+/// The value of `--NAME=V` (or `-NAME V`) in a runtime's arguments.
+fn gvisor_arg<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let flag = arg.trim_start_matches('-');
-        if let Some(value) = flag.strip_prefix("platform=") {
+        if let Some(value) = flag.strip_prefix(name).and_then(|v| v.strip_prefix('=')) {
             return Some(value);
         }
-        if flag == "platform" && arg.starts_with('-') {
+        if flag == name && arg.starts_with('-') {
             return it.next().map(String::as_str);
         }
     }
@@ -533,7 +548,7 @@ mod tests {
     #[test]
     fn the_gvisor_platform_is_read_from_the_runtime_arguments() {
         let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let of = |a: &[&str]| gvisor_platform_arg(&args(a)).map(str::to_string);
+        let of = |a: &[&str]| gvisor_arg(&args(a), "platform").map(str::to_string);
         assert_eq!(
             of(&["--network=host", "--platform=systrap"]).as_deref(),
             Some("systrap")
@@ -541,6 +556,9 @@ mod tests {
         assert_eq!(of(&["-platform", "ptrace"]).as_deref(), Some("ptrace"));
         assert_eq!(of(&["--network=host"]), None);
         assert_eq!(of(&["--platform_device_path=/dev/kvm"]), None);
+        let overlay = args(&["--platform=systrap", "--overlay2=none"]);
+        assert_eq!(gvisor_arg(&overlay, "overlay2"), Some("none"));
+        assert_eq!(gvisor_arg(&overlay, "overlay"), None);
     }
 
     #[test]
