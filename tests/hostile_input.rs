@@ -146,8 +146,10 @@ fn hostile_documents_through_the_api_are_refused_quickly() {
                 allowed.contains(&status),
                 "{label} as {ct}: {status} {body}"
             );
+            // A bound against blow-ups (an expanded billion laughs never finishes), not a
+            // speed check: a debug build on a busy machine takes seconds.
             assert!(
-                took < Duration::from_secs(3),
+                took < Duration::from_secs(15),
                 "{label} as {ct} took {took:?}"
             );
             let err: Value = serde_json::from_str(&body).unwrap_or(Value::Null);

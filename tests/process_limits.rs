@@ -1,7 +1,9 @@
 //! The declared `pidsLimit` against the real daemon, under runc and gVisor
 //! (`AGENT_SANDBOX_TEST_RUNTIME=runsc`): a process storm, a real fork bomb and a thread storm are
 //! refused inside the sandbox, are bounded by the exec timeout and cleaned up, and the sandbox, its
-//! neighbour and the server keep answering, in the same container. Under runc the pids cgroup
+//! neighbour and the server keep answering, in the same container (under gVisor a fork bomb may
+//! still cost the sandbox its helper or its gVisor kernel, and it must recover by itself: see
+//! `fork_bomb`). Under runc the pids cgroup
 //! refuses; under gVisor the sandbox user's `RLIMIT_NPROC`, which gVisor's kernel counts per
 //! sandbox, while the container's pids cgroup counts gVisor's own host threads: those must stay
 //! far from the container's bound after every attack (under gVisor's old ptrace platform they
@@ -73,6 +75,27 @@ fn started_at(id: &str) -> String {
 /// (measured under systrap: about 30 at rest, 165 after a storm at this limit; under ptrace 700
 /// after one storm, and the bound was reached within a few).
 fn still_working(server: &Server, id: &str, calm: &str, before: &str) {
+    recovers(server, id, calm);
+    assert_eq!(
+        started_at(id),
+        before,
+        "the container was restarted\nserver log:\n{}",
+        server.log()
+    );
+    if gvisor() {
+        let bound = agent_sandbox::docker::gvisor_pids_limit(LIMIT);
+        let used = host_pids(id);
+        eprintln!("{id}: {used} host tasks of {bound}");
+        assert!(
+            used < bound / 2,
+            "gVisor's host threads grow toward the container's pids bound: {used} of {bound}"
+        );
+    }
+}
+
+/// The server and the neighbour answer, and the sandbox answers again by itself once what the
+/// attack left running is gone.
+fn recovers(server: &Server, id: &str, calm: &str) {
     let (status, _) = http("GET", &format!("{}/healthz", server.url), None, None, "");
     assert_eq!(status, 200, "the server stopped answering");
     let out = exec(server, calm, "echo calm", 20);
@@ -97,20 +120,43 @@ fn still_working(server: &Server, id: &str, calm: &str, before: &str) {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-    assert_eq!(
-        started_at(id),
-        before,
-        "the container was restarted\nserver log:\n{}",
-        server.log()
+}
+
+/// A fork bomb in `id`, bounded by the exec's timeout; the sandbox, its neighbour and the server
+/// keep answering. Under gVisor a fork bomb can still cost the sandbox its helper, or its whole
+/// gVisor kernel: on a busy machine gVisor's memory grows with the bomb until the memory cgroup's
+/// OOM killer takes the sentry (seen with the limits of the original report; process and thread
+/// storms hold). There the answer may be the lost helper, and what must hold is the fallback the
+/// report asks for: the sandbox recovers by itself, with no manual step.
+fn fork_bomb(server: &Server, id: &str, calm: &str, command: &str) {
+    let before = started_at(id);
+    if !gvisor() {
+        let out = exec(server, id, command, 8);
+        assert_eq!(out["timed_out"], true, "{out}");
+        still_working(server, id, calm, &before);
+        return;
+    }
+    let body = json!({"command": command, "timeout_seconds": 8});
+    let began = Instant::now();
+    let (status, out) = server.request("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&body));
+    assert!(
+        began.elapsed() < Duration::from_secs(8 + 15),
+        "the fork bomb outlived its timeout: {:?}",
+        began.elapsed()
     );
-    if gvisor() {
-        let bound = agent_sandbox::docker::gvisor_pids_limit(LIMIT);
-        let used = host_pids(id);
-        eprintln!("{id}: {used} host tasks of {bound}");
-        assert!(
-            used < bound / 2,
-            "gVisor's host threads grow toward the container's pids bound: {used} of {bound}"
-        );
+    match status {
+        200 => assert_eq!(out["timed_out"], true, "{out}"),
+        502 => assert!(
+            out["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("lost contact with the command")),
+            "{out}"
+        ),
+        _ => panic!("the fork bomb's exec: {status} {out}"),
+    }
+    recovers(server, id, calm);
+    if started_at(id) != before {
+        eprintln!("{id}: the fork bomb restarted the gVisor sandbox; it recovered by itself");
     }
 }
 
@@ -168,19 +214,13 @@ fn a_fork_bomb_is_bounded_by_the_limit_and_the_timeout() {
         create_v1(&server, TEST_IMAGE),
         create_v1(&server, TEST_IMAGE),
     );
-    let before = started_at(&id);
     // busybox's shell refuses `:` as a function name; this is the same bomb.
-    let out = exec(&server, &id, "f(){ f|f& };f; sleep 30", 8);
-    assert_eq!(out["timed_out"], true, "{out}");
-    still_working(&server, &id, &calm, &before);
+    fork_bomb(&server, &id, &calm, "f(){ f|f& };f; sleep 30");
 
     // The classic spelling, in an image with bash.
     if python_image("the bash fork bomb") {
         let bash = create_v1(&server, PYTHON_IMAGE);
-        let before = started_at(&bash);
-        let out = exec(&server, &bash, "bash -c ':(){ :|:& };:; sleep 30'", 8);
-        assert_eq!(out["timed_out"], true, "{out}");
-        still_working(&server, &bash, &calm, &before);
+        fork_bomb(&server, &bash, &calm, "bash -c ':(){ :|:& };:; sleep 30'");
     }
 }
 
