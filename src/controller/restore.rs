@@ -44,6 +44,9 @@ pub(super) async fn populate_volume(
     // Whatever an interrupted attempt left there is not trusted; the create makes it anew,
     // labeled for the sandbox.
     ctl.engine.remove_volume(volume).await?;
+    if let Some(id) = super::views::populate_view(ctl, plan, snapshot).await? {
+        return Ok(id);
+    }
     let id = match ctl.engine.create_container(plan).await {
         Ok(id) => id,
         Err(error) => {
