@@ -10,6 +10,10 @@
 //! live pool. A volume labeled for a live sandbox belongs to it unless the sandbox, with nothing in
 //! progress, names another workspace (the volume was replaced and its removal was interrupted).
 //!
+//! Copy-on-write views (see `views.rs`): the store then removes the directories of views whose
+//! volume Docker no longer lists, and snapshot trees that neither a snapshot (by uid) nor a
+//! volume's [`LABEL_TREE`] refers to, sparing what was made after Docker was listed.
+//!
 //! A deleted sandbox's containers (killed, renamed to a deleted name that is no live sandbox's) and
 //! its workspaces (labeled with a uid no live sandbox has) are finished off by a background task
 //! right after the deletion; whatever that task did not finish, a crash included, falls under

@@ -9,10 +9,12 @@
 //! links when written (`index=on`); `/tmp` and processes are the new container's.
 //!
 //! A view is only used where it verifiably works: the server runs as root (the upper root is
-//! given to the sandbox user), the daemon is on this host (the host path is allowed, see
-//! `workspace.rs`), and once the container runs, this host's mount table shows Docker's overlay
-//! with this very upper directory at the volume's directory (a remote daemon, or one in another
-//! mount namespace, shows nothing there). Where that fails the view is discarded, views are given
+//! given to the sandbox user), the host path has not failed for the runtime, and once the
+//! container runs, both the host path's proof holds (see `workspace.rs`: the volume's directory
+//! here is the container's `/workspace`, which gVisor cannot show, so gVisor sandboxes keep the
+//! copy path although Docker mounts overlay volumes for them too) and this host's mount table
+//! shows Docker's overlay with this very upper directory at the volume's directory (a remote
+//! daemon, or one in another mount namespace, shows nothing there). Where that fails the view is discarded, views are given
 //! up for the runtime, and the restore copies the content as before. `AGENT_SANDBOX_COPY_ON_WRITE
 //! =false` turns views off.
 //!
@@ -29,18 +31,20 @@ use super::container::Containers;
 use super::content::{restore_policy, Validated};
 use super::context::SandboxContext;
 use super::error::ReconcileError;
+use super::workspace::open_host_root;
 use crate::config::Settings;
 use crate::docker::{
-    ContainerPlan, Engine, EngineError, ViewPaths, LABEL_ID, LABEL_MANAGED, LABEL_SERVER,
-    LABEL_TREE, LABEL_UID,
+    is_gvisor, ContainerPlan, Engine, EngineError, ViewPaths, LABEL_ID, LABEL_MANAGED,
+    LABEL_SERVER, LABEL_TREE, LABEL_UID,
 };
 use crate::store::{Store, TreeError};
 
-/// Whether views may be tried at all: allowed by the settings and the engine, and the server is
-/// root.
+/// Whether views may be tried at all: allowed by the settings and the engine, the server is
+/// root, and its runtime is not gVisor (see above).
 pub(super) fn enabled(settings: &Settings, engine: &dyn Engine) -> bool {
     // SAFETY: geteuid has no preconditions.
     settings.copy_on_write
+        && !is_gvisor(&settings.docker_runtime)
         && settings.host_workspace_access
         && engine.capabilities().host_workspace_access
         && unsafe { libc::geteuid() } == 0
@@ -81,7 +85,10 @@ pub(super) async fn populate_view(
     snapshot: &Validated,
 ) -> Result<Option<String>, ReconcileError> {
     let runtime = plan.runtime.clone().unwrap_or_default();
+    // Views are part of the host path: not where it has failed for this runtime (and each view
+    // proves it again, see `verify`).
     if !enabled(ctl.settings, ctl.engine.as_ref())
+        || !ctl.workspaces.may_use_host(&runtime)
         || ctl.workspaces.view_access.get(&runtime) == Some(false)
     {
         return Ok(None);
@@ -147,7 +154,7 @@ pub(super) async fn populate_view(
         }
     };
     let started = match ctl.engine.start_container(&id).await {
-        Ok(()) => verify(ctl, &id, &dirs.upper).await,
+        Ok(()) => verify(ctl, &id, &runtime, &dirs.upper).await,
         // The mount is made at the start: a daemon that cannot make it refuses the start.
         Err(EngineError::Docker { message, .. }) => Err(message),
         Err(error) => {
@@ -184,15 +191,30 @@ fn view_labels(
     ])
 }
 
-/// Checks that the running container `id`'s workspace is the overlay whose upper directory is
-/// `upper`, as this host's mount table shows it.
-async fn verify(ctl: &SandboxContext<'_>, id: &str, upper: &Path) -> Result<(), String> {
+/// Checks that the running container `id`'s workspace is the volume's directory on this host
+/// (the host path's proof, learned for `runtime`) and that this directory is the overlay whose
+/// upper directory is `upper`, as this host's mount table shows it.
+async fn verify(
+    ctl: &SandboxContext<'_>,
+    id: &str,
+    runtime: &str,
+    upper: &Path,
+) -> Result<(), String> {
     let details = ctl
         .engine
         .inspect_container(id)
         .await
         .map_err(|e| e.to_string())?
         .ok_or("the container vanished while starting")?;
+    match open_host_root(&details) {
+        Ok(_) => ctl.workspaces.host_access.learn(runtime, true),
+        Err(error) => {
+            if error.lasting {
+                ctl.workspaces.host_access.learn(runtime, false);
+            }
+            return Err(error.to_string());
+        }
+    }
     let source = details
         .workspace_source
         .ok_or("Docker names no directory for the workspace")?;
