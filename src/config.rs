@@ -164,6 +164,11 @@ pub struct Settings {
     /// Docker's archive API.
     #[arg(long, env = "AGENT_SANDBOX_HOST_WORKSPACE_ACCESS", default_value = "true", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub host_workspace_access: bool,
+    /// Restore snapshots as copy-on-write views (an overlay of the snapshot's tree, unpacked once
+    /// in the data directory) where the daemon is on this host and mounts them (needs
+    /// `host_workspace_access` and root); `false` copies every restore's content.
+    #[arg(long, env = "AGENT_SANDBOX_COPY_ON_WRITE", default_value = "true", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub copy_on_write: bool,
     /// How many reconciles may run at once.
     #[arg(long, env = "AGENT_SANDBOX_RECONCILE_WORKERS", default_value_t = 8)]
     pub reconcile_workers: usize,

@@ -18,6 +18,9 @@ use crate::store::{DataStamp, Store};
 pub struct Validated {
     pub(super) name: String,
     pub(super) path: PathBuf,
+    /// The snapshot's `metadata.uid`: with the owner a restore forces, it names the snapshot's
+    /// tree (see `views.rs`).
+    pub(super) uid: Option<String>,
 }
 
 /// Finds a Ready snapshot's data and validates all of it (once per unchanged file, as `files`
@@ -38,6 +41,7 @@ pub(super) async fn validated(
     if snapshot.metadata.deletion_timestamp.is_some() {
         return Err(ReconcileError::SnapshotNotFound(name.to_string()));
     }
+    let uid = snapshot.metadata.uid.clone();
     let status = snapshot.status.clone().unwrap_or_default();
     match status.phase {
         SnapshotPhase::Pending => return Err(ReconcileError::SnapshotNotReady(name.to_string())),
@@ -60,6 +64,7 @@ pub(super) async fn validated(
         return Ok(Validated {
             name: name.to_string(),
             path,
+            uid,
         });
     }
     let policy = restore_policy(settings)?;
@@ -81,6 +86,7 @@ pub(super) async fn validated(
     Ok(Validated {
         name: name.to_string(),
         path,
+        uid,
     })
 }
 

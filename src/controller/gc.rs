@@ -10,6 +10,10 @@
 //! live pool. A volume labeled for a live sandbox belongs to it unless the sandbox, with nothing in
 //! progress, names another workspace (the volume was replaced and its removal was interrupted).
 //!
+//! Copy-on-write views (see `views.rs`): the store then removes the directories of views whose
+//! volume Docker no longer lists, and snapshot trees that neither a snapshot (by uid) nor a
+//! volume's [`LABEL_TREE`] refers to, sparing what was made after Docker was listed.
+//!
 //! A deleted sandbox's containers (killed, renamed to a deleted name that is no live sandbox's) and
 //! its workspaces (labeled with a uid no live sandbox has) are finished off by a background task
 //! right after the deletion; whatever that task did not finish, a crash included, falls under
@@ -20,7 +24,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use super::context::GcContext;
 use super::error::ReconcileError;
 use super::names::{container_name, is_member, pool_of_member, sandbox_of, staging_of};
-use crate::docker::{LABEL_ROLE, LABEL_UID};
+use super::views::snapshot_of_tree;
+use crate::docker::{LABEL_ROLE, LABEL_TREE, LABEL_UID};
 use crate::resource::{Kind, SandboxPhase};
 
 pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, ReconcileError> {
@@ -30,6 +35,7 @@ pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, Reconc
     }
     // Docker first, then the store: every object listed was made by a reconcile of a resource that
     // was already in the store, so a resource created meanwhile cannot lose its fresh objects.
+    let listed = std::time::Instant::now();
     let containers = ctl.engine.list_containers().await?;
     let volumes = ctl.engine.list_volumes().await?;
     let sandboxes = ctl.store.list(Kind::Sandbox);
@@ -132,7 +138,13 @@ pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, Reconc
             }
         }
     }
+    let mut present: HashSet<String> = HashSet::new();
+    let mut trees_in_use: HashSet<String> = HashSet::new();
     for volume in volumes {
+        if let Some(tree) = volume.labels.get(LABEL_TREE) {
+            trees_in_use.insert(tree.clone());
+        }
+        present.insert(volume.name.clone());
         // Helper volumes are shared by every server on the daemon, whatever its version: not
         // ours to remove.
         if volume.labels.contains_key(LABEL_ROLE) || !ours(&volume.labels) {
@@ -150,10 +162,26 @@ pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, Reconc
             // Docker refuses to remove a volume still mounted (one claimed a moment ago, say):
             // not an error, the next pass judges it again.
             match ctl.engine.remove_volume(&volume.name).await {
-                Ok(()) => removed += 1,
+                Ok(()) => {
+                    removed += 1;
+                    present.remove(&volume.name);
+                }
                 Err(error) => tracing::debug!(volume = %volume.name, %error, "volume kept"),
             }
         }
     }
+    // Copy-on-write views whose volume is gone, and trees no snapshot and no volume needs.
+    let snapshots: HashSet<String> = ctl
+        .store
+        .list(Kind::Snapshot)
+        .iter()
+        .filter_map(|e| e.resource.metadata().uid.clone())
+        .collect();
+    let keep_tree =
+        move |key: &str| trees_in_use.contains(key) || snapshots.contains(snapshot_of_tree(key));
+    removed += ctl
+        .store
+        .collect_views_and_trees(listed, present, keep_tree)
+        .await;
     Ok(removed)
 }

@@ -47,6 +47,7 @@ mod names;
 mod policy;
 mod status;
 mod tracker;
+mod views;
 mod workspace;
 
 // The reconcilers, one per kind, and what only they use.

@@ -32,8 +32,9 @@ async fn validated(ctl: &SandboxContext<'_>, name: &str) -> Result<Validated, Re
     content::validated(ctl.store, ctl.settings, ctl.validated_files, name).await
 }
 
-/// Makes `plan.workspace_volume` a new volume holding the snapshot, mounted by a newly created
-/// and started container of `plan`, whose ID is returned. The container's name must be free.
+/// Makes `plan.workspace_volume` a new volume holding the snapshot (a copy-on-write view of it
+/// where views work here, see `views.rs`; else a copy), mounted by a newly created and started
+/// container of `plan`, whose ID is returned. The container's name must be free.
 /// On error both are removed again.
 pub(super) async fn populate_volume(
     ctl: &SandboxContext<'_>,
@@ -44,6 +45,9 @@ pub(super) async fn populate_volume(
     // Whatever an interrupted attempt left there is not trusted; the create makes it anew,
     // labeled for the sandbox.
     ctl.engine.remove_volume(volume).await?;
+    if let Some(id) = super::views::populate_view(ctl, plan, snapshot).await? {
+        return Ok(id);
+    }
     let id = match ctl.engine.create_container(plan).await {
         Ok(id) => id,
         Err(error) => {

@@ -365,6 +365,7 @@ async fn a_restore_into_a_directory_that_fails_the_proof_fails_and_gives_up_the_
     let snapshot = super::content::Validated {
         name: "s".into(),
         path: tar_path,
+        uid: None,
     };
     let sandbox = Sandbox::new(
         "a",

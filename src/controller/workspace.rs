@@ -162,6 +162,8 @@ pub(super) struct Workspaces {
     settings: Arc<Settings>,
     /// Whether workspaces can be used on this host, as learned so far.
     pub(super) host_access: HostAccess,
+    /// Whether copy-on-write views work on this host, as learned so far (see `views.rs`).
+    pub(super) view_access: HostAccess,
 }
 
 impl Workspaces {
@@ -170,6 +172,7 @@ impl Workspaces {
             engine,
             settings,
             host_access: HostAccess::default(),
+            view_access: HostAccess::default(),
         }
     }
 

@@ -289,6 +289,34 @@ impl Engine for BollardEngine {
             .map_err(map_err("create", &format!("volume {name}")))
     }
 
+    async fn create_view_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        view: &ViewPaths,
+    ) -> EngineResult<()> {
+        let options = view.overlay_options().ok_or_else(|| EngineError::Docker {
+            operation: format!("create volume {name}"),
+            message: "the view's paths cannot be written as mount options".into(),
+        })?;
+        let request = bollard::models::VolumeCreateRequest {
+            name: Some(name.to_string()),
+            driver: Some("local".to_string()),
+            driver_opts: Some(HashMap::from([
+                ("type".to_string(), "overlay".to_string()),
+                ("device".to_string(), "overlay".to_string()),
+                ("o".to_string(), options),
+            ])),
+            labels: Some(labels.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        self.docker
+            .create_volume(request)
+            .await
+            .map(drop)
+            .map_err(map_err("create", &format!("volume {name}")))
+    }
+
     async fn list_volumes_with_label(&self, key: &str) -> EngineResult<Vec<ManagedVolume>> {
         self.volumes_matching(HashMap::from([(
             "label".to_string(),

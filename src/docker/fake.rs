@@ -344,6 +344,22 @@ impl Engine for FakeEngine {
         Ok(())
     }
 
+    async fn create_view_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        _view: &ViewPaths,
+    ) -> EngineResult<()> {
+        let mut state = self.enter("create_view_volume", name)?;
+        if state.volumes.contains_key(name) {
+            return Err(EngineError::Conflict {
+                what: format!("volume {name}"),
+            });
+        }
+        state.volumes.insert(name.to_string(), labels.clone());
+        Ok(())
+    }
+
     async fn list_volumes_with_label(&self, key: &str) -> EngineResult<Vec<ManagedVolume>> {
         let state = self.enter("list_volumes_with_label", key)?;
         Ok(state

@@ -38,6 +38,9 @@ pub const LABEL_SPEC_HASH: &str = "io.agent-sandbox.spec-hash";
 /// collection only ever touches objects carrying its own value, so several servers — or test
 /// servers running side by side — can share one daemon.
 pub const LABEL_SERVER: &str = "io.agent-sandbox.server";
+/// Label on a copy-on-write workspace volume naming the snapshot tree it is a view of (a key of
+/// the store's trees): the tree stays while any volume names it.
+pub const LABEL_TREE: &str = "io.agent-sandbox.tree";
 /// Label on shared, server-owned objects that belong to no sandbox (the helper volume).
 pub const LABEL_ROLE: &str = "io.agent-sandbox.role";
 
@@ -96,6 +99,36 @@ pub enum EngineError {
 impl EngineError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, EngineError::NotFound { .. })
+    }
+}
+
+/// The directories of a copy-on-write view on the daemon's host (see
+/// [`Engine::create_view_volume`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ViewPaths {
+    pub lower: std::path::PathBuf,
+    pub upper: std::path::PathBuf,
+    pub work: std::path::PathBuf,
+}
+
+impl ViewPaths {
+    /// The overlay mount options; `None` when a path cannot be written into them (a comma, colon
+    /// or backslash would be read as a separator, and a relative path is not the host's).
+    pub fn overlay_options(&self) -> Option<String> {
+        let paths = [&self.lower, &self.upper, &self.work];
+        let mut parts = Vec::new();
+        for path in paths {
+            let text = path.to_str()?;
+            if !path.is_absolute() || text.contains([',', ':', '\\', '=', ' ', '\t', '\n']) {
+                return None;
+            }
+            parts.push(text);
+        }
+        // index=on: hard links of the tree stay links when one of them is written.
+        Some(format!(
+            "lowerdir={},upperdir={},workdir={},index=on",
+            parts[0], parts[1], parts[2]
+        ))
     }
 }
 
@@ -315,6 +348,16 @@ pub trait Engine: Send + Sync + 'static {
         &self,
         name: &str,
         labels: &BTreeMap<String, String>,
+    ) -> EngineResult<()>;
+    /// Creates volume `name` carrying `labels` as a copy-on-write view: Docker's `local` driver
+    /// mounts an overlay of `view.lower` (read-only) under `view.upper` (its writes, with
+    /// `view.work` as overlay's work directory) when a container mounts it. The directories are
+    /// paths of the daemon's host. An existing volume of that name is an error.
+    async fn create_view_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        view: &ViewPaths,
     ) -> EngineResult<()>;
     /// Every volume carrying the label `key`, whatever its value and whether managed or not.
     async fn list_volumes_with_label(&self, key: &str) -> EngineResult<Vec<ManagedVolume>>;

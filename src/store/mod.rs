@@ -8,6 +8,8 @@
 //! <data>/state/<plural>/<name>.json       server-owned metadata (uid, generation, resourceVersion,
 //!                                         timestamps, owner references) and observed status
 //! <data>/snapshots/<name>.tar             snapshot contents (see `snapshots.rs`)
+//! <data>/trees/<key>/                     a snapshot's content unpacked once, read-only
+//! <data>/views/<volume>/{upper,work}      what a copy-on-write workspace wrote (`trees.rs`)
 //! <data>/server-id                        this server's identity (see `identity.rs`)
 //! <data>/api-key                          the generated API key, mode 0600 (`identity.rs`)
 //! --watch DIR                             read-only folders of manifests; watched, never written
@@ -31,6 +33,7 @@ mod snapshots;
 mod state;
 #[cfg(test)]
 mod tests;
+mod trees;
 mod watch;
 
 use std::path::{Path, PathBuf};
@@ -45,6 +48,7 @@ use index::{Inner, Source};
 pub use atomic::write_atomic;
 pub use identity::{read_or_create_private, PrivateFile};
 pub use snapshots::{DataStamp, SnapshotWrite};
+pub use trees::{TreeError, ViewDirs};
 
 /// Which source declares a resource.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -160,6 +164,8 @@ pub struct Store {
     settled: Condvar,
     /// Snapshots whose data is being written (see `snapshots.rs`).
     snapshot_writes: snapshots::Writing,
+    /// Trees and views made or used lately (see `trees.rs`).
+    cow_touched: trees::Touched,
 }
 
 impl Store {
@@ -216,6 +222,7 @@ impl Store {
             }),
             settled: Condvar::new(),
             snapshot_writes: Default::default(),
+            cow_touched: Default::default(),
         });
         for index in 0..source_count {
             store.rescan(index);

@@ -291,6 +291,18 @@ async fn take(
         generation,
     );
     write_status(ctl.store, snapshot, &status).await?;
+    // Restores of it will be copy-on-write views of its tree: unpacked now, in the background,
+    // so the first restore does not wait for it.
+    if let Some(uid) = snapshot.metadata.uid.clone() {
+        if super::views::enabled(ctl.settings, ctl.engine.as_ref()) {
+            let store = Arc::clone(ctl.store);
+            let settings = Arc::clone(ctl.settings);
+            let path = store.snapshot_path(name);
+            tokio::spawn(async move {
+                super::views::prepare_tree(&store, &settings, &uid, &path).await;
+            });
+        }
+    }
     Ok(Outcome::done())
 }
 

@@ -1,0 +1,251 @@
+"""Copy-on-write restores against the copy path, ours only: fork and rollback of a 10 MiB /
+200-file workspace and of a 1 GiB one, cold and with a warm pool, the disk ten forks of the large
+snapshot use, and Docker's own create-and-start as the floor. Standard library only.
+
+    python3 bench/cow.py target/release/agent-sandbox [--n 5] [--large-mib 1024]
+
+The server is started twice on a fresh data directory, with `AGENT_SANDBOX_COPY_ON_WRITE=true`
+(views) and `=false` (the copy path); everything either made is removed by its server label at
+the end. `AGENT_SANDBOX_TEST_RUNTIME` picks the runtime (default runc). The table goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import pathlib
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+API = "/apis/agent-sandbox.io/v1"
+IMAGE = "agent-sandbox-test/busybox:latest"
+SMALL = (
+    "dd if=/dev/urandom of=/workspace/data.bin bs=1048576 count=10 2>/dev/null"
+    " && mkdir -p /workspace/small"
+    " && i=0 && while [ $i -lt 200 ]; do echo \"file $i\" > /workspace/small/f$i.txt; i=$((i+1)); done"
+)
+
+
+def large(mib: int) -> str:
+    files = max(1, mib // 16)
+    return (
+        SMALL
+        + f" && i=0 && while [ $i -lt {files} ]; do"
+        " dd if=/dev/urandom of=/workspace/big$i bs=1048576 count=16 2>/dev/null; i=$((i+1)); done"
+    )
+
+
+class Ours:
+    def __init__(self, binary: str, cow: bool, runtime: str):
+        self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="cow-bench-"))
+        self.data = self.tmp / "data"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.key = "bench-" + os.urandom(16).hex()
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "AGENT_SANDBOX_PORT": str(self.port),
+            "AGENT_SANDBOX_DATA_DIR": str(self.data),
+            "AGENT_SANDBOX_API_KEYS": self.key,
+            "AGENT_SANDBOX_DEFAULT_IMAGE": IMAGE,
+            "AGENT_SANDBOX_DOCKER_RUNTIME": runtime,
+            "AGENT_SANDBOX_MAX_SANDBOXES": "100",
+            "AGENT_SANDBOX_MAX_SNAPSHOT_BYTES": str(4 << 30),
+            "AGENT_SANDBOX_COPY_ON_WRITE": "true" if cow else "false",
+            "AGENT_SANDBOX_LOG": "warn",
+        }
+        self.log = open(self.tmp / "server.log", "wb")
+        self.proc = subprocess.Popen([binary, "serve"], env=env, stdout=self.log, stderr=self.log)
+        deadline = time.time() + 60
+        while True:
+            try:
+                self.call("GET", "/v1/sandboxes")
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"the server did not start: see {self.tmp}/server.log")
+                time.sleep(0.2)
+        self.server_id = (self.data / "server-id").read_text().strip()
+
+    def call(self, method: str, path: str, body=None, expect=(200, 201, 202, 204)):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
+        conn.request(method, path, body=data, headers=headers)
+        response = conn.getresponse()
+        text = response.read()
+        conn.close()
+        if response.status not in expect:
+            raise RuntimeError(f"{method} {path}: {response.status} {text[:300]!r}")
+        return json.loads(text) if text else None
+
+    def timed(self, method: str, path: str, body=None, expect=(200, 201, 202, 204)):
+        start = time.perf_counter()
+        answer = self.call(method, path, body, expect)
+        return (time.perf_counter() - start) * 1000.0, answer
+
+    def exec(self, sandbox: str, command: str) -> None:
+        result = self.call(
+            "POST", f"/v1/sandboxes/{sandbox}/exec", {"command": command, "timeout_seconds": 600}
+        )
+        if result.get("exit_code") != 0:
+            raise RuntimeError(f"{command}: {result}")
+
+    def pool(self, name: str, size: int) -> None:
+        doc = {
+            "apiVersion": "agent-sandbox.io/v1",
+            "kind": "SandboxPool",
+            "metadata": {"name": name},
+            "spec": {"image": IMAGE, "size": size, "readOnlyRootfs": True},
+        }
+        self.call("POST", f"{API}/sandboxpools", doc)
+        self.wait_pool(name, size)
+
+    def wait_pool(self, name: str, size: int) -> None:
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            pool = self.call("GET", f"{API}/sandboxpools/{name}")
+            if ((pool or {}).get("status") or {}).get("readyReplicas", 0) >= size:
+                return
+            time.sleep(0.25)
+        raise RuntimeError(f"pool {name} did not fill")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        label = f"label=io.agent-sandbox.server={self.server_id}"
+        for kind in (["ps", "-aq"], ["volume", "ls", "-q"]):
+            ids = subprocess.run(["docker", *kind, "--filter", label], capture_output=True, text=True)
+            for obj in ids.stdout.split():
+                rm = ["rm", "-f"] if kind[0] == "ps" else ["volume", "rm", "-f"]
+                subprocess.run(["docker", *rm, obj], capture_output=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def du(path: pathlib.Path) -> int:
+    out = subprocess.run(["du", "-sxb", str(path)], capture_output=True, text=True).stdout
+    return int(out.split()[0]) if out else 0
+
+
+def trees(ours: Ours) -> int:
+    path = ours.data / "trees"
+    return sum(1 for p in path.iterdir() if not p.name.startswith(".")) if path.is_dir() else 0
+
+
+def wait_tree(ours: Ours, before: int) -> None:
+    """Waits until the snapshot's tree, unpacked in the background after it was taken, is there
+    (untimed: it is part of taking the snapshot, not of the restores measured)."""
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if trees(ours) > before:
+            return
+        time.sleep(0.1)
+
+
+def restores(ours: Ours, sandbox: str, snap: str, n: int, results: dict, tag: str) -> None:
+    forks = []
+    for _ in range(n):
+        ms, sb = ours.timed("POST", f"/v1/snapshots/{snap}/fork", {}, expect=(201,))
+        results.setdefault(f"fork{tag}", []).append(ms)
+        forks.append(sb["id"])
+    for _ in range(n):
+        ms, _ = ours.timed("POST", f"/v1/sandboxes/{sandbox}/rollback", {"snapshot_id": snap}, (200,))
+        results.setdefault(f"rollback{tag}", []).append(ms)
+    for f in forks:
+        ours.call("DELETE", f"/v1/sandboxes/{f}")
+
+
+def ten_forks_disk(ours: Ours, snap: str) -> int:
+    """Bytes the data directory's trees and views and the forks' volumes hold after ten forks of
+    `snap` each wrote 1 MiB (the snapshot's own tar is not counted)."""
+    forks = [ours.call("POST", f"/v1/snapshots/{snap}/fork", {}, (201,))["id"] for _ in range(10)]
+    for f in forks:
+        ours.exec(f, "dd if=/dev/urandom of=/workspace/mine bs=1048576 count=1 2>/dev/null; sync")
+    used = du(ours.data / "trees") + du(ours.data / "views")
+    label = f"label=io.agent-sandbox.server={ours.server_id}"
+    vols = subprocess.run(["docker", "volume", "ls", "-q", "--filter", label], capture_output=True, text=True)
+    for v in vols.stdout.split():
+        info = json.loads(subprocess.run(["docker", "volume", "inspect", v], capture_output=True, text=True).stdout)[0]
+        if (info.get("Options") or {}).get("type") != "overlay" and (info.get("Labels") or {}).get("io.agent-sandbox.id") in forks:
+            used += du(pathlib.Path(info["Mountpoint"]))
+    for f in forks:
+        ours.call("DELETE", f"/v1/sandboxes/{f}")
+    return used
+
+
+def docker_floor(n: int, runtime: str) -> list:
+    """Docker alone: create and start of a container of the bench image with a fresh named volume
+    at /workspace (through the CLI, whose own start-up is included)."""
+    samples = []
+    for i in range(n):
+        name = f"cow-bench-floor-{os.getpid()}-{i}"
+        start = time.perf_counter()
+        subprocess.run(
+            ["docker", "run", "-d", "--name", name, "--runtime", runtime, "--network", "none",
+             "--read-only", "-v", f"{name}:/workspace", IMAGE, "sleep", "3600"],
+            check=True, capture_output=True,
+        )
+        samples.append((time.perf_counter() - start) * 1000.0)
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+        subprocess.run(["docker", "volume", "rm", "-f", name], capture_output=True)
+    return samples
+
+
+def main() -> int:
+    args = argparse.ArgumentParser()
+    args.add_argument("binary")
+    args.add_argument("--n", type=int, default=5)
+    args.add_argument("--large-mib", type=int, default=1024)
+    a = args.parse_args()
+    runtime = os.environ.get("AGENT_SANDBOX_TEST_RUNTIME", "runc")
+    table = {}
+    disk = {}
+    for mode, cow in (("views", True), ("copy", False)):
+        ours = Ours(a.binary, cow, runtime)
+        try:
+            for size, fill in (("10 MiB", SMALL), (f"{a.large_mib} MiB", large(a.large_mib))):
+                results: dict = {}
+                sb = ours.call("POST", "/v1/sandboxes", {})["id"]
+                ours.exec(sb, fill)
+                before = trees(ours)
+                snap = ours.call("POST", f"/v1/sandboxes/{sb}/snapshots", {"name": None})["id"]
+                if cow:
+                    wait_tree(ours, before)
+                restores(ours, sb, snap, a.n, results, "")
+                pool = f"cow-bench-{mode}-{size.split()[0]}"
+                ours.pool(pool, a.n + 1)
+                restores(ours, sb, snap, a.n, results, " (warm pool)")
+                ours.call("DELETE", f"{API}/sandboxpools/{pool}")
+                if size != "10 MiB":
+                    disk[mode] = ten_forks_disk(ours, snap)
+                for op, samples in results.items():
+                    table[(op, size, mode)] = statistics.median(samples)
+                ours.call("DELETE", f"/v1/sandboxes/{sb}")
+                print(f"# {mode} {size} done", flush=True)
+        finally:
+            ours.stop()
+    floor = statistics.median(docker_floor(a.n, runtime))
+    print(f"\nruntime {runtime}, N = {a.n}, medians in ms\n")
+    print("| operation | workspace | views | copy path |")
+    print("|---|---|---|---|")
+    for op in ("fork", "rollback", "fork (warm pool)", "rollback (warm pool)"):
+        for size in ("10 MiB", f"{a.large_mib} MiB"):
+            v, c = table.get((op, size, "views")), table.get((op, size, "copy"))
+            print(f"| {op} | {size} | {v:.0f} | {c:.0f} |")
+    print(f"| Docker alone: create and start (CLI) | empty | {floor:.0f} | |")
+    for mode, used in disk.items():
+        print(f"\ndisk of ten forks of the {a.large_mib} MiB snapshot, 1 MiB written each, {mode}: "
+              f"{used / (1 << 30):.2f} GiB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,285 @@
+//! Copy-on-write workspaces: a restore (a sandbox's `source`, a fork's child, a rollback that no
+//! warm pool member serves) mounts a view of the snapshot instead of copying its bytes. The
+//! snapshot's content is unpacked once into a tree of the data directory (by the store, under the
+//! same rules every restore is checked against, so refused content never becomes a tree), and
+//! each workspace is a Docker `local` volume of type overlay: the tree as its read-only lower
+//! directory, and an upper and work directory of its own (the store's view directories), so a
+//! restore costs the same whatever the snapshot holds and only what the sandbox writes takes new
+//! space. Owners, modes, symlinks, empty directories and mtimes are the tree's; hard links stay
+//! links when written (`index=on`); `/tmp` and processes are the new container's.
+//!
+//! A view is only used where it verifiably works: the server runs as root (the upper root is
+//! given to the sandbox user), the host path has not failed for the runtime, and once the
+//! container runs, both the host path's proof holds (see `workspace.rs`: the volume's directory
+//! here is the container's `/workspace`, which gVisor cannot show, so gVisor sandboxes keep the
+//! copy path although Docker mounts overlay volumes for them too) and this host's mount table
+//! shows Docker's overlay with this very upper directory at the volume's directory (a remote
+//! daemon, or one in another mount namespace, shows nothing there). Where that fails the view is discarded, views are given
+//! up for the runtime, and the restore copies the content as before. `AGENT_SANDBOX_COPY_ON_WRITE
+//! =false` turns views off.
+//!
+//! Volumes name their tree in a label ([`LABEL_TREE`]); garbage collection keeps a tree while a
+//! snapshot of its uid or a volume naming it exists, so deleting a snapshot leaves its views
+//! working, and removes view directories whose volume is gone. A snapshot of a view reads the
+//! merged workspace like any other (the full tar: its size and digest do not depend on how the
+//! workspace was made).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::container::Containers;
+use super::content::{restore_policy, Validated};
+use super::context::SandboxContext;
+use super::error::ReconcileError;
+use super::workspace::open_host_root;
+use crate::config::Settings;
+use crate::docker::{
+    is_gvisor, ContainerPlan, Engine, EngineError, ViewPaths, LABEL_ID, LABEL_MANAGED,
+    LABEL_SERVER, LABEL_TREE, LABEL_UID,
+};
+use crate::store::{Store, TreeError};
+
+/// Whether views may be tried at all: allowed by the settings and the engine, the server is
+/// root, and its runtime is not gVisor (see above).
+pub(super) fn enabled(settings: &Settings, engine: &dyn Engine) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    settings.copy_on_write
+        && !is_gvisor(&settings.docker_runtime)
+        && settings.host_workspace_access
+        && engine.capabilities().host_workspace_access
+        && unsafe { libc::geteuid() } == 0
+}
+
+/// The name of snapshot `uid`'s tree with its content owned by `owner`.
+pub(super) fn tree_key(uid: &str, owner: (u32, u32)) -> String {
+    format!("{uid}.{}.{}", owner.0, owner.1)
+}
+
+/// The snapshot uid a tree key starts with.
+pub(super) fn snapshot_of_tree(key: &str) -> &str {
+    key.split('.').next().unwrap_or(key)
+}
+
+/// Unpacks snapshot `uid`'s data at `path` into its tree ahead of its first restore; a failure
+/// is only logged (the restore tries again, or copies).
+pub(super) async fn prepare_tree(store: &Store, settings: &Settings, uid: &str, path: &Path) {
+    let prepared = async {
+        let owner = settings.sandbox_uid_gid()?;
+        let policy = restore_policy(settings)?;
+        store
+            .ensure_tree(&tree_key(uid, owner), path, policy)
+            .await
+            .map_err(|e| ReconcileError::HostWrite(e.to_string()))
+    };
+    if let Err(error) = prepared.await {
+        tracing::warn!(%error, "the snapshot's tree could not be made ahead of a restore");
+    }
+}
+
+/// Makes `plan.workspace_volume` (which must not exist) a view of `snapshot`, mounted by a newly
+/// created and started container of `plan`, whose ID is returned. `None` when views cannot be
+/// used here: nothing is left behind and the caller copies the content instead.
+pub(super) async fn populate_view(
+    ctl: &SandboxContext<'_>,
+    plan: &ContainerPlan,
+    snapshot: &Validated,
+) -> Result<Option<String>, ReconcileError> {
+    let runtime = plan.runtime.clone().unwrap_or_default();
+    // Views are part of the host path: not where it has failed for this runtime (and each view
+    // proves it again, see `verify`).
+    if !enabled(ctl.settings, ctl.engine.as_ref())
+        || !ctl.workspaces.may_use_host(&runtime)
+        || ctl.workspaces.view_access.get(&runtime) == Some(false)
+    {
+        return Ok(None);
+    }
+    let Some(uid) = snapshot.uid.as_deref() else {
+        return Ok(None);
+    };
+    let owner = ctl.settings.sandbox_uid_gid()?;
+    let key = tree_key(uid, owner);
+    let policy = restore_policy(ctl.settings)?;
+    let lower = match ctl.store.ensure_tree(&key, &snapshot.path, policy).await {
+        Ok(lower) => lower,
+        Err(TreeError::Refused(error)) => {
+            return Err(ReconcileError::Refused {
+                name: snapshot.name.clone(),
+                error,
+            })
+        }
+        Err(error) => {
+            tracing::warn!(%error, "the snapshot's tree cannot be made; copying it instead");
+            return Ok(None);
+        }
+    };
+    let volume = plan.workspace_volume.as_str();
+    let dirs = match ctl.store.create_view(volume, &key, owner).await {
+        Ok(dirs) => dirs,
+        Err(error) => {
+            tracing::warn!(%error, "a view's directories cannot be made; copying instead");
+            return Ok(None);
+        }
+    };
+    let paths = ViewPaths {
+        lower,
+        upper: dirs.upper.clone(),
+        work: dirs.work,
+    };
+    if paths.overlay_options().is_none() {
+        ctl.store.remove_view(volume).await;
+        ctl.workspaces.view_access.learn(&runtime, false);
+        return Ok(None);
+    }
+    let labels = view_labels(ctl.containers, plan, &key);
+    match ctl.engine.create_view_volume(volume, &labels, &paths).await {
+        Ok(()) => {}
+        Err(EngineError::Docker { message, .. }) => {
+            // The daemon has no overlay volumes to give.
+            tracing::info!(%message, "copy-on-write volumes are refused; copying instead");
+            ctl.store.remove_view(volume).await;
+            ctl.workspaces.view_access.learn(&runtime, false);
+            return Ok(None);
+        }
+        Err(error) => {
+            ctl.store.remove_view(volume).await;
+            return Err(error.into());
+        }
+    }
+    let id = match ctl.engine.create_container(plan).await {
+        Ok(id) => id,
+        Err(error) => {
+            let _ = ctl.engine.remove_volume(volume).await;
+            ctl.store.remove_view(volume).await;
+            return Err(error.into());
+        }
+    };
+    let started = match ctl.engine.start_container(&id).await {
+        Ok(()) => verify(ctl, &id, &runtime, &dirs.upper).await,
+        // The mount is made at the start: a daemon that cannot make it refuses the start.
+        Err(EngineError::Docker { message, .. }) => Err(message),
+        Err(error) => {
+            discard(ctl, &id, volume).await;
+            return Err(error.into());
+        }
+    };
+    match started {
+        Ok(()) => {
+            ctl.workspaces.view_access.learn(&runtime, true);
+            Ok(Some(id))
+        }
+        Err(reason) => {
+            tracing::info!(%reason, "a copy-on-write workspace did not work here; copying instead");
+            discard(ctl, &id, volume).await;
+            ctl.workspaces.view_access.learn(&runtime, false);
+            Ok(None)
+        }
+    }
+}
+
+/// The labels of a view volume: those `create_container` gives a workspace, and its tree.
+fn view_labels(
+    containers: &Containers,
+    plan: &ContainerPlan,
+    key: &str,
+) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_MANAGED.to_string(), "true".to_string()),
+        (LABEL_SERVER.to_string(), containers.server_id.clone()),
+        (LABEL_ID.to_string(), plan.sandbox.clone()),
+        (LABEL_UID.to_string(), plan.uid.clone()),
+        (LABEL_TREE.to_string(), key.to_string()),
+    ])
+}
+
+/// Checks that the running container `id`'s workspace is the volume's directory on this host
+/// (the host path's proof, learned for `runtime`) and that this directory is the overlay whose
+/// upper directory is `upper`, as this host's mount table shows it.
+async fn verify(
+    ctl: &SandboxContext<'_>,
+    id: &str,
+    runtime: &str,
+    upper: &Path,
+) -> Result<(), String> {
+    let details = ctl
+        .engine
+        .inspect_container(id)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("the container vanished while starting")?;
+    match open_host_root(&details) {
+        Ok(_) => ctl.workspaces.host_access.learn(runtime, true),
+        Err(error) => {
+            if error.lasting {
+                ctl.workspaces.host_access.learn(runtime, false);
+            }
+            return Err(error.to_string());
+        }
+    }
+    let source = details
+        .workspace_source
+        .ok_or("Docker names no directory for the workspace")?;
+    let table = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+    if overlay_mounted(&table, &source, upper) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} is not this host's overlay of the view",
+            source.display()
+        ))
+    }
+}
+
+/// Whether mount table `table` (`/proc/self/mountinfo`) has an overlay at `at` whose upper
+/// directory is `upper`.
+fn overlay_mounted(table: &str, at: &Path, upper: &Path) -> bool {
+    let (Some(at), Some(upper)) = (at.to_str(), upper.to_str()) else {
+        return false;
+    };
+    let wanted = format!("upperdir={upper}");
+    table.lines().any(|line| {
+        let mut halves = line.splitn(2, " - ");
+        let (Some(mount), Some(fs)) = (halves.next(), halves.next()) else {
+            return false;
+        };
+        let mut fs_fields = fs.split(' ');
+        let fs_type = fs_fields.next();
+        let options = fs_fields.nth(1).unwrap_or_default();
+        mount.split(' ').nth(4) == Some(at)
+            && fs_type == Some("overlay")
+            && options.split(',').any(|o| o == wanted)
+    })
+}
+
+async fn discard(ctl: &SandboxContext<'_>, id: &str, volume: &str) {
+    ctl.containers.discard(id, volume).await;
+    ctl.store.remove_view(volume).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_views_own_overlay_at_the_volume_counts() {
+        let table = "\
+36 25 0:31 / /var/lib/docker/volumes/v/_data rw,relatime - overlay overlay rw,lowerdir=/d/trees/k,upperdir=/d/views/v/upper,workdir=/d/views/v/work,index=on
+37 25 0:32 / /var/lib/docker/volumes/w/_data rw,relatime - ext4 /dev/vda rw
+";
+        let at = Path::new("/var/lib/docker/volumes/v/_data");
+        assert!(overlay_mounted(table, at, Path::new("/d/views/v/upper")));
+        assert!(!overlay_mounted(table, at, Path::new("/d/views/w/upper")));
+        let other = Path::new("/var/lib/docker/volumes/w/_data");
+        assert!(!overlay_mounted(
+            table,
+            other,
+            Path::new("/d/views/v/upper")
+        ));
+    }
+
+    #[test]
+    fn a_tree_key_names_its_snapshot() {
+        let key = tree_key("6c1f-uid", (1000, 1000));
+        assert_eq!(key, "6c1f-uid.1000.1000");
+        assert_eq!(snapshot_of_tree(&key), "6c1f-uid");
+    }
+}

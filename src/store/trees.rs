@@ -1,0 +1,369 @@
+//! Snapshot trees and copy-on-write view directories: `<data>/trees/<key>/` holds a snapshot's
+//! content unpacked once, and `<data>/views/<volume>/{upper,work}` holds what one workspace
+//! built on such a tree has written (the upper and work directories of an overlay mount whose
+//! lower directory is the tree).
+//!
+//! A tree is made by [`crate::archive::unpack`] under the restore rules (so content the rules
+//! refuse never lands here), into a temp directory that is synced and renamed into place: a tree
+//! under its final name is complete, and it is never written again (overlay never writes its
+//! lower directory; nothing else here opens it for writing). Temp directories left by a crash,
+//! trees that no snapshot and no volume refers to any more, and view directories whose volume is
+//! gone are removed by [`Store::collect_views_and_trees`], which the controller's garbage
+//! collection calls with what Docker holds; what was made or used after Docker was listed is
+//! left for the next pass. Which tree a view uses, and when, is the controller's business.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::BufReader;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use super::{Store, StoreError, StoreResult};
+use crate::archive::{self, ArchiveError, Policy};
+
+/// Prefix of a tree being unpacked, in the trees directory.
+const TEMP_PREFIX: &str = ".tmp-";
+
+/// The directories of one copy-on-write view, as an overlay mount takes them.
+#[derive(Clone, Debug)]
+pub struct ViewDirs {
+    pub lower: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+}
+
+/// Why a snapshot's tree could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum TreeError {
+    /// The content breaks the restore rules (or changed since it was validated).
+    #[error(transparent)]
+    Refused(ArchiveError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// When this process last made or used each tree and view, so collection spares what it has
+/// not seen Docker refer to yet.
+#[derive(Default)]
+pub(super) struct Touched {
+    trees: Mutex<HashMap<String, Instant>>,
+    views: Mutex<HashMap<String, Instant>>,
+    /// Trees are unpacked one at a time: ten forks of one snapshot unpack it once.
+    unpacking: tokio::sync::Mutex<()>,
+}
+
+fn touch(map: &Mutex<HashMap<String, Instant>>, key: &str) {
+    map.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key.to_string(), Instant::now());
+}
+
+fn touched_since(map: &Mutex<HashMap<String, Instant>>, key: &str, since: Instant) -> bool {
+    map.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(key)
+        .is_some_and(|at| *at >= since)
+}
+
+/// Whether `name` can be one directory name here (keys and volume names are plain).
+fn plain(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+fn io_at(path: &Path) -> impl FnOnce(std::io::Error) -> TreeError + '_ {
+    move |source| TreeError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl Store {
+    fn trees_dir(&self) -> PathBuf {
+        self.data_dir().join("trees")
+    }
+
+    fn views_dir(&self) -> PathBuf {
+        self.data_dir().join("views")
+    }
+
+    /// The tree named `key`, made from the snapshot tar at `tar` under `policy` unless it is
+    /// there already. `key` must name this content and owner for good (the controller derives it
+    /// from the snapshot's uid and the owner the policy forces).
+    pub async fn ensure_tree(
+        &self,
+        key: &str,
+        tar: &Path,
+        policy: Policy,
+    ) -> Result<PathBuf, TreeError> {
+        if !plain(key) {
+            return Err(StoreError::Invalid(format!("tree key {key:?}")).into());
+        }
+        let target = self.trees_dir().join(key);
+        touch(&self.cow_touched.trees, key);
+        let _one_at_a_time = self.cow_touched.unpacking.lock().await;
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let temp = self.trees_dir().join(format!(
+            "{TEMP_PREFIX}{key}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let tar = tar.to_path_buf();
+        let dir = self.trees_dir();
+        let made = target.clone();
+        self.offload(move || {
+            if made.is_dir() {
+                return Ok(());
+            }
+            std::fs::create_dir_all(&dir).map_err(io_at(&dir))?;
+            let result = unpack_tree(&tar, &temp, &made, &policy);
+            if result.is_err() {
+                let _ = std::fs::remove_dir_all(&temp);
+            }
+            result
+        })
+        .await??;
+        touch(&self.cow_touched.trees, key);
+        Ok(target)
+    }
+
+    /// Makes the upper and work directories of the view that volume `volume` will be, over tree
+    /// `key`: empty, the upper one's root owned by `owner` (mode 0755, like every workspace
+    /// root). Whatever an interrupted attempt left under that name is removed first.
+    pub async fn create_view(
+        &self,
+        volume: &str,
+        key: &str,
+        owner: (u32, u32),
+    ) -> StoreResult<ViewDirs> {
+        if !plain(volume) || !plain(key) {
+            return Err(StoreError::Invalid(format!("view {volume:?} of {key:?}")));
+        }
+        touch(&self.cow_touched.views, volume);
+        touch(&self.cow_touched.trees, key);
+        let root = self.views_dir().join(volume);
+        let dirs = ViewDirs {
+            lower: self.trees_dir().join(key),
+            upper: root.join("upper"),
+            work: root.join("work"),
+        };
+        let made = dirs.clone();
+        self.offload(move || {
+            let io = |path: &Path| {
+                let path = path.to_path_buf();
+                move |source| StoreError::Io { path, source }
+            };
+            match std::fs::remove_dir_all(&root) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&root)(e)),
+                _ => {}
+            }
+            let mut builder = std::fs::DirBuilder::new();
+            builder.recursive(true).mode(0o700);
+            builder.create(&made.work).map_err(io(&made.work))?;
+            builder.create(&made.upper).map_err(io(&made.upper))?;
+            let upper = File::open(&made.upper).map_err(io(&made.upper))?;
+            let fd = upper.as_raw_fd();
+            // SAFETY: plain system calls on a descriptor owned here.
+            if unsafe { libc::fchown(fd, owner.0, owner.1) } != 0
+                || unsafe { libc::fchmod(fd, 0o755) } != 0
+            {
+                return Err(io(&made.upper)(std::io::Error::last_os_error()));
+            }
+            Ok(made)
+        })
+        .await?
+    }
+
+    /// Removes the directories of view `volume` (whose volume is gone); missing ones are no error.
+    pub async fn remove_view(&self, volume: &str) {
+        if !plain(volume) {
+            return;
+        }
+        let root = self.views_dir().join(volume);
+        let _ = self
+            .offload(move || match std::fs::remove_dir_all(&root) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!(path = %root.display(), error = %e, "cannot remove a view");
+                }
+                _ => {}
+            })
+            .await;
+    }
+
+    /// Removes view directories whose volume is not in `volumes`, trees `keep_tree` does not
+    /// keep, and temp
+    /// trees no unpack of this process is writing; `listed` is when Docker was listed (what this
+    /// process made or used since is kept). Returns how many were removed. Waits for a complete
+    /// load of desired state, like every collection.
+    pub async fn collect_views_and_trees(
+        self: &std::sync::Arc<Self>,
+        listed: Instant,
+        volumes: HashSet<String>,
+        keep_tree: impl Fn(&str) -> bool + Send + 'static,
+    ) -> usize {
+        let store = std::sync::Arc::clone(self);
+        self.offload(move || {
+            if !store.is_fully_loaded() {
+                return 0;
+            }
+            let mut removed = 0;
+            let touched = &store.cow_touched;
+            for (name, path) in listing(&store.views_dir()) {
+                if volumes.contains(&name) || touched_since(&touched.views, &name, listed) {
+                    continue;
+                }
+                tracing::info!(
+                    view = name,
+                    "removing the directories of a view whose volume is gone"
+                );
+                if remove_tree(&path) {
+                    removed += 1;
+                }
+            }
+            // An unpack holds the lock: a temp tree seen without it is a crash's leftover.
+            let unpacking = touched.unpacking.try_lock().is_err();
+            for (name, path) in listing(&store.trees_dir()) {
+                let orphan = if name.starts_with(TEMP_PREFIX) {
+                    !unpacking
+                } else {
+                    !keep_tree(&name) && !touched_since(&touched.trees, &name, listed)
+                };
+                if orphan {
+                    tracing::info!(tree = name, "removing a snapshot tree nothing uses");
+                    if remove_tree(&path) {
+                        removed += 1;
+                    }
+                }
+            }
+            removed
+        })
+        .await
+        .unwrap_or(0)
+    }
+}
+
+/// Unpacks `tar` into the new directory `temp`, syncs it and renames it to `target`.
+fn unpack_tree(tar: &Path, temp: &Path, target: &Path, policy: &Policy) -> Result<(), TreeError> {
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(temp)
+        .map_err(io_at(temp))?;
+    let root = archive::open_root(temp).map_err(io_at(temp))?;
+    let sync = root.try_clone().map_err(io_at(temp))?;
+    let file = File::open(tar).map_err(io_at(tar))?;
+    archive::unpack(BufReader::with_capacity(64 * 1024, file), root, policy).map_err(
+        |e| match e {
+            ArchiveError::Write(message) => TreeError::Io {
+                path: temp.to_path_buf(),
+                source: std::io::Error::other(message),
+            },
+            refused => TreeError::Refused(refused),
+        },
+    )?;
+    // The root's own mode is the view's upper root's; the tree's root is only ever read.
+    std::fs::set_permissions(temp, std::fs::Permissions::from_mode(0o755)).map_err(io_at(temp))?;
+    // SAFETY: a plain system call on a descriptor owned here.
+    if unsafe { libc::syncfs(sync.as_raw_fd()) } != 0 {
+        return Err(io_at(temp)(std::io::Error::last_os_error()));
+    }
+    match std::fs::rename(temp, target) {
+        Ok(()) => {}
+        // Made meanwhile by another process sharing the data directory: theirs is as good.
+        Err(_) if target.is_dir() => {
+            let _ = std::fs::remove_dir_all(temp);
+        }
+        Err(e) => return Err(io_at(target)(e)),
+    }
+    if let Some(parent) = target.parent() {
+        let _ = File::open(parent).and_then(|d| d.sync_all());
+    }
+    Ok(())
+}
+
+fn listing(dir: &Path) -> Vec<(String, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| Some((e.file_name().to_str()?.to_string(), e.path())))
+        .collect()
+}
+
+fn remove_tree(path: &Path) -> bool {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(path = %path.display(), %error, "cannot remove");
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::Limits;
+
+    fn tar_of(entries: &[(&str, u32, &[u8])]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (name, mode, data) in entries {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_mode(*mode);
+            header.set_size(data.len() as u64);
+            builder.append_data(&mut header, name, *data).unwrap();
+        }
+        builder.into_inner().unwrap()
+    }
+
+    fn policy() -> Policy {
+        let owner = (unsafe { libc::geteuid() }, unsafe { libc::getegid() });
+        Policy::restore(owner, Limits::with_max_bytes(1 << 20))
+    }
+
+    #[tokio::test]
+    async fn a_tree_is_made_once_and_hostile_content_never_becomes_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("data"), &[]).unwrap();
+        let good = dir.path().join("good.tar");
+        std::fs::write(&good, tar_of(&[("a", 0o640, b"one")])).unwrap();
+        let tree = store.ensure_tree("k1.0.0", &good, policy()).await.unwrap();
+        assert_eq!(std::fs::read(tree.join("a")).unwrap(), b"one");
+        // Made once: another tar under the same key changes nothing.
+        std::fs::write(&good, tar_of(&[("b", 0o640, b"two")])).unwrap();
+        store.ensure_tree("k1.0.0", &good, policy()).await.unwrap();
+        assert!(!tree.join("b").exists());
+
+        let evil = dir.path().join("evil.tar");
+        std::fs::write(
+            &evil,
+            tar_of(&[("ok", 0o644, b"ok"), ("suid", 0o4755, b"x")]),
+        )
+        .unwrap();
+        let refused = store.ensure_tree("k2.0.0", &evil, policy()).await;
+        assert!(matches!(refused, Err(TreeError::Refused(_))), "{refused:?}");
+        let trees = dir.path().join("data/trees");
+        let mut left: Vec<_> = std::fs::read_dir(&trees)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["k1.0.0"], "nothing of the refused tar is left");
+        assert!(store.ensure_tree("../x", &good, policy()).await.is_err());
+    }
+}

@@ -1,0 +1,483 @@
+//! Copy-on-write workspaces against the real Docker daemon (runc, or runsc with
+//! `AGENT_SANDBOX_TEST_RUNTIME=runsc`): restores are overlay views of a snapshot's tree in the
+//! data directory (under runc; gVisor sandboxes keep the copy path, and the same promises are
+//! checked of it); forks see only their own writes, a rollback discards them and keeps the base,
+//! deleting the base snapshot keeps live views working (across a stop and start, which mounts
+//! the view anew), a kill -9 in the middle of forks and rollbacks converges with nothing left
+//! over, and hostile snapshot content is refused before any view exists.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+const LONG: Duration = Duration::from_secs(120);
+
+fn create(server: &Server, plural: &str, kind: &str, name: &str, spec: Value) {
+    let body = json!({
+        "apiVersion": "agent-sandbox.io/v1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": spec,
+    });
+    let (status, answer) = server.request("POST", &format!("{API}/{plural}"), Some(&body));
+    assert_eq!(status, 201, "{answer}");
+}
+
+fn replace(server: &Server, name: &str, spec: Value) {
+    let body = json!({
+        "apiVersion": "agent-sandbox.io/v1",
+        "kind": "Sandbox",
+        "metadata": {"name": name},
+        "spec": spec,
+    });
+    let (status, answer) = server.request("PUT", &format!("{API}/sandboxes/{name}"), Some(&body));
+    assert_eq!(status, 200, "{answer}");
+}
+
+fn delete(server: &Server, plural: &str, name: &str) {
+    let (status, answer) = server.request("DELETE", &format!("{API}/{plural}/{name}"), None);
+    assert!(status == 200 || status == 202, "{status} {answer}");
+}
+
+fn exec(name: &str, script: &str) -> String {
+    let (code, out) = docker_exec(name, script);
+    assert_eq!(code, 0, "{script}: {out}");
+    out
+}
+
+fn snapshot(server: &Server, name: &str, of: &str) -> Value {
+    create(
+        server,
+        "snapshots",
+        "Snapshot",
+        name,
+        json!({"sandbox": of}),
+    );
+    let done = server
+        .wait_for("snapshots", name, "Ready", LONG, |r| {
+            r.is_some_and(|r| r["status"]["phase"] == "Ready" || r["status"]["phase"] == "Failed")
+        })
+        .unwrap();
+    assert_eq!(done["status"]["phase"], "Ready", "{done}");
+    done
+}
+
+/// A base with what views must keep: modes, owners, symlinks, a hard link, an empty directory,
+/// mtimes, and a file big enough that copying it would show.
+const BASE: &str = r#"
+set -e
+cd /workspace
+mkdir -p src empty private
+chmod 700 private
+printf 'base\n' > src/main.py
+printf 'secret' > private/key
+chmod 600 private/key
+head -c 2000000 /dev/urandom > src/blob.bin
+ln -s main.py src/link
+ln src/main.py hard
+touch -d '2021-02-03 04:05:06' src/main.py private
+"#;
+
+const LISTING: &str = r#"cd /workspace && find . -mindepth 1 | sort | while read -r p; do
+  s=$(stat -c '%F %a %u:%g %s %Y' "$p")
+  if [ -L "$p" ]; then echo "$p $s -> $(readlink "$p")";
+  elif [ -f "$p" ]; then echo "$p $s $(md5sum < "$p" | cut -c1-32) links=$(stat -c %h "$p")";
+  else echo "$p ${s% *}"; fi
+done"#;
+
+/// The docker volume mounted at the sandbox's `/workspace`, and its driver options.
+fn workspace_of(name: &str) -> (String, Value) {
+    let inspected = container(name).unwrap();
+    let volume = inspected["Mounts"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["Destination"] == "/workspace"))
+        .and_then(|m| m["Name"].as_str())
+        .unwrap()
+        .to_string();
+    let inspected = inspect(&["--type", "volume", &volume]).unwrap();
+    (volume, inspected["Options"].clone())
+}
+
+/// Whether restores are views here (the copy path under gVisor).
+fn views() -> bool {
+    !gvisor()
+}
+
+/// Checks that `name`'s workspace is a view (or, where views are not used, a plain volume).
+fn assert_view(server: &Server, name: &str) -> String {
+    let (volume, options) = workspace_of(name);
+    if !views() {
+        assert!(options.get("type").is_none(), "{volume}: {options}");
+        return volume;
+    }
+    assert_eq!(options["type"], "overlay", "{volume}: {options}");
+    let o = options["o"].as_str().unwrap();
+    assert!(
+        o.contains(&format!(
+            "lowerdir={}",
+            server.data_dir.join("trees").display()
+        )),
+        "{o}"
+    );
+    volume
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// A base sandbox holding [`BASE`], its snapshot and the listing of it.
+fn base(server: &Server, prefix: &str) -> (String, String, String) {
+    let name = unique(prefix);
+    create(
+        server,
+        "sandboxes",
+        "Sandbox",
+        &name,
+        json!({"image": TEST_IMAGE}),
+    );
+    server.wait_running(&name);
+    exec(&name, BASE);
+    let listing = exec(&name, LISTING);
+    let snap = unique("s");
+    snapshot(server, &snap, &name);
+    (name, snap, listing)
+}
+
+#[test]
+fn ten_forks_of_one_snapshot_see_only_their_own_changes() {
+    let server = Server::start();
+    let (base_name, snap, listing) = base(&server, "cow-base");
+    let fork = unique("cow-fork");
+    create(
+        &server,
+        "forks",
+        "Fork",
+        &fork,
+        json!({"snapshot": snap, "replicas": 10}),
+    );
+    let children: Vec<String> = (0..10).map(|i| format!("{fork}-{i}")).collect();
+    for child in &children {
+        server.wait_for("sandboxes", child, "Running", LONG, |r| {
+            r.is_some_and(|r| r["status"]["phase"] == "Running")
+        });
+    }
+    let mut volumes = Vec::new();
+    for (i, child) in children.iter().enumerate() {
+        volumes.push(assert_view(&server, child));
+        assert_eq!(exec(child, LISTING), listing, "{child} starts as the base");
+        exec(
+            child,
+            &format!(
+                "echo {i} > /workspace/own-{i} && echo changed-{i} >> /workspace/src/main.py \
+                 && rm /workspace/src/blob.bin && rmdir /workspace/empty"
+            ),
+        );
+    }
+    for (i, child) in children.iter().enumerate() {
+        let seen = exec(
+            child,
+            "ls /workspace; cat /workspace/src/main.py /workspace/hard",
+        );
+        assert_eq!(
+            seen,
+            format!("hard\nown-{i}\nprivate\nsrc\nbase\nchanged-{i}\nbase\nchanged-{i}\n"),
+            "{child} sees its own changes only (and its hard link stays one)"
+        );
+    }
+    // The views are all of one tree, which none of them changed.
+    let trees = entries(&server.data_dir.join("trees"));
+    assert_eq!(trees.len(), usize::from(views()), "{trees:?}");
+    let mut made = entries(&server.data_dir.join("views"));
+    volumes.sort();
+    made.retain(|v| volumes.contains(v));
+    if views() {
+        assert_eq!(made, volumes);
+    }
+    let fresh = unique("cow-fresh");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &fresh,
+        json!({"image": TEST_IMAGE, "source": {"snapshot": snap}}),
+    );
+    server.wait_running(&fresh);
+    assert_eq!(exec(&fresh, LISTING), listing, "the base is untouched");
+    assert_eq!(exec(&base_name, LISTING), listing);
+    delete(&server, "forks", &fork);
+    for child in &children {
+        server.wait_gone("sandboxes", child);
+    }
+}
+
+#[test]
+fn a_rollback_discards_changes_and_keeps_the_base() {
+    let server = Server::start();
+    let (_, snap, listing) = base(&server, "cow-rb");
+    let name = unique("cow-rb-child");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &name,
+        json!({"image": TEST_IMAGE, "source": {"snapshot": snap}}),
+    );
+    server.wait_running(&name);
+    let first = assert_view(&server, &name);
+    for round in 1..=2 {
+        exec(
+            &name,
+            "echo junk > /workspace/junk && echo more >> /workspace/src/main.py && \
+             chmod 777 /workspace/src && rm /workspace/src/link && echo t > /tmp/t && \
+             (sleep 1000 > /dev/null 2>&1 &)",
+        );
+        let generation = server.get("sandboxes", &name).unwrap()["metadata"]["generation"]
+            .as_u64()
+            .unwrap();
+        replace(
+            &server,
+            &name,
+            json!({"image": TEST_IMAGE, "source": {"snapshot": snap},
+                   "rollback": {"snapshot": snap, "requestId": format!("r-{round}")}}),
+        );
+        let rolled = server.wait_for("sandboxes", &name, "rolled back", LONG, |r| {
+            r.is_some_and(|r| {
+                r["status"]["lastRollback"]["requestId"] == format!("r-{round}")
+                    && r["status"]["phase"] == "Running"
+            })
+        });
+        assert!(rolled.unwrap()["metadata"]["generation"].as_u64() > Some(generation));
+        assert_eq!(
+            exec(&name, LISTING),
+            listing,
+            "round {round}: the base again"
+        );
+        assert_ne!(
+            docker_exec(&name, "test -e /tmp/t").0,
+            0,
+            "/tmp starts empty"
+        );
+        assert_ne!(
+            docker_exec(&name, "ps -o args | grep -v grep | grep -q 'sleep 1000'").0,
+            0,
+            "processes do not survive a rollback"
+        );
+        let now = assert_view(&server, &name);
+        assert_ne!(now, first, "a rollback mounts a new view");
+    }
+    // A snapshot of a view holds the merged workspace: base, changes and deletions.
+    exec(
+        &name,
+        "echo view > /workspace/new && rm /workspace/src/link && echo more >> /workspace/hard",
+    );
+    let changed = exec(&name, LISTING);
+    let of_view = unique("s-view");
+    snapshot(&server, &of_view, &name);
+    let copy = unique("cow-rb-again");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &copy,
+        json!({"image": TEST_IMAGE, "source": {"snapshot": of_view}}),
+    );
+    server.wait_running(&copy);
+    assert_view(&server, &copy);
+    assert_eq!(exec(&copy, LISTING), changed);
+}
+
+#[test]
+fn deleting_the_base_snapshot_keeps_live_views_working() {
+    let server = Server::start_with(&[("AGENT_SANDBOX_RESYNC_SECONDS", "1")]);
+    let (base_name, snap, listing) = base(&server, "cow-del");
+    let name = unique("cow-del-child");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &name,
+        json!({"image": TEST_IMAGE, "source": {"snapshot": snap}}),
+    );
+    server.wait_running(&name);
+    let volume = assert_view(&server, &name);
+    exec(&name, "echo mine > /workspace/mine");
+    delete(&server, "snapshots", &snap);
+    server.wait_gone("snapshots", &snap);
+    // Collection runs every second: give it a few passes.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        entries(&server.data_dir.join("trees")).len(),
+        usize::from(views()),
+        "the tree stays"
+    );
+    assert_eq!(exec(&name, "cat /workspace/mine"), "mine\n");
+    // Stopped and started again, Docker mounts the view anew: its tree must still be there.
+    let (status, body) = server.request(
+        "POST",
+        &format!("{API}/sandboxes/{name}/pause"),
+        Some(&json!({"mode": "Stopped"})),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes/{name}/resume"), None);
+    assert_eq!(status, 200, "{body}");
+    server.wait_running(&name);
+    let now: String = exec(&name, LISTING)
+        .lines()
+        .filter(|l| !l.starts_with("./mine "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(
+        now, listing,
+        "the base is whole after the view was mounted anew"
+    );
+    assert_eq!(exec(&name, "cat /workspace/mine"), "mine\n");
+    // Gone with its last view: the tree, and the view's directories.
+    delete(&server, "sandboxes", &name);
+    delete(&server, "sandboxes", &base_name);
+    server.wait_gone("sandboxes", &name);
+    wait_until("the tree and view removed", LONG, || {
+        entries(&server.data_dir.join("trees")).is_empty()
+            && !entries(&server.data_dir.join("views")).contains(&volume)
+    });
+}
+
+#[test]
+fn a_kill_during_forks_and_rollbacks_converges_without_leaks() {
+    let mut server = Server::start_with(&[("AGENT_SANDBOX_RESYNC_SECONDS", "1")]);
+    let (base_name, snap, listing) = base(&server, "cow-kill");
+    let fork = unique("cow-kf");
+    create(
+        &server,
+        "forks",
+        "Fork",
+        &fork,
+        json!({"snapshot": snap, "replicas": 4}),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    server.kill9();
+    server.restart();
+    let children: Vec<String> = (0..4).map(|i| format!("{fork}-{i}")).collect();
+    for child in &children {
+        server.wait_for("sandboxes", child, "Running", LONG, |r| {
+            r.is_some_and(|r| r["status"]["phase"] == "Running")
+        });
+        assert_view(&server, child);
+        assert_eq!(exec(child, LISTING), listing);
+    }
+    // A rollback interrupted at once, then done on restart.
+    let child = &unique("cow-krb");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        child,
+        json!({"image": TEST_IMAGE, "source": {"snapshot": snap}}),
+    );
+    server.wait_running(child);
+    exec(child, "echo junk > /workspace/junk");
+    replace(
+        &server,
+        child,
+        json!({"image": TEST_IMAGE, "source": {"snapshot": snap},
+               "rollback": {"snapshot": snap, "requestId": "k-1"}}),
+    );
+    std::thread::sleep(Duration::from_millis(150));
+    server.kill9();
+    server.restart();
+    server.wait_for("sandboxes", child, "rolled back", LONG, |r| {
+        r.is_some_and(|r| {
+            r["status"]["lastRollback"]["requestId"] == "k-1" && r["status"]["phase"] == "Running"
+        })
+    });
+    assert_eq!(exec(child, LISTING), listing);
+    // Everything goes, and nothing is left on disk or in Docker.
+    delete(&server, "forks", &fork);
+    delete(&server, "sandboxes", &base_name);
+    delete(&server, "sandboxes", child);
+    delete(&server, "snapshots", &snap);
+    server.wait_gone("sandboxes", child);
+    for child in &children {
+        server.wait_gone("sandboxes", child);
+    }
+    server.wait_gone("sandboxes", &base_name);
+    server.wait_gone("snapshots", &snap);
+    wait_until("no tree, view or volume left", LONG, || {
+        let views = entries(&server.data_dir.join("views"));
+        let trees = entries(&server.data_dir.join("trees"));
+        let volumes: Vec<String> = children
+            .iter()
+            .chain([child])
+            .flat_map(|c| volumes_of(c))
+            .collect();
+        views.is_empty() && trees.is_empty() && volumes.is_empty()
+    });
+}
+
+#[test]
+fn hostile_snapshot_content_is_refused_before_any_view_is_mounted() {
+    let server = Server::start();
+    let (_, snap, _) = base(&server, "cow-evil");
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_mode(0o644);
+    header.set_size(6);
+    builder
+        .append_data(&mut header, "benign", &b"benign"[..])
+        .unwrap();
+    let mut evil = tar::Header::new_gnu();
+    evil.set_entry_type(tar::EntryType::Regular);
+    evil.set_mode(0o4755);
+    evil.set_size(4);
+    builder
+        .append_data(&mut evil, "suid-tool", &b"evil"[..])
+        .unwrap();
+    let data = server
+        .data_dir
+        .join("snapshots")
+        .join(format!("{snap}.tar"));
+    std::fs::write(&data, builder.into_inner().unwrap()).unwrap();
+    // A new snapshot of its own, whose tree was never made: only the hostile data.
+    let views_before = entries(&server.data_dir.join("views"));
+    let name = unique("cow-evil-child");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &name,
+        json!({"image": TEST_IMAGE, "source": {"snapshot": snap}}),
+    );
+    let refused = server
+        .wait_for("sandboxes", &name, "refused", LONG, |r| {
+            r.is_some_and(|r| {
+                r["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter().any(|c| {
+                        c["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("suid-tool"))
+                    })
+                })
+            })
+        })
+        .unwrap();
+    assert_ne!(refused["status"]["phase"], "Running", "{refused}");
+    assert!(volumes_of(&name).is_empty(), "no volume was made");
+    assert_eq!(
+        entries(&server.data_dir.join("views")),
+        views_before,
+        "no view was made"
+    );
+}
