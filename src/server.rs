@@ -98,6 +98,7 @@ pub async fn run(
     )));
     let controller = Controller::new(
         Arc::clone(&store),
+        store.recorder(),
         Arc::clone(&engine),
         Arc::clone(&settings),
         server_id,
@@ -132,6 +133,9 @@ pub async fn run(
     }
     let _checks = AbortOnDrop(tokio::spawn(log_start_checks(Arc::clone(&settings))));
     api::http::serve(listener, api::router(state), shutdown).await;
+    if let Err(e) = store.events().flush() {
+        tracing::warn!("cannot write the events: {e}");
+    }
     tracing::info!("shut down");
     Ok(())
 }

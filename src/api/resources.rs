@@ -1,7 +1,8 @@
 //! The Kubernetes-style resource API: `/apis/agent-sandbox.io/v1/{plural}[/{name}]` to list,
 //! watch, create, get, replace, merge-patch (`patch.rs`) and delete `Sandbox`, `Snapshot` and
 //! `Fork` documents, a sandbox's `pause` and `resume` (`state.rs`), plus
-//! `/apis/agent-sandbox.io/v1/errors` for documents that did not apply.
+//! `/apis/agent-sandbox.io/v1/errors` for documents that did not apply and the read-only
+//! `/apis/agent-sandbox.io/v1/events` (`events.rs`).
 //!
 //! Each kind has its own routes (`.../sandboxes`, `.../snapshots`, ...), each documented with that
 //! kind's schemas (`docs.rs`): a handler generic over the kind fixes it and calls the shared code.
@@ -34,6 +35,7 @@ use crate::resource::{is_valid_name, AnyResource, Kind, API_VERSION};
 use crate::store::{EventType, Store, WatchEvent, WriteOptions};
 
 mod docs;
+pub mod events;
 mod patch;
 mod selector;
 mod state;
@@ -53,6 +55,14 @@ pub fn routes() -> ApiRouter<AppState> {
         .api_route(
             &format!("{PREFIX}/errors"),
             get_with(document_errors, docs::document_errors),
+        )
+        .api_route(
+            &events::collection(),
+            get_with(events::list, events::list_docs),
+        )
+        .api_route(
+            &format!("{}/{{name}}", events::collection()),
+            get_with(events::get_one, events::get_docs),
         )
         .merge(kind_routes::<SandboxResource>())
         .merge(kind_routes::<SnapshotResource>())

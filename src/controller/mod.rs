@@ -33,6 +33,7 @@
 //! - `workspace.rs`: making a `/workspace` ready, on this host or through Docker.
 //! - `content.rs`: validated snapshot content, the input of every restore.
 //! - `status.rs`: status and conditions, and the one status write.
+//! - `events.rs`: what a status change means as events, recorded by that write.
 //! - `tracker.rs`: which sandboxes snapshots hold locked or paused.
 //! - `error.rs`, `policy.rs`, `context.rs`, `queue.rs`: failures, what becomes of them, what each
 //!   kind sees, and the work queue.
@@ -43,6 +44,7 @@ mod container;
 mod content;
 mod context;
 mod error;
+mod events;
 mod names;
 mod policy;
 mod status;
@@ -74,7 +76,7 @@ use tokio::task::JoinSet;
 use crate::config::Settings;
 use crate::docker::Engine;
 use crate::resource::{Kind, SandboxPhase};
-use crate::store::Store;
+use crate::store::{Recorder, Store};
 use claims::Pools;
 use container::Containers;
 use context::{ForkContext, GcContext, PoolContext, SandboxContext, SnapshotContext};
@@ -87,6 +89,8 @@ use workspace::Workspaces;
 
 pub struct Controller {
     store: Arc<Store>,
+    /// Where what happened to resources is recorded (see `events.rs`).
+    events: Recorder,
     engine: Arc<dyn Engine>,
     settings: Arc<Settings>,
     queue: Arc<WorkQueue<Key>>,
@@ -111,6 +115,7 @@ pub struct Controller {
 impl Controller {
     pub fn new(
         store: Arc<Store>,
+        events: Recorder,
         engine: Arc<dyn Engine>,
         settings: Arc<Settings>,
         server_id: String,
@@ -141,6 +146,7 @@ impl Controller {
                 Arc::clone(&settings),
             )),
             store,
+            events,
             engine,
             settings,
         })
@@ -270,16 +276,22 @@ impl Controller {
         match key.0 {
             Kind::Sandbox => match sandbox::reconcile(&self.sandbox_context(), name).await {
                 Ok(outcome) => Ok(outcome),
-                Err(failure) => policy::handle(&self.store, containers, failure).await,
+                Err(failure) => {
+                    policy::handle(&self.store, &self.events, containers, failure).await
+                }
             },
             Kind::Snapshot => match snapshot::reconcile(&self.snapshot_context(), name).await {
                 Ok(outcome) => Ok(outcome),
-                Err(failure) => policy::handle(&self.store, containers, failure).await,
+                Err(failure) => {
+                    policy::handle(&self.store, &self.events, containers, failure).await
+                }
             },
             Kind::Fork => fork::reconcile(&self.fork_context(), name).await,
             Kind::SandboxPool => match pool::reconcile(&self.pool_context(), name).await {
                 Ok(outcome) => Ok(outcome),
-                Err(failure) => policy::handle(&self.store, containers, failure).await,
+                Err(failure) => {
+                    policy::handle(&self.store, &self.events, containers, failure).await
+                }
             },
         }
     }
@@ -287,6 +299,7 @@ impl Controller {
     fn sandbox_context(&self) -> SandboxContext<'_> {
         SandboxContext {
             store: &self.store,
+            events: &self.events,
             engine: &self.engine,
             settings: &self.settings,
             containers: &self.containers,
@@ -302,6 +315,7 @@ impl Controller {
     fn snapshot_context(&self) -> SnapshotContext<'_> {
         SnapshotContext {
             store: &self.store,
+            events: &self.events,
             engine: &self.engine,
             settings: &self.settings,
             containers: &self.containers,
@@ -313,6 +327,7 @@ impl Controller {
     fn fork_context(&self) -> ForkContext<'_> {
         ForkContext {
             store: &self.store,
+            events: &self.events,
             fork_progress: &self.fork_progress,
         }
     }
@@ -320,6 +335,7 @@ impl Controller {
     fn pool_context(&self) -> PoolContext<'_> {
         PoolContext {
             store: &self.store,
+            events: &self.events,
             engine: &self.engine,
             containers: &self.containers,
             workspaces: &self.workspaces,

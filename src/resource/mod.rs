@@ -4,6 +4,7 @@
 //! This module owns what a valid document is. It knows nothing about disk, Docker or HTTP: the store
 //! decides where documents live, the controller what they mean for containers.
 
+mod event;
 mod fork;
 mod meta;
 mod pool;
@@ -18,6 +19,7 @@ use std::str::FromStr;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use event::{Event, EventMeta, EventSeverity, ObjectReference, Occurrence};
 pub use fork::{ForkOverrides, ForkPhase, ForkSpec, ForkStatus};
 pub use meta::{
     is_valid_name, set_condition, Condition, ConditionStatus, ObjectMeta, OwnerReference,

@@ -8,6 +8,7 @@
 //! <data>/state/<plural>/<name>.json       server-owned metadata (uid, generation, resourceVersion,
 //!                                         timestamps, owner references) and observed status
 //! <data>/snapshots/<name>.tar             snapshot contents (see `snapshots.rs`)
+//! <data>/events.json                       recorded events, bounded (see `event_log.rs`)
 //! <data>/server-id                        this server's identity (see `identity.rs`)
 //! <data>/api-key                          the generated API key, mode 0600 (`identity.rs`)
 //! --watch DIR                             read-only folders of manifests; watched, never written
@@ -22,6 +23,7 @@
 
 mod api;
 mod atomic;
+mod event_log;
 mod folders;
 mod identity;
 mod index;
@@ -43,6 +45,7 @@ use crate::resource::{AnyResource, Kind};
 use index::{Inner, Source};
 
 pub use atomic::write_atomic;
+pub use event_log::{EventChange, EventLimits, EventLog, Recorder};
 pub use identity::{read_or_create_private, PrivateFile};
 pub use snapshots::{DataStamp, SnapshotWrite};
 
@@ -160,6 +163,8 @@ pub struct Store {
     settled: Condvar,
     /// Snapshots whose data is being written (see `snapshots.rs`).
     snapshot_writes: snapshots::Writing,
+    /// What happened to resources (see `event_log.rs`).
+    event_log: EventLog,
 }
 
 impl Store {
@@ -216,6 +221,7 @@ impl Store {
             }),
             settled: Condvar::new(),
             snapshot_writes: Default::default(),
+            event_log: EventLog::open(&data_dir.join("events.json"), EventLimits::default()),
         });
         for index in 0..source_count {
             store.rescan(index);
@@ -229,6 +235,16 @@ impl Store {
 
     pub fn watch_dirs(&self) -> &[PathBuf] {
         &self.watch_dirs
+    }
+
+    /// The events recorded about resources.
+    pub fn events(&self) -> &EventLog {
+        &self.event_log
+    }
+
+    /// The handle through which events are recorded.
+    pub fn recorder(&self) -> Recorder {
+        self.event_log.recorder()
     }
 
     /// Where a snapshot's tar lives.
