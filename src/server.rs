@@ -105,6 +105,10 @@ pub async fn run(
         crate::helper_binary::helper_binary(),
     );
     let _watchers = AbortOnDrop(store.spawn_watchers());
+    let _webhooks = AbortOnDrop(crate::webhooks::spawn(
+        Arc::clone(&store),
+        Arc::clone(&settings),
+    ));
     let _controller_tasks = controller.spawn();
 
     let state = AppState {

@@ -45,7 +45,8 @@ pub(super) struct SnapshotContext<'a> {
     pub(super) queue: &'a Arc<WorkQueue<Key>>,
 }
 
-/// A `Fork` only writes desired state: the store, and when it last wrote its progress.
+/// A `Fork` only writes desired state: the store, and when it last wrote its progress. A `Secret`
+/// and a `Webhook` need no more.
 pub(super) struct ForkContext<'a> {
     pub(super) store: &'a Arc<Store>,
     pub(super) events: &'a Recorder,

@@ -240,6 +240,13 @@ fn list(names: &[String]) -> String {
     text
 }
 
+/// Whether a Secret has a value is status, not news.
+impl Lifecycle for crate::resource::SecretStatus {
+    fn notes(&self, _old: Option<&Self>) -> Vec<Note> {
+        Vec::new()
+    }
+}
+
 impl Lifecycle for SandboxPoolStatus {
     fn notes(&self, old: Option<&SandboxPoolStatus>) -> Vec<Note> {
         let failing = |conditions: &[Condition]| {

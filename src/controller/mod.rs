@@ -23,6 +23,7 @@
 //! - `pulls.rs`: image pulls, one per image, for sandboxes and pools alike.
 //! - `snapshot/`: a `Snapshot`: taking it (`mod.rs`) and exporting the workspace (`export.rs`).
 //! - `fork.rs`: a `Fork`'s children. `pool.rs`: a `SandboxPool`'s warm members.
+//! - `secret.rs`: whether a `Secret` has a value, and the deletion of Secrets and Webhooks.
 //! - `gc.rs`: garbage collection of Docker objects that belong to no resource.
 //!
 //! The vocabulary they share, which uses none of them:
@@ -61,6 +62,7 @@ pub mod queue;
 mod replace;
 mod restore;
 mod sandbox;
+mod secret;
 mod snapshot;
 #[cfg(test)]
 mod tests;
@@ -287,6 +289,8 @@ impl Controller {
                 }
             },
             Kind::Fork => fork::reconcile(&self.fork_context(), name).await,
+            Kind::Secret => secret::reconcile_secret(&self.fork_context(), name).await,
+            Kind::Webhook => secret::reconcile_webhook(&self.fork_context(), name).await,
             Kind::SandboxPool => match pool::reconcile(&self.pool_context(), name).await {
                 Ok(outcome) => Ok(outcome),
                 Err(failure) => {

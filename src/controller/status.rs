@@ -147,6 +147,11 @@ reported!(Sandbox, SandboxStatus, Kind::Sandbox);
 reported!(Snapshot, SnapshotStatus, Kind::Snapshot);
 reported!(Fork, ForkStatus, Kind::Fork);
 reported!(SandboxPool, SandboxPoolStatus, Kind::SandboxPool);
+reported!(
+    crate::resource::Secret,
+    crate::resource::SecretStatus,
+    Kind::Secret
+);
 
 /// Writes `status` as the status of `resource` unless it equals the one `resource` carries, so
 /// that a reconcile that observed nothing new writes nothing (an idle resync costs no writes), and

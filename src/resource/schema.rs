@@ -71,6 +71,8 @@ pub fn schema_of(kind: Kind) -> Value {
         Kind::Snapshot => root_schema::<Snapshot>(),
         Kind::Fork => root_schema::<Fork>(),
         Kind::SandboxPool => root_schema::<SandboxPool>(),
+        Kind::Secret => root_schema::<crate::resource::Secret>(),
+        Kind::Webhook => root_schema::<crate::resource::Webhook>(),
     };
     let mut value = schema.to_value();
     if let Some(obj) = value.as_object_mut() {

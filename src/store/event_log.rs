@@ -7,6 +7,13 @@
 //! file in one crash-safe write (`atomic.rs`). A crash loses at most the events of that moment;
 //! the file itself is always whole. This module does not decide when something happened (the
 //! controller does) and knows nothing of HTTP.
+//!
+//! Every occurrence (a new event, or one counted again) also goes into the outbox,
+//! `<data>/outbox.jsonl`: the same writer appends it (fsynced) before it replaces the events
+//! file, and it stays there until [`EventLog::acknowledge`] says every webhook is past it. The
+//! webhook deliveries read it from here, so an event recorded before a crash is delivered after
+//! it. A line torn by a crash is skipped when the outbox is read back; delivered lines that a
+//! crash kept are skipped by the deliveries, which remember how far they got.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -43,6 +50,14 @@ const GATHER: Duration = Duration::from_millis(100);
 /// How often events past their age are dropped when nothing else happens.
 const AGE_CHECK: Duration = Duration::from_secs(60);
 
+/// The most occurrences the outbox holds: past it (webhooks down for very long with a very busy
+/// server) the oldest are dropped, with a warning.
+const MAX_OUTBOX: usize = 100_000;
+
+/// How many acknowledged occurrences may stay in the outbox file before it is rewritten without
+/// them.
+const COMPACT_AFTER: usize = 256;
+
 /// How many changes a slow watcher may fall behind before it is told to list again.
 const CHANGE_CAPACITY: usize = 1024;
 
@@ -67,6 +82,7 @@ pub struct Recorder {
 
 struct Shared {
     path: PathBuf,
+    outbox_path: PathBuf,
     limits: EventLimits,
     state: Mutex<LogState>,
     /// Signalled when there is something to write, or the log closes.
@@ -84,6 +100,12 @@ struct LogState {
     last_rv: u64,
     dirty: bool,
     closed: bool,
+    /// Occurrences not yet acknowledged, oldest first (ascending resourceVersion).
+    outbox: std::collections::VecDeque<Event>,
+    /// How many at the end of `outbox` are not in the outbox file yet.
+    outbox_unwritten: usize,
+    /// Acknowledged occurrences the outbox file still holds.
+    outbox_stale: usize,
 }
 
 /// The file's content.
@@ -117,8 +139,11 @@ impl EventLog {
                 path.display()
             ),
         }
+        let outbox_path = path.with_file_name("outbox.jsonl");
+        state.outbox = read_outbox(&outbox_path);
         let shared = Arc::new(Shared {
             path: path.to_path_buf(),
+            outbox_path,
             limits,
             state: Mutex::new(state),
             wake: Condvar::new(),
@@ -168,6 +193,44 @@ impl EventLog {
         self.shared.changes.subscribe()
     }
 
+    /// The resourceVersion of the latest occurrence.
+    pub fn head(&self) -> u64 {
+        self.shared.lock().last_rv
+    }
+
+    /// Up to `limit` occurrences recorded after resourceVersion `after`, oldest first.
+    pub fn outbox_after(&self, after: u64, limit: usize) -> Vec<Event> {
+        let state = self.shared.lock();
+        state
+            .outbox
+            .iter()
+            .filter(|e| resource_version(e) > after)
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+
+    /// Every consumer of the outbox is past resourceVersion `through`: what came up to it may go.
+    pub fn acknowledge(&self, through: u64) {
+        let mut state = self.shared.lock();
+        let mut dropped = 0;
+        while state
+            .outbox
+            .front()
+            .is_some_and(|e| resource_version(e) <= through)
+        {
+            state.outbox.pop_front();
+            dropped += 1;
+        }
+        state.outbox_unwritten = state.outbox_unwritten.min(state.outbox.len());
+        state.outbox_stale += dropped;
+        if state.outbox_stale >= COMPACT_AFTER || (dropped > 0 && state.outbox.is_empty()) {
+            state.dirty = true;
+            drop(state);
+            self.shared.wake.notify_all();
+        }
+    }
+
     /// Writes what is pending now, and waits for it.
     pub fn flush(&self) -> std::io::Result<()> {
         self.shared.write_pending()
@@ -212,6 +275,37 @@ impl Recorder {
     }
 }
 
+enum OutboxWrite {
+    Rewrite(Vec<u8>),
+    Append(Vec<u8>),
+}
+
+/// Occurrences as outbox lines, one JSON object each.
+fn lines<'a>(events: impl Iterator<Item = &'a Event>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for event in events {
+        if serde_json::to_writer(&mut out, event).is_ok() {
+            out.push(b'\n');
+        }
+    }
+    out
+}
+
+/// The outbox file's occurrences, in order, without duplicates; a line a crash tore is skipped.
+fn read_outbox(path: &Path) -> std::collections::VecDeque<Event> {
+    let Ok(bytes) = std::fs::read(path) else {
+        return Default::default();
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut out: Vec<Event> = bytes
+        .split(|b| *b == b'\n')
+        .filter_map(|line| serde_json::from_slice::<Event>(line).ok())
+        .filter(|e| seen.insert(resource_version(e)))
+        .collect();
+    out.sort_by_key(resource_version);
+    out.into()
+}
+
 fn resource_version(event: &Event) -> u64 {
     event.metadata.resource_version.parse().unwrap_or(0)
 }
@@ -246,6 +340,16 @@ impl Shared {
             }
         };
         state.events.push(event.clone());
+        state.outbox.push_back(event.clone());
+        state.outbox_unwritten += 1;
+        if state.outbox.len() > MAX_OUTBOX {
+            state.outbox.pop_front();
+            state.outbox_stale += 1;
+            state.outbox_unwritten = state.outbox_unwritten.min(state.outbox.len());
+            tracing::warn!(
+                "the event outbox is full: its oldest occurrence is dropped undelivered"
+            );
+        }
         state.dirty = true;
         self.emit(event_type, event);
         self.prune(&mut state, now);
@@ -314,7 +418,7 @@ impl Shared {
     /// Writes the log if it changed since the last write.
     fn write_pending(&self) -> std::io::Result<()> {
         let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-        let bytes = {
+        let (bytes, outbox) = {
             let mut state = self.lock();
             if !state.dirty {
                 return Ok(());
@@ -324,13 +428,48 @@ impl Shared {
                 resource_version: state.last_rv,
                 items: state.events.clone(),
             };
-            serde_json::to_vec(&file).map_err(std::io::Error::other)?
+            let bytes = serde_json::to_vec(&file).map_err(std::io::Error::other)?;
+            // Compacting rewrites the outbox whole; otherwise only the new lines are appended.
+            let outbox = if state.outbox_stale >= COMPACT_AFTER || state.outbox.is_empty() {
+                OutboxWrite::Rewrite(lines(state.outbox.iter()))
+            } else {
+                let skip = state.outbox.len() - state.outbox_unwritten;
+                OutboxWrite::Append(lines(state.outbox.iter().skip(skip)))
+            };
+            let appended = state.outbox_unwritten;
+            state.outbox_unwritten = 0;
+            if matches!(outbox, OutboxWrite::Rewrite(_)) {
+                state.outbox_stale = 0;
+            }
+            (bytes, (outbox, appended))
         };
-        let written = atomic::write_atomic(&self.path, &bytes);
+        let (outbox, appended) = outbox;
+        let written = self
+            .write_outbox(&outbox)
+            .and_then(|()| atomic::write_atomic(&self.path, &bytes));
         if written.is_err() {
-            self.lock().dirty = true;
+            let mut state = self.lock();
+            state.dirty = true;
+            // Written again next time: a line twice is harmless, a line lost is not.
+            state.outbox_unwritten = (state.outbox_unwritten + appended).min(state.outbox.len());
         }
         written
+    }
+
+    fn write_outbox(&self, write: &OutboxWrite) -> std::io::Result<()> {
+        match write {
+            OutboxWrite::Rewrite(bytes) => atomic::write_atomic(&self.outbox_path, bytes),
+            OutboxWrite::Append(bytes) if bytes.is_empty() => Ok(()),
+            OutboxWrite::Append(bytes) => {
+                use std::io::Write;
+                let mut file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&self.outbox_path)?;
+                file.write_all(bytes)?;
+                file.sync_data()
+            }
+        }
     }
 }
 

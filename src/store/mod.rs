@@ -9,6 +9,8 @@
 //!                                         timestamps, owner references) and observed status
 //! <data>/snapshots/<name>.tar             snapshot contents (see `snapshots.rs`)
 //! <data>/events.json                       recorded events, bounded (see `event_log.rs`)
+//! <data>/secrets/<name>                    Secret values given through the API, owner-only
+//!                                         (`secret_values.rs`)
 //! <data>/server-id                        this server's identity (see `identity.rs`)
 //! <data>/api-key                          the generated API key, mode 0600 (`identity.rs`)
 //! --watch DIR                             read-only folders of manifests; watched, never written
@@ -29,6 +31,7 @@ mod identity;
 mod index;
 pub mod inspect;
 mod offload;
+mod secret_values;
 mod snapshots;
 mod state;
 #[cfg(test)]
