@@ -609,4 +609,26 @@ spec:
         let again = parse_file(text.as_bytes(), Path::new("b.yaml"));
         assert_eq!(again.documents[0].resource, parsed.documents[1].resource);
     }
+
+    #[test]
+    fn a_secret_body_gives_its_value_apart_from_the_document() {
+        let json = br#"{"apiVersion": "agent-sandbox.io/v1", "kind": "Secret",
+            "metadata": {"name": "k"}, "spec": {}, "value": "hunter2"}"#;
+        let (resource, value) = parse_secret_body(json).unwrap();
+        assert_eq!(value.as_deref(), Some("hunter2"));
+        assert!(!resource.to_json().to_string().contains("hunter2"));
+        let yaml = b"apiVersion: agent-sandbox.io/v1\nkind: Secret\nmetadata: {name: k}\nspec: {}\nvalue: hunter2\n";
+        assert_eq!(
+            parse_secret_body(yaml).unwrap().1.as_deref(),
+            Some("hunter2")
+        );
+        let number = br#"{"apiVersion": "agent-sandbox.io/v1", "kind": "Secret",
+            "metadata": {"name": "k"}, "spec": {}, "value": 7}"#;
+        let error = parse_secret_body(number).unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("value"));
+        assert!(!error.to_string().contains('7'), "{error}");
+        let without = br#"{"apiVersion": "agent-sandbox.io/v1", "kind": "Secret",
+            "metadata": {"name": "k"}, "spec": {}}"#;
+        assert_eq!(parse_secret_body(without).unwrap().1, None);
+    }
 }
