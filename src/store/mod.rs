@@ -9,6 +9,7 @@
 //!                                         timestamps, owner references) and observed status
 //! <data>/snapshots/<name>.tar             snapshot contents (see `snapshots.rs`)
 //! <data>/events.json                       recorded events, bounded (see `event_log.rs`)
+//! <data>/outbox.jsonl                      event occurrences webhooks have yet to get (same)
 //! <data>/secrets/<name>                    Secret values given through the API, owner-only
 //!                                         (`secret_values.rs`)
 //! <data>/server-id                        this server's identity (see `identity.rs`)
