@@ -156,6 +156,22 @@ pub struct Settings {
         default_value_t = 10.0
     )]
     pub reap_interval_seconds: f64,
+    /// How long a webhook delivery is retried, in seconds, before it is given up (with an event
+    /// saying so).
+    #[arg(
+        long,
+        env = "AGENT_SANDBOX_WEBHOOK_RETRY_SECONDS",
+        default_value_t = 86400.0
+    )]
+    pub webhook_retry_seconds: f64,
+    /// The longest wait between two attempts of a webhook delivery, in seconds (the waits double
+    /// from one second up to it).
+    #[arg(
+        long,
+        env = "AGENT_SANDBOX_WEBHOOK_MAX_BACKOFF_SECONDS",
+        default_value_t = 300.0
+    )]
+    pub webhook_max_backoff_seconds: f64,
     /// How often every resource is reconciled even without a trigger, in seconds.
     #[arg(long, env = "AGENT_SANDBOX_RESYNC_SECONDS", default_value_t = 300.0)]
     pub resync_seconds: f64,
@@ -256,6 +272,18 @@ impl Settings {
         if !positive(self.reap_interval_seconds) {
             return Err(invalid(
                 "AGENT_SANDBOX_REAP_INTERVAL_SECONDS",
+                "must be > 0",
+            ));
+        }
+        if !positive(self.webhook_retry_seconds) {
+            return Err(invalid(
+                "AGENT_SANDBOX_WEBHOOK_RETRY_SECONDS",
+                "must be > 0",
+            ));
+        }
+        if !positive(self.webhook_max_backoff_seconds) {
+            return Err(invalid(
+                "AGENT_SANDBOX_WEBHOOK_MAX_BACKOFF_SECONDS",
                 "must be > 0",
             ));
         }

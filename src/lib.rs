@@ -25,6 +25,8 @@
 //! - [`cli`]: the command line (`serve`, kubectl-style client commands, `mcp`).
 //! - [`gc`]: `agent-sandbox gc`, removing labeled objects no running server claims, and the
 //!   heartbeat by which a running server claims its own.
+//! - [`secrets`]: a `Secret`'s write-only value, from the store, the environment or a file.
+//! - [`webhooks`]: delivering events to `Webhook` receivers, signed, from a durable outbox.
 //! - [`activity`]: which sandboxes are in use (API calls, running commands), for idle policies.
 //! - [`config`]: settings; [`server`]: wiring it all together for `agent-sandbox serve`;
 //!   [`doctor`]: the start-up checks `agent-sandbox doctor` prints and `serve` logs.
@@ -46,5 +48,7 @@ pub mod gc;
 pub mod helper_binary;
 pub mod processes;
 pub mod resource;
+pub mod secrets;
 pub mod server;
 pub mod store;
+pub mod webhooks;

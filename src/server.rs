@@ -98,12 +98,17 @@ pub async fn run(
     )));
     let controller = Controller::new(
         Arc::clone(&store),
+        store.recorder(),
         Arc::clone(&engine),
         Arc::clone(&settings),
         server_id,
         crate::helper_binary::helper_binary(),
     );
     let _watchers = AbortOnDrop(store.spawn_watchers());
+    let _webhooks = AbortOnDrop(crate::webhooks::spawn(
+        Arc::clone(&store),
+        Arc::clone(&settings),
+    ));
     let _controller_tasks = controller.spawn();
 
     let state = AppState {
@@ -132,6 +137,9 @@ pub async fn run(
     }
     let _checks = AbortOnDrop(tokio::spawn(log_start_checks(Arc::clone(&settings))));
     api::http::serve(listener, api::router(state), shutdown).await;
+    if let Err(e) = store.events().flush() {
+        tracing::warn!("cannot write the events: {e}");
+    }
     tracing::info!("shut down");
     Ok(())
 }

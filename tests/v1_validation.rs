@@ -243,7 +243,10 @@ fn reconcile(store: &Store, resource: &AnyResource) {
             };
             let _ = store.update_status(Kind::Snapshot, &name, status);
         }
-        AnyResource::Fork(_) | AnyResource::SandboxPool(_) => {}
+        AnyResource::Fork(_)
+        | AnyResource::SandboxPool(_)
+        | AnyResource::Secret(_)
+        | AnyResource::Webhook(_) => {}
     }
 }
 

@@ -174,8 +174,14 @@ fn matches_any(templates: &[String], path: &str) -> bool {
     })
 }
 
-/// The framework adds the `Allow` header to this response.
-async fn method_not_allowed() -> ApiError {
+/// The framework adds the `Allow` header to this response. A write to the events says why
+/// there is none.
+async fn method_not_allowed(uri: axum::http::Uri) -> ApiError {
+    let events = resources::events::collection();
+    let path = uri.path();
+    if path == events || path.starts_with(&format!("{events}/")) {
+        return ApiError::MethodNotAllowed(resources::events::READ_ONLY.into());
+    }
     ApiError::MethodNotAllowed("Method Not Allowed".into())
 }
 

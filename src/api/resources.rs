@@ -1,7 +1,8 @@
 //! The Kubernetes-style resource API: `/apis/agent-sandbox.io/v1/{plural}[/{name}]` to list,
 //! watch, create, get, replace, merge-patch (`patch.rs`) and delete `Sandbox`, `Snapshot` and
 //! `Fork` documents, a sandbox's `pause` and `resume` (`state.rs`), plus
-//! `/apis/agent-sandbox.io/v1/errors` for documents that did not apply.
+//! `/apis/agent-sandbox.io/v1/errors` for documents that did not apply and the read-only
+//! `/apis/agent-sandbox.io/v1/events` (`events.rs`).
 //!
 //! Each kind has its own routes (`.../sandboxes`, `.../snapshots`, ...), each documented with that
 //! kind's schemas (`docs.rs`): a handler generic over the kind fixes it and calls the shared code.
@@ -34,11 +35,15 @@ use crate::resource::{is_valid_name, AnyResource, Kind, API_VERSION};
 use crate::store::{EventType, Store, WatchEvent, WriteOptions};
 
 mod docs;
+pub mod events;
 mod patch;
 mod selector;
 mod state;
 
-use docs::{DocumentedKind, ForkResource, SandboxPoolResource, SandboxResource, SnapshotResource};
+use docs::{
+    DocumentedKind, ForkResource, SandboxPoolResource, SandboxResource, SecretResource,
+    SnapshotResource, WebhookResource,
+};
 
 pub use selector::LabelSelector;
 pub use state::{PauseMode, PauseRequest};
@@ -54,10 +59,20 @@ pub fn routes() -> ApiRouter<AppState> {
             &format!("{PREFIX}/errors"),
             get_with(document_errors, docs::document_errors),
         )
+        .api_route(
+            &events::collection(),
+            get_with(events::list, events::list_docs),
+        )
+        .api_route(
+            &format!("{}/{{name}}", events::collection()),
+            get_with(events::get_one, events::get_docs),
+        )
         .merge(kind_routes::<SandboxResource>())
         .merge(kind_routes::<SnapshotResource>())
         .merge(kind_routes::<ForkResource>())
         .merge(kind_routes::<SandboxPoolResource>())
+        .merge(kind_routes::<SecretResource>())
+        .merge(kind_routes::<WebhookResource>())
         .api_route(
             &format!("{PREFIX}/sandboxes/{{name}}/pause"),
             post_with(state::pause, docs::pause),
@@ -157,12 +172,40 @@ fn parse(headers: &HeaderMap, bytes: &[u8], kind: Kind) -> Result<AnyResource, A
     Ok(yaml::parse_body(bytes, kind)?)
 }
 
+/// [`parse`], and for a `Secret` also the write-only `value` beside its spec. A Secret written
+/// through the API carries its value in the request: `spec.valueFrom` (a server file or
+/// variable) is for Secrets declared in a folder by whoever runs the server.
+fn parse_with_value(
+    headers: &HeaderMap,
+    bytes: &[u8],
+    kind: Kind,
+) -> Result<(AnyResource, Option<String>), ApiError> {
+    if kind != Kind::Secret {
+        return Ok((parse(headers, bytes, kind)?, None));
+    }
+    request_format(headers)?;
+    let (resource, value) = yaml::parse_secret_body(bytes)?;
+    if resource
+        .as_secret()
+        .is_some_and(|s| s.spec.value_from.is_some())
+    {
+        return Err(ApiError::Validation(
+            "spec.valueFrom: only a Secret declared in a watched folder reads its value from \
+             the server's environment or files; through the API, give `value`"
+                .into(),
+        ));
+    }
+    Ok((resource, value))
+}
+
 fn generated_name(kind: Kind) -> String {
     let prefix = match kind {
         Kind::Sandbox => "sb",
         Kind::Snapshot => "snap",
         Kind::Fork => "fork",
         Kind::SandboxPool => "pool",
+        Kind::Secret => "secret",
+        Kind::Webhook => "webhook",
     };
     format!("{prefix}_{}", hex::encode(rand::random::<[u8; 8]>()))
 }
@@ -305,14 +348,22 @@ async fn create<K: DocumentedKind>(
     let kind = K::KIND;
     let opts = dry_run(&params)?;
     let bytes = read_body(&headers, body, MAX_JSON_BODY).await?;
-    let mut resource = parse(&headers, &bytes, kind)?;
+    let (mut resource, secret_value) = parse_with_value(&headers, &bytes, kind)?;
     if resource.name().is_empty() {
         resource.metadata_mut().name = generated_name(kind);
     }
     check_name(resource.name())?;
     let created = state
         .store
-        .write(move |store| store.create(resource, opts))
+        .write(move |store| {
+            // The value is in place before the Secret exists, so the controller sees it at once;
+            // a dry run first keeps a refused create from touching another Secret's value.
+            if let (Some(value), false) = (secret_value, opts.dry_run) {
+                store.create(resource.clone(), WriteOptions { dry_run: true })?;
+                store.set_secret_value(resource.name(), value.as_bytes())?;
+            }
+            store.create(resource, opts)
+        })
         .await?;
     respond(StatusCode::CREATED, &created, response_format(&headers))
 }
@@ -342,7 +393,7 @@ async fn replace<K: DocumentedKind>(
     let kind = K::KIND;
     let opts = dry_run(&params)?;
     let bytes = read_body(&headers, body, MAX_JSON_BODY).await?;
-    let mut resource = parse(&headers, &bytes, kind)?;
+    let (mut resource, secret_value) = parse_with_value(&headers, &bytes, kind)?;
     if resource.name().is_empty() {
         resource.metadata_mut().name = name.clone();
     } else if resource.name() != name {
@@ -353,7 +404,13 @@ async fn replace<K: DocumentedKind>(
     }
     let replaced = state
         .store
-        .write(move |store| store.replace(resource, opts))
+        .write(move |store| {
+            if let (Some(value), false) = (secret_value, opts.dry_run) {
+                store.replace(resource.clone(), WriteOptions { dry_run: true })?;
+                store.set_secret_value(resource.name(), value.as_bytes())?;
+            }
+            store.replace(resource, opts)
+        })
         .await?;
     respond(StatusCode::OK, &replaced, response_format(&headers))
 }

@@ -1,5 +1,6 @@
 //! `describe`: one resource in full (metadata, spec, status, conditions) and what happened around
-//! it: a sandbox's source, rollbacks and snapshots, a snapshot's users, a fork's children.
+//! it: a sandbox's source, rollbacks and snapshots, a snapshot's users, a fork's children, and
+//! the recent events about it.
 
 use std::process::ExitCode;
 
@@ -43,6 +44,7 @@ pub async fn describe(args: DescribeArgs) -> Result<ExitCode, CliError> {
     })?;
     let mut out = describe_text(kind, &item);
     out.push_str(&history(&client, kind, &name, &item).await?);
+    out.push_str(&super::events::section(&client, kind.as_str(), &name).await?);
     emit(&out);
     Ok(ExitCode::SUCCESS)
 }

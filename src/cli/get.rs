@@ -29,9 +29,10 @@ pub enum Output {
   agent-sandbox get sandboxes
   agent-sandbox get sandbox demo -o yaml
   agent-sandbox get snapshots -o wide
-  agent-sandbox get sandboxes -l team=research -w")]
+  agent-sandbox get sandboxes -l team=research -w
+  agent-sandbox get events --for demo -w")]
 pub struct GetArgs {
-    /// sandbox(es), snapshot(s) or fork(s); or KIND/NAME.
+    /// sandbox(es), snapshot(s), fork(s), sandboxpool(s) or event(s); or KIND/NAME.
     pub kind: String,
     /// Only this resource.
     pub name: Option<String>,
@@ -44,6 +45,9 @@ pub struct GetArgs {
     /// Only resources whose labels match (`team=a,tier!=x`).
     #[arg(short = 'l', long = "selector")]
     pub selector: Option<String>,
+    /// With `get events`: only the events about the object of this name.
+    #[arg(long = "for", value_name = "NAME")]
+    pub involved: Option<String>,
     #[command(flatten)]
     pub connection: Connection,
 }
@@ -61,6 +65,9 @@ pub(super) fn parse_target(
 }
 
 pub async fn get(args: GetArgs) -> Result<ExitCode, CliError> {
+    if super::events::is_events(&args.kind) {
+        return super::events::get(args).await;
+    }
     let (kind, name) = parse_target(&args.kind, args.name.as_deref())?;
     let client = Client::new(&args.connection)?;
     if args.watch {

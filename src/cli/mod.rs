@@ -13,6 +13,7 @@ mod apply;
 pub mod client;
 mod describe;
 mod diff;
+mod events;
 mod exec;
 mod export;
 mod get;

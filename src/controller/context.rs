@@ -14,13 +14,14 @@ use super::tracker::Tracker;
 use super::workspace::Workspaces;
 use crate::config::Settings;
 use crate::docker::Engine;
-use crate::store::Store;
+use crate::store::{Recorder, Store};
 
 /// A `Sandbox` needs Docker, its containers and workspace, the pools it may claim from, the
 /// snapshots it may be restored from, the snapshots in progress on it, and its activity (for its
 /// idle policy).
 pub(super) struct SandboxContext<'a> {
     pub(super) store: &'a Arc<Store>,
+    pub(super) events: &'a Recorder,
     pub(super) engine: &'a Arc<dyn Engine>,
     pub(super) settings: &'a Arc<Settings>,
     pub(super) containers: &'a Containers,
@@ -36,6 +37,7 @@ pub(super) struct SandboxContext<'a> {
 /// have a sandbox it could not unpause looked at again.
 pub(super) struct SnapshotContext<'a> {
     pub(super) store: &'a Arc<Store>,
+    pub(super) events: &'a Recorder,
     pub(super) engine: &'a Arc<dyn Engine>,
     pub(super) settings: &'a Arc<Settings>,
     pub(super) containers: &'a Containers,
@@ -43,9 +45,11 @@ pub(super) struct SnapshotContext<'a> {
     pub(super) queue: &'a Arc<WorkQueue<Key>>,
 }
 
-/// A `Fork` only writes desired state: the store, and when it last wrote its progress.
+/// A `Fork` only writes desired state: the store, and when it last wrote its progress. A `Secret`
+/// and a `Webhook` need no more.
 pub(super) struct ForkContext<'a> {
     pub(super) store: &'a Arc<Store>,
+    pub(super) events: &'a Recorder,
     pub(super) fork_progress: &'a ProgressWrites,
 }
 
@@ -53,6 +57,7 @@ pub(super) struct ForkContext<'a> {
 /// pools' record of what was handed out.
 pub(super) struct PoolContext<'a> {
     pub(super) store: &'a Arc<Store>,
+    pub(super) events: &'a Recorder,
     pub(super) engine: &'a Arc<dyn Engine>,
     pub(super) containers: &'a Containers,
     pub(super) workspaces: &'a Workspaces,

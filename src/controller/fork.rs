@@ -152,7 +152,7 @@ pub(super) async fn reconcile(
             return Ok(Outcome::after(wait));
         }
     }
-    write_status(ctl.store, &fork, &status).await?;
+    write_status(ctl.store, ctl.events, &fork, &status).await?;
     if progressing {
         ctl.fork_progress.wrote(name);
     } else {

@@ -23,6 +23,7 @@
 //! - `pulls.rs`: image pulls, one per image, for sandboxes and pools alike.
 //! - `snapshot/`: a `Snapshot`: taking it (`mod.rs`) and exporting the workspace (`export.rs`).
 //! - `fork.rs`: a `Fork`'s children. `pool.rs`: a `SandboxPool`'s warm members.
+//! - `secret.rs`: whether a `Secret` has a value, and the deletion of Secrets and Webhooks.
 //! - `gc.rs`: garbage collection of Docker objects that belong to no resource.
 //!
 //! The vocabulary they share, which uses none of them:
@@ -33,6 +34,7 @@
 //! - `workspace.rs`: making a `/workspace` ready, on this host or through Docker.
 //! - `content.rs`: validated snapshot content, the input of every restore.
 //! - `status.rs`: status and conditions, and the one status write.
+//! - `events.rs`: what a status change means as events, recorded by that write.
 //! - `tracker.rs`: which sandboxes snapshots hold locked or paused.
 //! - `error.rs`, `policy.rs`, `context.rs`, `queue.rs`: failures, what becomes of them, what each
 //!   kind sees, and the work queue.
@@ -43,6 +45,7 @@ mod container;
 mod content;
 mod context;
 mod error;
+mod events;
 mod names;
 mod policy;
 mod status;
@@ -60,6 +63,7 @@ pub mod queue;
 mod replace;
 mod restore;
 mod sandbox;
+mod secret;
 mod snapshot;
 #[cfg(test)]
 mod tests;
@@ -75,7 +79,7 @@ use tokio::task::JoinSet;
 use crate::config::Settings;
 use crate::docker::Engine;
 use crate::resource::{Kind, SandboxPhase};
-use crate::store::Store;
+use crate::store::{Recorder, Store};
 use claims::Pools;
 use container::Containers;
 use context::{ForkContext, GcContext, PoolContext, SandboxContext, SnapshotContext};
@@ -88,6 +92,8 @@ use workspace::Workspaces;
 
 pub struct Controller {
     store: Arc<Store>,
+    /// Where what happened to resources is recorded (see `events.rs`).
+    events: Recorder,
     engine: Arc<dyn Engine>,
     settings: Arc<Settings>,
     queue: Arc<WorkQueue<Key>>,
@@ -112,6 +118,7 @@ pub struct Controller {
 impl Controller {
     pub fn new(
         store: Arc<Store>,
+        events: Recorder,
         engine: Arc<dyn Engine>,
         settings: Arc<Settings>,
         server_id: String,
@@ -142,6 +149,7 @@ impl Controller {
                 Arc::clone(&settings),
             )),
             store,
+            events,
             engine,
             settings,
         })
@@ -271,16 +279,24 @@ impl Controller {
         match key.0 {
             Kind::Sandbox => match sandbox::reconcile(&self.sandbox_context(), name).await {
                 Ok(outcome) => Ok(outcome),
-                Err(failure) => policy::handle(&self.store, containers, failure).await,
+                Err(failure) => {
+                    policy::handle(&self.store, &self.events, containers, failure).await
+                }
             },
             Kind::Snapshot => match snapshot::reconcile(&self.snapshot_context(), name).await {
                 Ok(outcome) => Ok(outcome),
-                Err(failure) => policy::handle(&self.store, containers, failure).await,
+                Err(failure) => {
+                    policy::handle(&self.store, &self.events, containers, failure).await
+                }
             },
             Kind::Fork => fork::reconcile(&self.fork_context(), name).await,
+            Kind::Secret => secret::reconcile_secret(&self.fork_context(), name).await,
+            Kind::Webhook => secret::reconcile_webhook(&self.fork_context(), name).await,
             Kind::SandboxPool => match pool::reconcile(&self.pool_context(), name).await {
                 Ok(outcome) => Ok(outcome),
-                Err(failure) => policy::handle(&self.store, containers, failure).await,
+                Err(failure) => {
+                    policy::handle(&self.store, &self.events, containers, failure).await
+                }
             },
         }
     }
@@ -288,6 +304,7 @@ impl Controller {
     fn sandbox_context(&self) -> SandboxContext<'_> {
         SandboxContext {
             store: &self.store,
+            events: &self.events,
             engine: &self.engine,
             settings: &self.settings,
             containers: &self.containers,
@@ -303,6 +320,7 @@ impl Controller {
     fn snapshot_context(&self) -> SnapshotContext<'_> {
         SnapshotContext {
             store: &self.store,
+            events: &self.events,
             engine: &self.engine,
             settings: &self.settings,
             containers: &self.containers,
@@ -314,6 +332,7 @@ impl Controller {
     fn fork_context(&self) -> ForkContext<'_> {
         ForkContext {
             store: &self.store,
+            events: &self.events,
             fork_progress: &self.fork_progress,
         }
     }
@@ -321,6 +340,7 @@ impl Controller {
     fn pool_context(&self) -> PoolContext<'_> {
         PoolContext {
             store: &self.store,
+            events: &self.events,
             engine: &self.engine,
             containers: &self.containers,
             workspaces: &self.workspaces,

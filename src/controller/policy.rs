@@ -19,7 +19,7 @@ use crate::resource::{
     ConditionStatus, ImagePullProgress, Sandbox, SandboxPhase, SandboxPool, SandboxPoolStatus,
     SandboxStatus, Snapshot, SnapshotStatus,
 };
-use crate::store::Store;
+use crate::store::{Recorder, Store};
 
 /// How long to wait before looking again at a sandbox that cannot start for a reason outside our
 /// control (a missing image, say).
@@ -301,6 +301,7 @@ impl Failable for SandboxPool {
 /// worker does next: requeue after a delay (`Ok`), or retry with backoff (`Err`).
 pub(super) async fn handle<R: Failable>(
     store: &Arc<Store>,
+    events: &Recorder,
     containers: &Containers,
     failure: Failure<R>,
 ) -> Result<Outcome, ReconcileError> {
@@ -313,7 +314,7 @@ pub(super) async fn handle<R: Failable>(
     let reported = report.is_some();
     if let Some((resource, mut status)) = report {
         R::report(&resource, &mut status, &error, &verdict);
-        write_status(store, &resource, &status).await?;
+        write_status(store, events, &resource, &status).await?;
     }
     for cleanup in after {
         cleanup.run(containers).await?;

@@ -109,7 +109,7 @@ pub(super) async fn reconcile(
     if let Some(error) = failure {
         return Err(Failure::reported(error, &pool, status));
     }
-    write_status(ctl.store, &pool, &status).await?;
+    write_status(ctl.store, ctl.events, &pool, &status).await?;
     Ok(if full {
         Outcome::done()
     } else {

@@ -93,7 +93,7 @@ pub(super) async fn reconcile(
     let rollback_error =
         match restore::ensure_rollback(ctl, &sandbox, &effective, &mut status).await {
             Ok(Some(leftovers)) => {
-                write_status(ctl.store, &sandbox, &status).await?;
+                write_status(ctl.store, ctl.events, &sandbox, &status).await?;
                 replaced = Some(leftovers);
                 None
             }
@@ -182,7 +182,7 @@ pub(super) async fn reconcile(
         "",
         generation,
     );
-    write_status(ctl.store, &sandbox, &status).await?;
+    write_status(ctl.store, ctl.events, &sandbox, &status).await?;
     retired.remove(ctl.engine.as_ref()).await;
     if let Some(leftovers) = replaced {
         leftovers.remove(ctl.engine.as_ref()).await;
@@ -203,7 +203,7 @@ pub(super) async fn reconcile(
         power::Idle::Since(last) => {
             if power::act_on_idle(ctl, &sandbox).await? {
                 status.idle_since = Some(last);
-                write_status(ctl.store, &sandbox, &status).await?;
+                write_status(ctl.store, ctl.events, &sandbox, &status).await?;
             }
             Ok(Outcome::at(expires_at))
         }
@@ -260,7 +260,7 @@ async fn held(
         &message,
         generation,
     );
-    write_status(ctl.store, sandbox, &status).await?;
+    write_status(ctl.store, ctl.events, sandbox, &status).await?;
     Ok(Outcome::at(expires_at))
 }
 
@@ -440,7 +440,7 @@ async fn expire(
         generation,
     );
     status.message = message.into();
-    write_status(ctl.store, sandbox, &status).await?;
+    write_status(ctl.store, ctl.events, sandbox, &status).await?;
     Ok(Outcome::done())
 }
 
@@ -457,7 +457,7 @@ async fn delete(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Result<Outcome, 
             "",
             generation,
         );
-        write_status(ctl.store, sandbox, &status).await?;
+        write_status(ctl.store, ctl.events, sandbox, &status).await?;
     }
     // The resource is ours, so its container names are too. What the deletion waits for is only
     // this: its processes killed and its containers renamed out of its names. Then the document

@@ -8,14 +8,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::error::ReconcileError;
+use super::events::Lifecycle;
 use crate::resource::{
-    set_condition, Condition, ConditionStatus, Fork, ForkStatus, Kind, ObjectMeta, Sandbox,
-    SandboxPool, SandboxPoolStatus, SandboxStatus, Snapshot, SnapshotStatus,
+    set_condition, Condition, ConditionStatus, Fork, ForkStatus, Kind, ObjectMeta, ObjectReference,
+    Occurrence, Sandbox, SandboxPool, SandboxPoolStatus, SandboxStatus, Snapshot, SnapshotStatus,
 };
-use crate::store::{Store, StoreError};
+use crate::store::{Recorder, Store, StoreError};
 
 /// The generation a status observes: the document's, or 1 for one not yet given any.
 pub(super) fn generation(meta: &ObjectMeta) -> u64 {
@@ -120,7 +122,7 @@ pub(super) fn clear_condition(conditions: &mut Vec<Condition>, type_: &str) {
 
 /// A resource whose status a reconciler writes.
 pub(super) trait Reported {
-    type Status: Serialize + PartialEq;
+    type Status: Serialize + DeserializeOwned + PartialEq + Lifecycle;
     const KIND: Kind;
     fn meta(&self) -> &ObjectMeta;
     fn status(&self) -> Option<&Self::Status>;
@@ -145,44 +147,59 @@ reported!(Sandbox, SandboxStatus, Kind::Sandbox);
 reported!(Snapshot, SnapshotStatus, Kind::Snapshot);
 reported!(Fork, ForkStatus, Kind::Fork);
 reported!(SandboxPool, SandboxPoolStatus, Kind::SandboxPool);
+reported!(
+    crate::resource::Secret,
+    crate::resource::SecretStatus,
+    Kind::Secret
+);
 
 /// Writes `status` as the status of `resource` unless it equals the one `resource` carries, so
-/// that a reconcile that observed nothing new writes nothing (an idle resync costs no writes). A
-/// resource deleted meanwhile is not an error: the next reconcile sees that.
+/// that a reconcile that observed nothing new writes nothing (an idle resync costs no writes), and
+/// records through `events` what the change means (`events.rs`). A resource deleted meanwhile is
+/// not an error: the next reconcile sees that.
 pub(super) async fn write_status<R: Reported>(
     store: &Arc<Store>,
+    events: &Recorder,
     resource: &R,
     status: &R::Status,
 ) -> Result<(), ReconcileError> {
-    write_if_changed(
-        store,
-        R::KIND,
-        &resource.meta().name,
-        resource.status(),
-        status,
-    )
-    .await
-}
-
-/// The write of [`write_status`], for a status read from a resource of `kind` named `name`. The
-/// store waits for its fsyncs off the async workers.
-async fn write_if_changed<S: Serialize + PartialEq>(
-    store: &Arc<Store>,
-    kind: Kind,
-    name: &str,
-    old: Option<&S>,
-    new: &S,
-) -> Result<(), ReconcileError> {
-    if old == Some(new) {
+    if resource.status() == Some(status) {
         return Ok(());
     }
-    let value = serde_json::to_value(new)?;
-    let name = name.to_string();
+    let kind = R::KIND;
+    let value = serde_json::to_value(status)?;
+    let name = resource.meta().name.clone();
+    // The status as stored just before this write, not as this reconcile first read it: a
+    // reconcile may write more than once, and each change is one event.
     let written = store
-        .write(move |store| store.update_status(kind, &name, value))
+        .write(move |store| {
+            let before = store
+                .get(kind, &name)
+                .and_then(|e| e.resource.status_json());
+            let after = store.update_status(kind, &name, value)?;
+            Ok((before, after))
+        })
         .await;
     match written {
-        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+        Ok((before, after)) => {
+            let before: Option<R::Status> = before.and_then(|v| serde_json::from_value(v).ok());
+            let meta = after.metadata();
+            let object = ObjectReference {
+                kind: kind.to_string(),
+                name: meta.name.clone(),
+                uid: meta.uid.clone().unwrap_or_default(),
+            };
+            for note in status.notes(before.as_ref()) {
+                events.record(Occurrence {
+                    involved_object: object.clone(),
+                    type_: note.severity,
+                    reason: note.reason.to_string(),
+                    message: note.message,
+                });
+            }
+            Ok(())
+        }
+        Err(StoreError::NotFound { .. }) => Ok(()),
         Err(e) => Err(e.into()),
     }
 }

@@ -232,6 +232,14 @@ pub fn export(resources: &[AnyResource], options: &ExportOptions) -> Result<Expo
             }
             AnyResource::Snapshot(s) => out.gaps.push(snapshot(s, &object)),
             AnyResource::Fork(f) => out.gaps.push(fork(f, &object)),
+            AnyResource::Secret(_) | AnyResource::Webhook(_) => out.gaps.push(Gap {
+                object: object.clone(),
+                field: None,
+                kind: GapKind::NotExpressed,
+                reason: "not exported: secrets and webhooks serve this server's own event \
+                         deliveries, which the Kubernetes controllers do not make"
+                    .into(),
+            }),
         }
     }
     Ok(out)

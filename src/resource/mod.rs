@@ -4,12 +4,15 @@
 //! This module owns what a valid document is. It knows nothing about disk, Docker or HTTP: the store
 //! decides where documents live, the controller what they mean for containers.
 
+mod event;
 mod fork;
 mod meta;
 mod pool;
 mod sandbox;
 pub mod schema;
+mod secret;
 mod snapshot;
+mod webhook;
 pub mod yaml;
 
 use std::fmt;
@@ -18,6 +21,7 @@ use std::str::FromStr;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use event::{Event, EventMeta, EventSeverity, ObjectReference, Occurrence};
 pub use fork::{ForkOverrides, ForkPhase, ForkSpec, ForkStatus};
 pub use meta::{
     is_valid_name, set_condition, Condition, ConditionStatus, ObjectMeta, OwnerReference,
@@ -29,7 +33,9 @@ pub use sandbox::{
     RollbackRecord, RollbackRequest, SandboxDefaults, SandboxPhase, SandboxSource, SandboxSpec,
     SandboxState, SandboxStatus,
 };
+pub use secret::{SecretSpec, SecretStatus, ValueFrom};
 pub use snapshot::{SnapshotPhase, SnapshotSpec, SnapshotStatus};
+pub use webhook::{WebhookSpec, WebhookStatus};
 
 /// The kinds this server reconciles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -38,10 +44,19 @@ pub enum Kind {
     Snapshot,
     Fork,
     SandboxPool,
+    Secret,
+    Webhook,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [Kind::Sandbox, Kind::Snapshot, Kind::Fork, Kind::SandboxPool];
+    pub const ALL: [Kind; 6] = [
+        Kind::Sandbox,
+        Kind::Snapshot,
+        Kind::Fork,
+        Kind::SandboxPool,
+        Kind::Secret,
+        Kind::Webhook,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -49,6 +64,8 @@ impl Kind {
             Kind::Snapshot => "Snapshot",
             Kind::Fork => "Fork",
             Kind::SandboxPool => "SandboxPool",
+            Kind::Secret => "Secret",
+            Kind::Webhook => "Webhook",
         }
     }
 
@@ -59,6 +76,8 @@ impl Kind {
             Kind::Snapshot => "snapshots",
             Kind::Fork => "forks",
             Kind::SandboxPool => "sandboxpools",
+            Kind::Secret => "secrets",
+            Kind::Webhook => "webhooks",
         }
     }
 
@@ -83,7 +102,10 @@ impl FromStr for Kind {
             .into_iter()
             .find(|k| lower == k.as_str().to_ascii_lowercase() || lower == k.plural())
             .ok_or_else(|| {
-                format!("unknown kind {s:?} (expected sandbox, snapshot, fork or sandboxpool)")
+                format!(
+                    "unknown kind {s:?} (expected sandbox, snapshot, fork, sandboxpool, secret \
+                     or webhook)"
+                )
             })
     }
 }
@@ -150,6 +172,18 @@ resource_kind!(
     SandboxPoolSpec,
     SandboxPoolStatus
 );
+resource_kind!(
+    /// A write-only value the server uses on a user's behalf.
+    Secret,
+    SecretSpec,
+    SecretStatus
+);
+resource_kind!(
+    /// A receiver of events, POSTed as signed JSON.
+    Webhook,
+    WebhookSpec,
+    WebhookStatus
+);
 
 /// A resource of any kind, as the store keeps it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -159,6 +193,8 @@ pub enum AnyResource {
     Snapshot(Snapshot),
     Fork(Fork),
     SandboxPool(SandboxPool),
+    Secret(Secret),
+    Webhook(Webhook),
 }
 
 impl AnyResource {
@@ -168,6 +204,8 @@ impl AnyResource {
             AnyResource::Snapshot(_) => Kind::Snapshot,
             AnyResource::Fork(_) => Kind::Fork,
             AnyResource::SandboxPool(_) => Kind::SandboxPool,
+            AnyResource::Secret(_) => Kind::Secret,
+            AnyResource::Webhook(_) => Kind::Webhook,
         }
     }
 
@@ -181,6 +219,8 @@ impl AnyResource {
             AnyResource::Snapshot(r) => &r.metadata,
             AnyResource::Fork(r) => &r.metadata,
             AnyResource::SandboxPool(r) => &r.metadata,
+            AnyResource::Secret(r) => &r.metadata,
+            AnyResource::Webhook(r) => &r.metadata,
         }
     }
 
@@ -190,6 +230,8 @@ impl AnyResource {
             AnyResource::Snapshot(r) => &mut r.metadata,
             AnyResource::Fork(r) => &mut r.metadata,
             AnyResource::SandboxPool(r) => &mut r.metadata,
+            AnyResource::Secret(r) => &mut r.metadata,
+            AnyResource::Webhook(r) => &mut r.metadata,
         }
     }
 
@@ -200,6 +242,8 @@ impl AnyResource {
             AnyResource::Snapshot(r) => serde_json::to_value(&r.spec),
             AnyResource::Fork(r) => serde_json::to_value(&r.spec),
             AnyResource::SandboxPool(r) => serde_json::to_value(&r.spec),
+            AnyResource::Secret(r) => serde_json::to_value(&r.spec),
+            AnyResource::Webhook(r) => serde_json::to_value(&r.spec),
         };
         value.unwrap_or(serde_json::Value::Null)
     }
@@ -214,6 +258,8 @@ impl AnyResource {
             AnyResource::SandboxPool(r) => {
                 r.status.as_ref().and_then(|s| serde_json::to_value(s).ok())
             }
+            AnyResource::Secret(r) => r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
+            AnyResource::Webhook(r) => r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
         }
     }
 
@@ -231,6 +277,8 @@ impl AnyResource {
             AnyResource::Snapshot(r) => r.status = parse(status)?,
             AnyResource::Fork(r) => r.status = parse(status)?,
             AnyResource::SandboxPool(r) => r.status = parse(status)?,
+            AnyResource::Secret(r) => r.status = parse(status)?,
+            AnyResource::Webhook(r) => r.status = parse(status)?,
         }
         Ok(())
     }
@@ -241,6 +289,8 @@ impl AnyResource {
             AnyResource::Snapshot(r) => r.status = None,
             AnyResource::Fork(r) => r.status = None,
             AnyResource::SandboxPool(r) => r.status = None,
+            AnyResource::Secret(r) => r.status = None,
+            AnyResource::Webhook(r) => r.status = None,
         }
     }
 
@@ -307,6 +357,20 @@ impl AnyResource {
     pub fn as_pool(&self) -> Option<&SandboxPool> {
         match self {
             AnyResource::SandboxPool(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn as_secret(&self) -> Option<&Secret> {
+        match self {
+            AnyResource::Secret(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn as_webhook(&self) -> Option<&Webhook> {
+        match self {
+            AnyResource::Webhook(r) => Some(r),
             _ => None,
         }
     }

@@ -71,6 +71,8 @@ pub fn schema_of(kind: Kind) -> Value {
         Kind::Snapshot => root_schema::<Snapshot>(),
         Kind::Fork => root_schema::<Fork>(),
         Kind::SandboxPool => root_schema::<SandboxPool>(),
+        Kind::Secret => root_schema::<crate::resource::Secret>(),
+        Kind::Webhook => root_schema::<crate::resource::Webhook>(),
     };
     let mut value = schema.to_value();
     if let Some(obj) = value.as_object_mut() {
@@ -85,6 +87,22 @@ pub fn schema_of(kind: Kind) -> Value {
     value
 }
 
+/// The JSON Schema of the read-only `Event` kind, as committed in `schemas/event.json`: for
+/// clients that read events, since nobody declares one.
+pub fn event_schema() -> Value {
+    let mut value = root_schema::<crate::resource::Event>().to_value();
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert(
+            "$id".into(),
+            Value::String("https://agent-sandbox.io/schemas/event.json".into()),
+        );
+    }
+    value
+}
+
+/// File name of the committed `Event` schema.
+pub const EVENT_SCHEMA_FILE: &str = "event.json";
+
 /// File name of a kind's committed schema.
 pub fn schema_file_name(kind: Kind) -> String {
     format!("{}.json", kind.as_str().to_ascii_lowercase())
@@ -97,6 +115,8 @@ pub fn write_schemas(dir: &Path) -> std::io::Result<()> {
         let text = serde_json::to_string_pretty(&schema_of(kind))? + "\n";
         std::fs::write(dir.join(schema_file_name(kind)), text)?;
     }
+    let text = serde_json::to_string_pretty(&event_schema())? + "\n";
+    std::fs::write(dir.join(EVENT_SCHEMA_FILE), text)?;
     Ok(())
 }
 
@@ -219,5 +239,13 @@ mod tests {
                 path.display()
             );
         }
+        let path = dir.join(EVENT_SCHEMA_FILE);
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        let current = serde_json::to_string_pretty(&event_schema()).unwrap() + "\n";
+        assert!(
+            committed == current,
+            "{} is stale: run `cargo run -- schemas` to regenerate it",
+            path.display()
+        );
     }
 }

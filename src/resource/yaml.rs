@@ -151,6 +151,56 @@ pub fn parse_body(bytes: &[u8], expected: Kind) -> Result<AnyResource, DocumentE
     resource.ok_or_else(|| DocumentError::new("the body is empty"))
 }
 
+/// The longest `value` a Secret may have.
+pub const MAX_SECRET_VALUE_BYTES: usize = 64 * 1024;
+
+/// Parses the body of a `Secret` written through the API: the document, and the write-only
+/// `value` given beside its `spec`, taken out before the document is validated so that it never
+/// becomes part of the resource.
+pub fn parse_secret_body(bytes: &[u8]) -> Result<(AnyResource, Option<String>), DocumentError> {
+    if bytes.len() > MAX_DOCUMENT_BYTES {
+        return Err(DocumentError::new(format!(
+            "body is {} bytes; the limit is {MAX_DOCUMENT_BYTES}",
+            bytes.len()
+        )));
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        let mut err = DocumentError::new("body is not valid UTF-8");
+        err.line = Some(line_of_offset(bytes, e.valid_up_to()));
+        err
+    })?;
+    let mut value: Value = if text.trim_start().starts_with('{') {
+        parse_json(text)?
+    } else {
+        serde_saphyr::from_str_with_options(text, parse_options()).map_err(|e| {
+            let mut err = DocumentError::new(e.without_snippet().to_string());
+            err.line = e.location().map(|l| l.line() as usize).filter(|l| *l > 0);
+            err
+        })?
+    };
+    let field_error = |message: &str| {
+        let mut err = DocumentError::new(message);
+        err.field = Some("value".into());
+        err
+    };
+    let secret = match value.as_object_mut().and_then(|o| o.remove("value")) {
+        None => None,
+        Some(Value::String(s)) if s.is_empty() => {
+            return Err(field_error("value must not be empty"))
+        }
+        Some(Value::String(s)) if s.len() > MAX_SECRET_VALUE_BYTES => {
+            return Err(field_error(&format!(
+                "value is {} bytes; the limit is {MAX_SECRET_VALUE_BYTES}",
+                s.len()
+            )))
+        }
+        Some(Value::String(s)) => Some(s),
+        Some(_) => return Err(field_error("value must be a string")),
+    };
+    let resource = value_to_resource(value, Some(Kind::Secret), None)?;
+    Ok((resource, secret))
+}
+
 /// Parses JSON with serde_json's own recursion limit, reporting the line of a syntax error.
 pub fn parse_json(text: &str) -> Result<Value, DocumentError> {
     serde_json::from_str(text).map_err(|e| {
@@ -240,7 +290,7 @@ pub fn value_to_resource(
         _ => {
             let message = match expected {
                 Some(k) => format!("kind must be {k:?}, found {kind_text:?}"),
-                None => format!("kind must be Sandbox, Snapshot or Fork, found {kind_text:?}"),
+                None => format!("kind must be Sandbox, Snapshot, Fork, SandboxPool, Secret or Webhook, found {kind_text:?}"),
             };
             return Err(fail(message, Some("kind".into()), "/kind"));
         }
@@ -270,6 +320,8 @@ pub fn value_to_resource(
         Kind::Snapshot => serde_json::from_value(value).map(AnyResource::Snapshot),
         Kind::Fork => serde_json::from_value(value).map(AnyResource::Fork),
         Kind::SandboxPool => serde_json::from_value(value).map(AnyResource::SandboxPool),
+        Kind::Secret => serde_json::from_value(value).map(AnyResource::Secret),
+        Kind::Webhook => serde_json::from_value(value).map(AnyResource::Webhook),
     };
     converted.map_err(|e| fail(e.to_string(), None, ""))
 }
@@ -556,5 +608,27 @@ spec:
         let text = to_yaml(&parsed.documents[1].resource).unwrap();
         let again = parse_file(text.as_bytes(), Path::new("b.yaml"));
         assert_eq!(again.documents[0].resource, parsed.documents[1].resource);
+    }
+
+    #[test]
+    fn a_secret_body_gives_its_value_apart_from_the_document() {
+        let json = br#"{"apiVersion": "agent-sandbox.io/v1", "kind": "Secret",
+            "metadata": {"name": "k"}, "spec": {}, "value": "hunter2"}"#;
+        let (resource, value) = parse_secret_body(json).unwrap();
+        assert_eq!(value.as_deref(), Some("hunter2"));
+        assert!(!resource.to_json().to_string().contains("hunter2"));
+        let yaml = b"apiVersion: agent-sandbox.io/v1\nkind: Secret\nmetadata: {name: k}\nspec: {}\nvalue: hunter2\n";
+        assert_eq!(
+            parse_secret_body(yaml).unwrap().1.as_deref(),
+            Some("hunter2")
+        );
+        let number = br#"{"apiVersion": "agent-sandbox.io/v1", "kind": "Secret",
+            "metadata": {"name": "k"}, "spec": {}, "value": 7}"#;
+        let error = parse_secret_body(number).unwrap_err();
+        assert_eq!(error.field.as_deref(), Some("value"));
+        assert!(!error.to_string().contains('7'), "{error}");
+        let without = br#"{"apiVersion": "agent-sandbox.io/v1", "kind": "Secret",
+            "metadata": {"name": "k"}, "spec": {}}"#;
+        assert_eq!(parse_secret_body(without).unwrap().1, None);
     }
 }

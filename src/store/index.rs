@@ -12,7 +12,7 @@ use super::folders::{self, Declared, SourceDocs};
 use super::state::{self, Record};
 use super::{EventType, Origin, Store};
 use crate::resource::yaml::DocumentError;
-use crate::resource::{AnyResource, Kind};
+use crate::resource::{AnyResource, Kind, ObjectReference};
 
 pub(super) type Key = (Kind, String);
 
@@ -295,9 +295,38 @@ impl Store {
                     .unwrap_or_default();
                 let line = error.line.unwrap_or(0);
                 tracing::warn!(file = %file, line, "manifest error: {text}");
+                self.record_manifest_error(inner, &error, text);
             }
         }
         inner.logged = current;
+    }
+
+    /// A manifest error as a Warning event, about the resource it declares when that is known,
+    /// else about its file.
+    fn record_manifest_error(&self, inner: &Inner, error: &DocumentError, text: String) {
+        let object = match &error.identity {
+            Some((kind, name)) => ObjectReference {
+                kind: kind.to_string(),
+                name: name.clone(),
+                uid: inner
+                    .records
+                    .get(&(*kind, name.clone()))
+                    .and_then(|r| r.resource.metadata().uid.clone())
+                    .unwrap_or_default(),
+            },
+            None => ObjectReference {
+                kind: "Manifest".to_string(),
+                name: error
+                    .file
+                    .as_ref()
+                    .map(|f| f.display().to_string())
+                    .unwrap_or_default(),
+                uid: String::new(),
+            },
+        };
+        self.event_log
+            .recorder()
+            .warning(object, "ManifestInvalid", text);
     }
 
     /// Rescans one source and applies it. A scan that raced with a write through the API is

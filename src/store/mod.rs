@@ -10,6 +10,10 @@
 //! <data>/snapshots/<name>.tar             snapshot contents (see `snapshots.rs`)
 //! <data>/trees/<key>/                     a snapshot's content unpacked once, read-only
 //! <data>/views/<volume>/{upper,work}      what a copy-on-write workspace wrote (`trees.rs`)
+//! <data>/events.json                       recorded events, bounded (see `event_log.rs`)
+//! <data>/outbox.jsonl                      event occurrences webhooks have yet to get (same)
+//! <data>/secrets/<name>                    Secret values given through the API, owner-only
+//!                                         (`secret_values.rs`)
 //! <data>/server-id                        this server's identity (see `identity.rs`)
 //! <data>/api-key                          the generated API key, mode 0600 (`identity.rs`)
 //! --watch DIR                             read-only folders of manifests; watched, never written
@@ -24,11 +28,13 @@
 
 mod api;
 mod atomic;
+mod event_log;
 mod folders;
 mod identity;
 mod index;
 pub mod inspect;
 mod offload;
+mod secret_values;
 mod snapshots;
 mod state;
 #[cfg(test)]
@@ -46,6 +52,7 @@ use crate::resource::{AnyResource, Kind};
 use index::{Inner, Source};
 
 pub use atomic::write_atomic;
+pub use event_log::{EventChange, EventLimits, EventLog, Recorder};
 pub use identity::{read_or_create_private, PrivateFile};
 pub use snapshots::{DataStamp, SnapshotWrite};
 pub use trees::{TreeError, ViewDirs};
@@ -166,6 +173,8 @@ pub struct Store {
     snapshot_writes: snapshots::Writing,
     /// Trees and views made or used lately (see `trees.rs`).
     cow_touched: trees::Touched,
+    /// What happened to resources (see `event_log.rs`).
+    event_log: EventLog,
 }
 
 impl Store {
@@ -223,6 +232,7 @@ impl Store {
             settled: Condvar::new(),
             snapshot_writes: Default::default(),
             cow_touched: Default::default(),
+            event_log: EventLog::open(&data_dir.join("events.json"), EventLimits::default()),
         });
         for index in 0..source_count {
             store.rescan(index);
@@ -236,6 +246,16 @@ impl Store {
 
     pub fn watch_dirs(&self) -> &[PathBuf] {
         &self.watch_dirs
+    }
+
+    /// The events recorded about resources.
+    pub fn events(&self) -> &EventLog {
+        &self.event_log
+    }
+
+    /// The handle through which events are recorded.
+    pub fn recorder(&self) -> Recorder {
+        self.event_log.recorder()
     }
 
     /// Where a snapshot's tar lives.

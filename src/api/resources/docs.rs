@@ -11,7 +11,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use super::state::PauseRequest;
 use super::DocumentErrors;
 use crate::api::openapi::Describe;
-use crate::resource::{Fork, Kind, Sandbox, SandboxPool, Snapshot};
+use crate::resource::{Fork, Kind, Sandbox, SandboxPool, Secret, Snapshot, Webhook};
 
 /// A resource kind as routed and documented: the kind its routes fix, and the schemas of its
 /// document, list and watch events.
@@ -23,6 +23,9 @@ pub trait DocumentedKind: JsonSchema + Send + Sync + 'static {
 
 macro_rules! documented_kind {
     ($kind:ident, $resource:ident, $list:ident, $event:ident) => {
+        documented_kind!($kind, $resource, $list, $event, |_: &mut Schema| {});
+    };
+    ($kind:ident, $resource:ident, $list:ident, $event:ident, $extend:expr) => {
         /// Schema-only stand-in for the resource kind under its document name.
         pub struct $resource;
 
@@ -42,7 +45,9 @@ macro_rules! documented_kind {
             }
 
             fn json_schema(generator: &mut SchemaGenerator) -> Schema {
-                <$kind as JsonSchema>::json_schema(generator)
+                let mut schema = <$kind as JsonSchema>::json_schema(generator);
+                ($extend)(&mut schema);
+                schema
             }
         }
 
@@ -97,6 +102,39 @@ documented_kind!(
     SandboxPoolResource,
     SandboxPoolResourceList,
     SandboxPoolWatchEvent
+);
+documented_kind!(
+    Secret,
+    SecretResource,
+    SecretResourceList,
+    SecretWatchEvent,
+    with_write_only_value
+);
+
+/// A Secret's document as written through the API: its `value` goes beside `spec`, and is never
+/// part of an answer.
+fn with_write_only_value(schema: &mut Schema) {
+    if let Some(properties) = schema
+        .get_mut("properties")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        properties.insert(
+            "value".into(),
+            serde_json::json!({
+                "description": "The value (write-only: kept by the server, never answered).",
+                "type": "string",
+                "minLength": 1,
+                "maxLength": crate::resource::yaml::MAX_SECRET_VALUE_BYTES,
+                "writeOnly": true,
+            }),
+        );
+    }
+}
+documented_kind!(
+    Webhook,
+    WebhookResource,
+    WebhookResourceList,
+    WebhookWatchEvent
 );
 
 type Op<'t> = TransformOperation<'t>;
@@ -155,10 +193,16 @@ pub fn create<K: DocumentedKind>(op: Op<'_>) -> Op<'_> {
     let op = op
         .id(&format!("create{kind}"))
         .summary(&format!("Create a {kind}"));
-    let op = if kind == Kind::Sandbox {
-        op.description("A Sandbox without `metadata.name` gets `sb_` + 16 hex digits.")
-    } else {
-        op
+    let op = match kind {
+        Kind::Sandbox => {
+            op.description("A Sandbox without `metadata.name` gets `sb_` + 16 hex digits.")
+        }
+        Kind::Secret => op.description(
+            "The write-only `value` goes beside `spec`; the server keeps it outside the \
+             manifests and never answers it. `spec.valueFrom` is for Secrets declared in a \
+             watched folder (422 here).",
+        ),
+        _ => op,
     };
     dry_run(op.tag(TAG))
         .resource_body::<K>()

@@ -77,12 +77,12 @@ pub(super) async fn reconcile(
                 fail(&mut status, &snapshot, "DataMissing", &message);
             }
             note_spec_change(&mut status, &snapshot);
-            write_status(ctl.store, &snapshot, &status).await?;
+            write_status(ctl.store, ctl.events, &snapshot, &status).await?;
             Ok(Outcome::done())
         }
         SnapshotPhase::Failed => {
             note_spec_change(&mut status, &snapshot);
-            write_status(ctl.store, &snapshot, &status).await?;
+            write_status(ctl.store, ctl.events, &snapshot, &status).await?;
             Ok(Outcome::done())
         }
     }
@@ -149,14 +149,14 @@ async fn take(
         Ok(Ok(sandbox))
     };
     if let Err(outcome) = check(&mut status)? {
-        write_status(ctl.store, snapshot, &status).await?;
+        write_status(ctl.store, ctl.events, snapshot, &status).await?;
         return Ok(outcome);
     }
     let _sandbox_lock = ctl.snapshots.lock(sandbox_name).await;
     let sandbox = match check(&mut status)? {
         Ok(sandbox) => sandbox,
         Err(outcome) => {
-            write_status(ctl.store, snapshot, &status).await?;
+            write_status(ctl.store, ctl.events, snapshot, &status).await?;
             return Ok(outcome);
         }
     };
@@ -170,7 +170,7 @@ async fn take(
     let Some(details) = details.filter(|d| d.running || d.paused || stopped) else {
         let message = format!("sandbox {sandbox_name:?} has no running container");
         fail(&mut status, snapshot, "SandboxNotRunning", &message);
-        write_status(ctl.store, snapshot, &status).await?;
+        write_status(ctl.store, ctl.events, snapshot, &status).await?;
         return Ok(Outcome::done());
     };
 
@@ -254,14 +254,14 @@ async fn take(
                 other => ("ExportFailed", other.to_string()),
             };
             fail(&mut status, snapshot, reason, &message);
-            write_status(ctl.store, snapshot, &status).await?;
+            write_status(ctl.store, ctl.events, snapshot, &status).await?;
             return Ok(Outcome::done());
         }
     };
     if let Err(error) = data.publish().await {
         let message = format!("storing the snapshot failed: {error}");
         fail(&mut status, snapshot, "ExportFailed", &message);
-        write_status(ctl.store, snapshot, &status).await?;
+        write_status(ctl.store, ctl.events, snapshot, &status).await?;
         return Ok(Outcome::done());
     }
 
@@ -290,7 +290,7 @@ async fn take(
         &message,
         generation,
     );
-    write_status(ctl.store, snapshot, &status).await?;
+    write_status(ctl.store, ctl.events, snapshot, &status).await?;
     // Restores of it will be copy-on-write views of its tree: unpacked now, in the background,
     // so the first restore does not wait for it.
     if let Some(uid) = snapshot.metadata.uid.clone() {
