@@ -115,6 +115,7 @@ pub async fn run(
         create_lock: Arc::new(tokio::sync::Mutex::new(())),
         keys: Arc::new(keys),
         activity: Arc::clone(controller.activity()),
+        ports: Arc::new(crate::ports::Ports::new(Arc::clone(&engine), &settings)),
     };
     let address = std::net::SocketAddr::new(settings.host, settings.port);
     let listener = tokio::net::TcpListener::bind(address)

@@ -248,6 +248,8 @@ pub trait Describe: Sized {
     fn merge_patch_body(self) -> Self;
     /// A required raw-bytes body.
     fn binary_body(self) -> Self;
+    /// An optional body of any bytes.
+    fn optional_binary_body(self) -> Self;
     /// A JSON success response.
     fn json<T: JsonSchema>(self, status: u16, description: &str) -> Self;
     /// A resource success response (JSON, or YAML when asked for with `Accept`).
@@ -375,6 +377,11 @@ impl Describe for TransformOperation<'_> {
 
     fn binary_body(mut self) -> Self {
         set_body(&mut self, Body::Binary, true);
+        self
+    }
+
+    fn optional_binary_body(mut self) -> Self {
+        set_body(&mut self, Body::Binary, false);
         self
     }
 
@@ -516,6 +523,7 @@ pub fn finish<S: Clone + Send + Sync + 'static>(router: ApiRouter<S>) -> (Router
     let errors = ERRORS.with(|errors| std::mem::take(&mut *errors.borrow_mut()));
     assert!(errors.is_empty(), "the routes' descriptions: {errors:?}");
     let router = router.finish_api(&mut api);
+    wildcards_as_parameters(&mut api);
     let components = api.components.get_or_insert_with(Default::default);
     for (name, schema) in NAMED.with(|named| std::mem::take(&mut *named.borrow_mut())) {
         // A hand-written schema under the name of a derived one would silently replace it
@@ -556,6 +564,18 @@ pub fn finish<S: Clone + Send + Sync + 'static>(router: ApiRouter<S>) -> (Router
     let mut document = serde_json::to_value(&api).expect("the OpenAPI document serializes");
     state_defaults(&mut document);
     (router, document)
+}
+
+/// A route's wildcard (`{*path}`, axum's syntax) is a plain path parameter in the document.
+fn wildcards_as_parameters(api: &mut OpenApi) {
+    let Some(paths) = api.paths.as_mut() else {
+        return;
+    };
+    let items = std::mem::take(&mut paths.paths);
+    paths.paths = items
+        .into_iter()
+        .map(|(path, item)| (path.replace("{*", "{"), item))
+        .collect();
 }
 
 /// aide leaves out what equals its default; the document says it: `security: []` marks a public
