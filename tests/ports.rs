@@ -5,6 +5,8 @@
 //! `AGENT_SANDBOX_TEST_RUNTIME=runsc`, under gVisor.
 
 mod common;
+#[path = "ports/previews.rs"]
+mod previews;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

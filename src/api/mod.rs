@@ -11,6 +11,7 @@ pub mod http;
 pub mod openapi;
 pub mod ports;
 pub mod power;
+pub mod previews;
 pub mod processes;
 pub mod processes_ws;
 pub mod resources;
@@ -67,6 +68,7 @@ fn documented_routes(
         .merge(processes::routes())
         .merge(processes_ws::routes())
         .merge(ports::routes())
+        .merge(previews::routes())
         .merge(v1::routes(settings));
     let protected = openapi::behind_api_key(protected)
         .route_layer(middleware::from_fn_with_state(keys, auth::require_key));
@@ -120,6 +122,11 @@ pub fn router(state: AppState) -> Router {
         .fallback(move |request: Request| not_found(templates, request))
         .layer(Extension(document))
         .layer(middleware::from_fn(common_error_shape))
+        // Wraps every route and the fallbacks: a preview host never reaches the API.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            previews::preview_hosts,
+        ))
         // Sets the default for body extractors; a route that takes larger bodies sets its own
         // `DefaultBodyLimit` closer to the handler, which wins.
         .layer(DefaultBodyLimit::max(body::MAX_JSON_BODY))

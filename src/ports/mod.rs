@@ -7,6 +7,7 @@
 //! `api/ports.rs` decide who may reach which sandbox and port, then call [`Ports`]. It never
 //! talks to Docker itself (the tunnel goes through the [`Engine`]).
 
+pub mod preview;
 pub mod proxy;
 mod tunnel;
 
@@ -47,6 +48,7 @@ pub fn parse_port(text: &str) -> Result<u16, PortError> {
 pub struct Ports {
     engine: Arc<dyn Engine>,
     user: String,
+    previews: Option<preview::Previews>,
 }
 
 impl Ports {
@@ -54,7 +56,19 @@ impl Ports {
         Ports {
             engine,
             user: settings.sandbox_user.clone(),
+            previews: None,
         }
+    }
+
+    /// With preview tokens signed and checked by `previews`.
+    pub fn with_previews(mut self, previews: preview::Previews) -> Ports {
+        self.previews = Some(previews);
+        self
+    }
+
+    /// The preview tokens, when preview hosts are on.
+    pub fn previews(&self) -> Option<&preview::Previews> {
+        self.previews.as_ref()
     }
 
     /// One TCP connection to `127.0.0.1:port` in `container`.

@@ -43,7 +43,7 @@ use crate::resource::{AnyResource, Kind};
 use index::{Inner, Source};
 
 pub use atomic::write_atomic;
-pub use identity::{read_or_create_private, PrivateFile};
+pub use identity::{read_or_create_private, replace_private, PrivateFile};
 pub use snapshots::{DataStamp, SnapshotWrite};
 
 /// Which source declares a resource.
