@@ -5,6 +5,8 @@
 //! `AGENT_SANDBOX_TEST_RUNTIME=runsc`, under gVisor.
 
 mod common;
+#[path = "ports/forward.rs"]
+mod forward;
 #[path = "ports/previews.rs"]
 mod previews;
 

@@ -1,15 +1,20 @@
 //! The proxy subresource: `ANY …/sandboxes/{name}/proxy/{port}/{path…}` forwards the request to
-//! `127.0.0.1:{port}` inside the sandbox (Kubernetes' convention) and streams the answer back.
-//! This file parses, finds the sandbox's container and maps errors; forwarding is `ports`.
+//! `127.0.0.1:{port}` inside the sandbox (Kubernetes' convention) and streams the answer back;
+//! `GET …/sandboxes/{name}/portforward?port=P` upgrades to a WebSocket whose binary messages
+//! carry one raw TCP connection to that port (closing either side closes both). This file
+//! parses, finds the sandbox's container, frames and maps errors; connecting is `ports`.
 
 use std::net::SocketAddr;
 
 use aide::axum::routing::{get_with, ApiMethodRouter};
 use aide::axum::ApiRouter;
 use aide::transform::TransformOperation;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::header;
 use axum::response::Response;
+use futures::{SinkExt, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::error::ApiError;
 use super::openapi::Describe;
@@ -17,7 +22,12 @@ use super::processes::target;
 use super::resources::PREFIX;
 use super::AppState;
 use crate::docker::EngineError;
-use crate::ports::{parse_port, Forwarded, PortError};
+use crate::ports::{parse_port, Forwarded, PortError, Tunnel};
+
+/// The WebSocket subprotocol of a port-forward (asked for by the CLI; optional for others).
+pub const PORTFORWARD_PROTOCOL: &str = "portforward.agent-sandbox.io";
+/// The largest message a port-forward client may send.
+const MAX_FORWARD_MESSAGE: usize = 1 << 20;
 
 /// Maps a port error to the API's errors: nothing listening, or a broken relay, is 502.
 pub(super) fn port_error(e: PortError) -> ApiError {
@@ -92,7 +102,101 @@ pub fn routes() -> ApiRouter<AppState> {
                 .options_with(proxy, move |op| describe(op, options, has_path, false));
         router = router.api_route(&path, methods);
     }
-    router
+    router.api_route(
+        &format!("{PREFIX}/sandboxes/{{name}}/portforward"),
+        get_with(portforward, |op| {
+            op.id("portForward")
+                .summary("Forward one TCP connection to a port inside the sandbox (WebSocket)")
+                .tag("ports")
+                .path_param("name", "The sandbox's name")
+                .query_with_schema(
+                    "port",
+                    true,
+                    "The TCP port on 127.0.0.1 inside the sandbox",
+                    serde_json::json!({"type": "integer", "minimum": 1, "maximum": 65535}),
+                )
+                .description(
+                    "A WebSocket whose binary messages carry one raw TCP connection to \
+                     127.0.0.1:{port} inside the sandbox, both ways (text messages are \
+                     ignored); closing either side closes both. The connection is made before \
+                     the upgrade, so nothing listening answers 502 naming the port. \
+                     Subprotocol portforward.agent-sandbox.io when asked for.",
+                )
+                .websocket("Switching to the WebSocket protocol")
+                .errors(&[400, 404, 409, 502])
+        }),
+    )
+}
+
+async fn portforward(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(query): Query<Vec<(String, String)>>,
+    ws: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    let mut port = None;
+    for (k, v) in &query {
+        match k.as_str() {
+            "port" if port.is_none() => port = Some(parse_port(v).map_err(port_error)?),
+            "port" => return Err(ApiError::InvalidRequest("port: give one port".into())),
+            other => {
+                return Err(ApiError::InvalidRequest(format!(
+                    "{other}: is not a known query parameter"
+                )))
+            }
+        }
+    }
+    let port = port.ok_or_else(|| ApiError::InvalidRequest("port: is required".into()))?;
+    let target = target(&state, &name).await?;
+    let tunnel = state
+        .ports
+        .connect(&target.container_id, port)
+        .await
+        .map_err(port_error)?;
+    Ok(ws
+        .protocols([PORTFORWARD_PROTOCOL])
+        .max_message_size(MAX_FORWARD_MESSAGE)
+        .max_frame_size(MAX_FORWARD_MESSAGE)
+        .on_upgrade(move |socket| pump(socket, tunnel)))
+}
+
+/// Copies the socket's binary messages into the tunnel and the tunnel's bytes out as binary
+/// messages, one read at a time, until either side ends; then both are closed.
+async fn pump(socket: WebSocket, tunnel: Tunnel) {
+    let (mut from_sandbox, mut to_sandbox) = tokio::io::split(tunnel);
+    let (mut to_client, mut from_client) = socket.split();
+    let up = async {
+        while let Some(Ok(message)) = from_client.next().await {
+            match message {
+                Message::Binary(bytes) => {
+                    if to_sandbox.write_all(&bytes).await.is_err() {
+                        return;
+                    }
+                }
+                Message::Close(_) => return,
+                _ => {}
+            }
+        }
+    };
+    let down = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match from_sandbox.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let chunk = bytes::Bytes::copy_from_slice(&buf[..n]);
+                    if to_client.send(Message::Binary(chunk)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        let _ = to_client.send(Message::Close(None)).await;
+    };
+    tokio::select! {
+        () = up => {}
+        () = down => {}
+    }
 }
 
 /// `(name, port, the rest of the path with its leading slash, the prefix before it)` of a
