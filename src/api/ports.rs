@@ -168,11 +168,7 @@ async fn pump(socket: WebSocket, tunnel: Tunnel) {
     let up = async {
         while let Some(Ok(message)) = from_client.next().await {
             match message {
-                Message::Binary(bytes) => {
-                    if to_sandbox.write_all(&bytes).await.is_err() {
-                        return;
-                    }
-                }
+                Message::Binary(bytes) if to_sandbox.write_all(&bytes).await.is_err() => return,
                 Message::Close(_) => return,
                 _ => {}
             }

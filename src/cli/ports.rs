@@ -151,11 +151,7 @@ async fn forward(
     let down = async {
         while let Some(Ok(message)) = from_sandbox.next().await {
             match message {
-                Message::Binary(bytes) => {
-                    if to_local.write_all(&bytes).await.is_err() {
-                        return;
-                    }
-                }
+                Message::Binary(bytes) if to_local.write_all(&bytes).await.is_err() => return,
                 Message::Close(_) => return,
                 _ => {}
             }
