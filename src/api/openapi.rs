@@ -222,6 +222,8 @@ fn error_response(op: &mut openapi::Operation, status: u16) {
 pub trait Describe: Sized {
     /// A `{name}` segment of the path (always a required string).
     fn path_param(self, name: &str, description: &str) -> Self;
+    /// A path parameter with its own schema (a port, say).
+    fn path_param_with_schema(self, name: &str, description: &str, schema: Value) -> Self;
     /// A string query parameter.
     fn query(self, name: &str, required: bool, description: &str) -> Self {
         self.query_with_schema(name, required, description, json!({"type": "string"}))
@@ -317,11 +319,15 @@ fn reply(op: &mut TransformOperation<'_>, status: u16, description: &str, body: 
 }
 
 impl Describe for TransformOperation<'_> {
-    fn path_param(mut self, name: &str, description: &str) -> Self {
+    fn path_param(self, name: &str, description: &str) -> Self {
+        self.path_param_with_schema(name, description, json!({"type": "string"}))
+    }
+
+    fn path_param_with_schema(mut self, name: &str, description: &str, schema: Value) -> Self {
         self.inner_mut()
             .parameters
             .push(ReferenceOr::Item(Parameter::Path {
-                parameter_data: parameter_data(name, true, description, json!({"type": "string"})),
+                parameter_data: parameter_data(name, true, description, schema),
                 style: Default::default(),
             }));
         self

@@ -55,9 +55,10 @@ fn describe<'a>(
         .summary("Forward a request to a port inside the sandbox")
         .tag("ports")
         .path_param("name", "The sandbox's name")
-        .path_param(
+        .path_param_with_schema(
             "port",
-            "The TCP port on 127.0.0.1 inside the sandbox, 1-65535",
+            "The TCP port on 127.0.0.1 inside the sandbox",
+            serde_json::json!({"type": "integer", "minimum": 1, "maximum": 65535}),
         )
         .description(
             "Forwards the request to 127.0.0.1:{port} inside the sandbox (through the \

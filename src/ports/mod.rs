@@ -4,8 +4,10 @@
 //! tokens (`preview.rs`).
 //!
 //! This module owns no routes and knows nothing of authentication by API key: the handlers in
-//! `api/ports.rs` decide who may reach which sandbox and port, then call [`Ports`]. It never
-//! talks to Docker itself (the tunnel goes through the [`Engine`]).
+//! `api/ports.rs` (proxy, port-forward) and `api/previews.rs` (preview links and hosts) decide
+//! who may reach which sandbox and port, then call [`Ports`]. It never talks to Docker itself
+//! (the tunnel goes through the [`Engine`]) and never touches the data directory itself (the
+//! preview secret and revocations go through `store`).
 
 pub mod preview;
 pub mod proxy;
