@@ -185,6 +185,13 @@ fn proxy_reaches_a_server_in_a_sandbox_without_network() {
     let a = send(&server, "GET", &proxy_path(&sb, 8000, "/hello"), &[], b"");
     assert_eq!((a.status, a.text().as_str()), (200, "hello from 8000"));
 
+    // Requests one after another share one kept-alive connection into the sandbox (each
+    // client here uses a connection of its own).
+    let peers: Vec<String> = (0..3)
+        .map(|_| send(&server, "GET", &proxy_path(&sb, 8000, "/peer"), &[], b"").text())
+        .collect();
+    assert!(peers.iter().all(|p| p == &peers[0]), "{peers:?}");
+
     // The sandbox's own errors go out as they are, not in this server's error shape.
     let a = send(&server, "GET", &proxy_path(&sb, 8000, "/missing"), &[], b"");
     assert_eq!((a.status, a.text().as_str()), (404, "no such page"));

@@ -13,8 +13,11 @@ pub mod preview;
 pub mod proxy;
 mod tunnel;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use axum::http::StatusCode;
 pub use proxy::Forwarded;
 pub use tunnel::Tunnel;
 
@@ -46,11 +49,19 @@ pub fn parse_port(text: &str) -> Result<u16, PortError> {
         .ok_or_else(|| PortError::BadPort(text.to_string()))
 }
 
+/// How long an idle kept-alive connection into a sandbox is kept for the next request.
+const IDLE_KEEP: Duration = Duration::from_secs(30);
+/// Idle connections kept per sandbox container and port.
+const IDLE_PER_PORT: usize = 8;
+
 /// Connections into sandboxes, as the sandbox user.
 pub struct Ports {
     engine: Arc<dyn Engine>,
     user: String,
     previews: Option<preview::Previews>,
+    /// Kept-alive HTTP connections by (container, port), so that a request need not start a
+    /// relay (one `docker exec`) when the sandbox's server keeps connections open.
+    idle: Mutex<HashMap<(String, u16), Vec<(Instant, proxy::Sender)>>>,
 }
 
 impl Ports {
@@ -59,6 +70,7 @@ impl Ports {
             engine,
             user: settings.sandbox_user.clone(),
             previews: None,
+            idle: Mutex::new(HashMap::new()),
         }
     }
 
@@ -78,7 +90,37 @@ impl Ports {
         Tunnel::open(&self.engine, container, &self.user, port).await
     }
 
-    /// Forwards `request` to `127.0.0.1:port` in `container` (see [`proxy::forward`]).
+    fn idle(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(String, u16), Vec<(Instant, proxy::Sender)>>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An idle connection to `key` ready for a request; closed and stale ones are dropped.
+    fn take_idle(&self, key: &(String, u16)) -> Option<proxy::Sender> {
+        let mut idle = self.idle();
+        let senders = idle.get_mut(key)?;
+        senders.retain(|(at, s)| !s.is_closed() && at.elapsed() < IDLE_KEEP);
+        let ready = senders.iter().position(|(_, s)| s.is_ready());
+        ready.map(|i| senders.swap_remove(i).1)
+    }
+
+    /// Keeps `sender` for the next request to `key` (it takes one once its answer has ended).
+    fn keep(&self, key: (String, u16), sender: proxy::Sender) {
+        let mut idle = self.idle();
+        idle.retain(|_, senders| {
+            senders.retain(|(at, s)| !s.is_closed() && at.elapsed() < IDLE_KEEP);
+            !senders.is_empty()
+        });
+        let senders = idle.entry(key).or_default();
+        if senders.len() >= IDLE_PER_PORT {
+            senders.remove(0);
+        }
+        senders.push((Instant::now(), sender));
+    }
+
+    /// Forwards `request` to `127.0.0.1:port` in `container` and returns the sandbox's answer,
+    /// over a kept-alive connection when one is free (upgrades always get their own).
     pub async fn proxy(
         &self,
         container: &str,
@@ -86,8 +128,37 @@ impl Ports {
         request: axum::extract::Request,
         forwarded: &Forwarded,
     ) -> Result<axum::response::Response, PortError> {
+        let upstream = |why: String| PortError::Upstream { port, why };
+        let proxy::Prepared {
+            mut outgoing,
+            client_upgrade,
+        } = proxy::prepare(request, port, forwarded)?;
+        let key = (container.to_string(), port);
+        if client_upgrade.is_none() {
+            while let Some(mut sender) = self.take_idle(&key) {
+                match sender.try_send_request(outgoing).await {
+                    Ok(answer) => {
+                        self.keep(key, sender);
+                        return proxy::finish(answer, None, port);
+                    }
+                    // The connection closed before the request went out: try another.
+                    Err(mut e) => match e.take_message() {
+                        Some(request) => outgoing = request,
+                        None => return Err(upstream(e.into_error().to_string())),
+                    },
+                }
+            }
+        }
         let tunnel = self.connect(container, port).await?;
-        proxy::forward(tunnel, port, request, forwarded).await
+        let mut sender = proxy::handshake(tunnel, port).await?;
+        let answer = sender
+            .send_request(outgoing)
+            .await
+            .map_err(|e| upstream(e.to_string()))?;
+        if client_upgrade.is_none() && answer.status() != StatusCode::SWITCHING_PROTOCOLS {
+            self.keep(key, sender);
+        }
+        proxy::finish(answer, client_upgrade, port)
     }
 }
 

@@ -1,4 +1,5 @@
-//! Forwarding one HTTP request over a [`Tunnel`] and streaming the answer back: bodies stream in
+//! Forwarding HTTP requests over a [`Tunnel`] (kept alive between requests by [`super::Ports`])
+//! and streaming the answers back: bodies stream in
 //! both directions with no whole-body buffering (hyper's own backpressure, end to end), a client
 //! that goes away drops the answer's body, which drops the connection into the sandbox, and an
 //! upgrade (a WebSocket) answered `101` becomes a byte pipe between the client and the sandbox.
@@ -156,14 +157,21 @@ fn outgoing_headers(incoming: &HeaderMap, port: u16, forwarded: &Forwarded) -> H
     headers
 }
 
-/// Sends `request` over `tunnel` (a connection to `port`) and returns the sandbox's answer.
-pub async fn forward(
-    tunnel: Tunnel,
-    port: u16,
+/// One HTTP/1.1 connection to a port inside a sandbox, for requests one after another.
+pub type Sender = hyper::client::conn::http1::SendRequest<Body>;
+
+/// A request made ready for the sandbox, and the client's side of an upgrade it asks for.
+pub struct Prepared {
+    pub outgoing: hyper::Request<Body>,
+    pub client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+}
+
+/// Turns the client's `request` into the one the sandbox gets (see the module documentation).
+pub fn prepare(
     mut request: Request,
+    port: u16,
     forwarded: &Forwarded,
-) -> Result<Response, PortError> {
-    let upstream = |why: String| PortError::Upstream { port, why };
+) -> Result<Prepared, PortError> {
     let wants_upgrade = upgrade_of(request.headers()).is_some();
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut request));
     let (parts, body) = request.into_parts();
@@ -176,20 +184,36 @@ pub async fn forward(
     *outgoing.uri_mut() = uri;
     *outgoing.version_mut() = Version::HTTP_11;
     *outgoing.headers_mut() = outgoing_headers(&parts.headers, port, forwarded);
+    Ok(Prepared {
+        outgoing,
+        client_upgrade,
+    })
+}
 
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tunnel))
+/// Starts HTTP/1.1 over `tunnel`; the connection lives in its own task until it closes.
+pub async fn handshake(tunnel: Tunnel, port: u16) -> Result<Sender, PortError> {
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tunnel))
         .await
-        .map_err(|e| upstream(e.to_string()))?;
+        .map_err(|e| PortError::Upstream {
+            port,
+            why: e.to_string(),
+        })?;
     tokio::spawn(async move {
         if let Err(e) = connection.with_upgrades().await {
             tracing::debug!(error = %e, "proxied connection ended with an error");
         }
     });
-    let mut answer = sender
-        .send_request(outgoing)
-        .await
-        .map_err(|e| upstream(e.to_string()))?;
+    Ok(sender)
+}
 
+/// The client's answer from the sandbox's `answer`: streamed as it comes, or, for a `101`, the
+/// start of a byte pipe between the client and the sandbox.
+pub fn finish(
+    mut answer: hyper::Response<hyper::body::Incoming>,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    port: u16,
+) -> Result<Response, PortError> {
+    let upstream = |why: String| PortError::Upstream { port, why };
     if answer.status() == StatusCode::SWITCHING_PROTOCOLS {
         let Some(client_upgrade) = client_upgrade else {
             return Err(upstream("it switched protocols unasked".into()));

@@ -7,6 +7,7 @@
 #   POST /count            -> the number of body bytes received and their sum mod 2**32
 #   GET  /ws               -> a WebSocket that echoes every message back
 #   GET  /kib              -> 1 KiB, with Content-Length (for the benchmark)
+#   GET  /peer             -> the client's port as this server sees it
 # Every request's headers are appended to /tmp/headers-PORT.log as one JSON line.
 import base64, hashlib, json, os, socket, struct, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -46,6 +47,8 @@ class Handler(BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         if path == "/hello":
             self.reply(f"hello from {PORT}".encode())
+        elif path == "/peer":
+            self.reply(str(self.client_address[1]).encode())
         elif path == "/kib":
             self.reply(b"k" * 1024)
         elif path == "/headers":
