@@ -54,6 +54,9 @@ const IDLE_KEEP: Duration = Duration::from_secs(30);
 /// Idle connections kept per sandbox container and port.
 const IDLE_PER_PORT: usize = 8;
 
+/// Idle kept-alive connections by (container, port), each with when it was kept.
+type IdleConnections = HashMap<(String, u16), Vec<(Instant, proxy::Sender)>>;
+
 /// Connections into sandboxes, as the sandbox user.
 pub struct Ports {
     engine: Arc<dyn Engine>,
@@ -61,7 +64,7 @@ pub struct Ports {
     previews: Option<preview::Previews>,
     /// Kept-alive HTTP connections by (container, port), so that a request need not start a
     /// relay (one `docker exec`) when the sandbox's server keeps connections open.
-    idle: Mutex<HashMap<(String, u16), Vec<(Instant, proxy::Sender)>>>,
+    idle: Mutex<IdleConnections>,
 }
 
 impl Ports {
@@ -90,9 +93,7 @@ impl Ports {
         Tunnel::open(&self.engine, container, &self.user, port).await
     }
 
-    fn idle(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(String, u16), Vec<(Instant, proxy::Sender)>>> {
+    fn idle(&self) -> std::sync::MutexGuard<'_, IdleConnections> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
