@@ -453,9 +453,10 @@ fn large_bodies_stream_with_flat_memory_and_stop_with_the_client() {
         Duration::from_secs(30),
         || server.exec(&sb, "cat /tmp/endless-8000 2>/dev/null").1 == "stopped",
     );
+    // Idle kept-alive connections into the sandbox are closed within seconds (15 s idle).
     wait_until(
         "no relay left in the sandbox",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         || {
             let (_, out) = server.exec(
                 &sb,

@@ -50,12 +50,25 @@ pub fn parse_port(text: &str) -> Result<u16, PortError> {
 }
 
 /// How long an idle kept-alive connection into a sandbox is kept for the next request.
-const IDLE_KEEP: Duration = Duration::from_secs(30);
+const IDLE_KEEP: Duration = Duration::from_secs(15);
 /// Idle connections kept per sandbox container and port.
 const IDLE_PER_PORT: usize = 8;
 
 /// Idle kept-alive connections by (container, port), each with when it was kept.
 type IdleConnections = HashMap<(String, u16), Vec<(Instant, proxy::Sender)>>;
+
+fn lock(pool: &Mutex<IdleConnections>) -> std::sync::MutexGuard<'_, IdleConnections> {
+    // A panic while holding this lock leaves plain data behind; keep going.
+    pool.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Drops closed and stale idle connections (dropping one closes it).
+fn sweep(idle: &mut IdleConnections) {
+    idle.retain(|_, senders| {
+        senders.retain(|(at, s)| !s.is_closed() && at.elapsed() < IDLE_KEEP);
+        !senders.is_empty()
+    });
+}
 
 /// Connections into sandboxes, as the sandbox user.
 pub struct Ports {
@@ -64,7 +77,7 @@ pub struct Ports {
     previews: Option<preview::Previews>,
     /// Kept-alive HTTP connections by (container, port), so that a request need not start a
     /// relay (one `docker exec`) when the sandbox's server keeps connections open.
-    idle: Mutex<IdleConnections>,
+    idle: Arc<Mutex<IdleConnections>>,
 }
 
 impl Ports {
@@ -73,7 +86,7 @@ impl Ports {
             engine,
             user: settings.sandbox_user.clone(),
             previews: None,
-            idle: Mutex::new(HashMap::new()),
+            idle: Arc::default(),
         }
     }
 
@@ -94,7 +107,7 @@ impl Ports {
     }
 
     fn idle(&self) -> std::sync::MutexGuard<'_, IdleConnections> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.idle)
     }
 
     /// An idle connection to `key` ready for a request; closed and stale ones are dropped.
@@ -109,10 +122,23 @@ impl Ports {
     /// Keeps `sender` for the next request to `key` (it takes one once its answer has ended).
     fn keep(&self, key: (String, u16), sender: proxy::Sender) {
         let mut idle = self.idle();
-        idle.retain(|_, senders| {
-            senders.retain(|(at, s)| !s.is_closed() && at.elapsed() < IDLE_KEEP);
-            !senders.is_empty()
-        });
+        sweep(&mut idle);
+        if idle.is_empty() {
+            // The first idle connection starts a sweeper, which ends once none is left: an
+            // idle connection holds a relay inside the sandbox, so none outlives IDLE_KEEP by
+            // much even when no request comes again.
+            let pool = Arc::clone(&self.idle);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(IDLE_KEEP / 2).await;
+                    let mut idle = lock(&pool);
+                    sweep(&mut idle);
+                    if idle.is_empty() {
+                        return;
+                    }
+                }
+            });
+        }
         let senders = idle.entry(key).or_default();
         if senders.len() >= IDLE_PER_PORT {
             senders.remove(0);
