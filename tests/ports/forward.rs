@@ -21,6 +21,12 @@ fn start_echo(server: &Server, sb: &str, port: u16) {
         Some(&body),
     );
     assert_eq!(status, 201, "{p}");
+    wait_until("the sandbox's echo server", Duration::from_secs(30), || {
+        let probe = format!(
+            "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port})).close()'"
+        );
+        server.exec(sb, &probe).0 == 0
+    });
 }
 
 /// A child process that is killed when the test ends, however it ends.
