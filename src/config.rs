@@ -185,6 +185,10 @@ pub struct Settings {
     /// `host_workspace_access` and root); `false` copies every restore's content.
     #[arg(long, env = "AGENT_SANDBOX_COPY_ON_WRITE", default_value = "true", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub copy_on_write: bool,
+    /// Preview hosts: requests with `Host: {port}-{name}.{domain}` go to that sandbox's port
+    /// (with the API key or a preview token). Unset: no preview hosts.
+    #[arg(long, env = "AGENT_SANDBOX_PREVIEW_DOMAIN")]
+    pub preview_domain: Option<String>,
     /// How many reconciles may run at once.
     #[arg(long, env = "AGENT_SANDBOX_RECONCILE_WORKERS", default_value_t = 8)]
     pub reconcile_workers: usize,
@@ -227,6 +231,22 @@ impl Settings {
                 "AGENT_SANDBOX_PROCESS_OUTPUT_BYTES",
                 "must be at least 4096 and at most 4 GiB",
             ));
+        }
+        if let Some(domain) = &self.preview_domain {
+            let label_ok = |l: &str| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+                    && l.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            };
+            if domain.is_empty() || !domain.split('.').all(label_ok) {
+                return Err(invalid(
+                    "AGENT_SANDBOX_PREVIEW_DOMAIN",
+                    "must be a lowercase DNS name such as preview.localhost",
+                ));
+            }
         }
         if self.max_processes == 0 {
             return Err(invalid("AGENT_SANDBOX_MAX_PROCESSES", "must be at least 1"));

@@ -18,6 +18,8 @@
 //!   with the helper); the helper binary itself is `helper/` (start at `helper/src/main.rs`).
 //! - [`processes`]: long-lived processes of a sandbox (background commands, stdin, terminals,
 //!   output replayed by byte offset), owned by the in-sandbox supervisor (`helper/src/supervisor.rs`).
+//! - [`ports`]: reaching what listens inside a sandbox (the proxy subresource), through the
+//!   helper's `relay` mode, so it works with no network.
 //! - [`archive`]: validation of snapshot tars before anything is restored.
 //! - [`api`]: the HTTP server: the resource API, the `/v1` wire contract, health and OpenAPI.
 //! - [`export`]: the same resources as Kubernetes objects for the kubernetes-sigs/agent-sandbox
@@ -46,6 +48,7 @@ pub mod doctor;
 pub mod export;
 pub mod gc;
 pub mod helper_binary;
+pub mod ports;
 pub mod processes;
 pub mod resource;
 pub mod secrets;

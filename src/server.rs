@@ -111,6 +111,12 @@ pub async fn run(
     ));
     let _controller_tasks = controller.spawn();
 
+    let mut ports = crate::ports::Ports::new(Arc::clone(&engine), &settings);
+    if settings.preview_domain.is_some() {
+        let previews = crate::ports::preview::Previews::load(&settings.data_dir)
+            .map_err(|e| StartError::Auth(format!("preview tokens: {e}")))?;
+        ports = ports.with_previews(previews);
+    }
     let state = AppState {
         settings: Arc::clone(&settings),
         store: Arc::clone(&store),
@@ -120,6 +126,7 @@ pub async fn run(
         create_lock: Arc::new(tokio::sync::Mutex::new(())),
         keys: Arc::new(keys),
         activity: Arc::clone(controller.activity()),
+        ports: Arc::new(ports),
     };
     let address = std::net::SocketAddr::new(settings.host, settings.port);
     let listener = tokio::net::TcpListener::bind(address)

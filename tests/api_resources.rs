@@ -53,7 +53,11 @@ async fn start_with(keys: ApiKeys, folder: Option<(&str, &str)>) -> Api {
         dataplane: Arc::new(DataPlane::new(dyn_engine.clone(), settings.clone())),
         processes: Arc::new(agent_sandbox::processes::Processes::new(
             dyn_engine.clone(),
-            settings,
+            settings.clone(),
+        )),
+        ports: Arc::new(agent_sandbox::ports::Ports::new(
+            dyn_engine.clone(),
+            &settings,
         )),
         engine: dyn_engine,
         create_lock: Arc::new(tokio::sync::Mutex::new(())),

@@ -44,8 +44,9 @@ fn app_with(wait: Duration, adjust: impl FnOnce(&mut Settings)) -> App {
         dataplane: Arc::new(DataPlane::new(engine.clone(), settings.clone())),
         processes: Arc::new(agent_sandbox::processes::Processes::new(
             engine.clone(),
-            settings,
+            settings.clone(),
         )),
+        ports: Arc::new(agent_sandbox::ports::Ports::new(engine.clone(), &settings)),
         engine,
         create_lock: Arc::new(tokio::sync::Mutex::new(())),
         keys: Arc::new(ApiKeys::disabled()),

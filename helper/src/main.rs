@@ -14,6 +14,8 @@
 //!   (`supervisor.rs`): it owns the sandbox's long-lived processes (`process.rs`, output kept in
 //!   `ring.rs`) and serves them on a Unix socket.
 //! - `bridge` (`bridge.rs`): relays stdin/stdout to that socket, for the server's `docker exec`.
+//! - `relay PORT` (`relay.rs`): relays stdin/stdout to `127.0.0.1:PORT`, for the server's port
+//!   proxy and port-forward.
 //!
 //! `sys.rs` wraps the few system calls the others share. This file only dispatches on the mode.
 
@@ -21,6 +23,7 @@ mod bridge;
 mod command;
 mod files;
 mod process;
+mod relay;
 mod ring;
 mod serve;
 mod shepherd;
@@ -29,7 +32,7 @@ mod sys;
 
 use helper_protocol::PROTOCOL_VERSION;
 
-const USAGE: &str = "usage: agent-sandbox-helper serve|idle|bridge|write-file|read-file|list-dir\n\
+const USAGE: &str = "usage: agent-sandbox-helper serve|idle|bridge|relay|write-file|read-file|list-dir\n\
 \n\
 Speaks the agent-sandbox helper protocol on stdin (requests) and stdout (events).\n";
 
@@ -50,6 +53,7 @@ fn main() {
         // stop`.
         ["idle"] => supervisor::main(),
         ["bridge"] => std::process::exit(bridge::bridge()),
+        ["relay", ..] => std::process::exit(relay::relay_main(&args[1..])),
         ["--version"] | ["version"] => {
             println!(
                 "agent-sandbox-helper {} (protocol {PROTOCOL_VERSION})",

@@ -9,7 +9,9 @@ pub mod error;
 pub mod health;
 pub mod http;
 pub mod openapi;
+pub mod ports;
 pub mod power;
+pub mod previews;
 pub mod processes;
 pub mod processes_ws;
 pub mod resources;
@@ -49,6 +51,8 @@ pub struct AppState {
     pub keys: Arc<auth::ApiKeys>,
     /// Where calls on a sandbox and its running commands are reported, for idle policies.
     pub activity: Arc<crate::activity::Activity>,
+    /// Connections to ports inside sandboxes (the proxy, previews, port-forward).
+    pub ports: Arc<crate::ports::Ports>,
 }
 
 /// Every route with its description, for a server with `settings`: health, the OpenAPI document
@@ -63,6 +67,8 @@ fn documented_routes(
         .merge(resources::routes())
         .merge(processes::routes())
         .merge(processes_ws::routes())
+        .merge(ports::routes())
+        .merge(previews::routes())
         .merge(v1::routes(settings));
     let protected = openapi::behind_api_key(protected)
         .route_layer(middleware::from_fn_with_state(keys, auth::require_key));
@@ -116,6 +122,11 @@ pub fn router(state: AppState) -> Router {
         .fallback(move |request: Request| not_found(templates, request))
         .layer(Extension(document))
         .layer(middleware::from_fn(common_error_shape))
+        // Wraps every route and the fallbacks: a preview host never reaches the API.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            previews::preview_hosts,
+        ))
         // Sets the default for body extractors; a route that takes larger bodies sets its own
         // `DefaultBodyLimit` closer to the handler, which wins.
         .layer(DefaultBodyLimit::max(body::MAX_JSON_BODY))
@@ -189,6 +200,14 @@ async fn method_not_allowed(uri: axum::http::Uri) -> ApiError {
 /// own rejections, which are plain text) into it, keeping status and headers.
 async fn common_error_shape(request: Request, next: Next) -> Response {
     let response = next.run(request).await;
+    if response
+        .extensions()
+        .get::<crate::ports::proxy::FromSandbox>()
+        .is_some()
+    {
+        // A sandbox's own answer, whatever its status, goes out as it is.
+        return response;
+    }
     let status = response.status();
     let is_json = response
         .headers()

@@ -222,6 +222,8 @@ fn error_response(op: &mut openapi::Operation, status: u16) {
 pub trait Describe: Sized {
     /// A `{name}` segment of the path (always a required string).
     fn path_param(self, name: &str, description: &str) -> Self;
+    /// A path parameter with its own schema (a port, say).
+    fn path_param_with_schema(self, name: &str, description: &str, schema: Value) -> Self;
     /// A string query parameter.
     fn query(self, name: &str, required: bool, description: &str) -> Self {
         self.query_with_schema(name, required, description, json!({"type": "string"}))
@@ -248,6 +250,8 @@ pub trait Describe: Sized {
     fn merge_patch_body(self) -> Self;
     /// A required raw-bytes body.
     fn binary_body(self) -> Self;
+    /// An optional body of any bytes.
+    fn optional_binary_body(self) -> Self;
     /// A JSON success response.
     fn json<T: JsonSchema>(self, status: u16, description: &str) -> Self;
     /// A resource success response (JSON, or YAML when asked for with `Accept`).
@@ -315,11 +319,15 @@ fn reply(op: &mut TransformOperation<'_>, status: u16, description: &str, body: 
 }
 
 impl Describe for TransformOperation<'_> {
-    fn path_param(mut self, name: &str, description: &str) -> Self {
+    fn path_param(self, name: &str, description: &str) -> Self {
+        self.path_param_with_schema(name, description, json!({"type": "string"}))
+    }
+
+    fn path_param_with_schema(mut self, name: &str, description: &str, schema: Value) -> Self {
         self.inner_mut()
             .parameters
             .push(ReferenceOr::Item(Parameter::Path {
-                parameter_data: parameter_data(name, true, description, json!({"type": "string"})),
+                parameter_data: parameter_data(name, true, description, schema),
                 style: Default::default(),
             }));
         self
@@ -375,6 +383,11 @@ impl Describe for TransformOperation<'_> {
 
     fn binary_body(mut self) -> Self {
         set_body(&mut self, Body::Binary, true);
+        self
+    }
+
+    fn optional_binary_body(mut self) -> Self {
+        set_body(&mut self, Body::Binary, false);
         self
     }
 
@@ -516,6 +529,7 @@ pub fn finish<S: Clone + Send + Sync + 'static>(router: ApiRouter<S>) -> (Router
     let errors = ERRORS.with(|errors| std::mem::take(&mut *errors.borrow_mut()));
     assert!(errors.is_empty(), "the routes' descriptions: {errors:?}");
     let router = router.finish_api(&mut api);
+    wildcards_as_parameters(&mut api);
     let components = api.components.get_or_insert_with(Default::default);
     for (name, schema) in NAMED.with(|named| std::mem::take(&mut *named.borrow_mut())) {
         // A hand-written schema under the name of a derived one would silently replace it
@@ -556,6 +570,18 @@ pub fn finish<S: Clone + Send + Sync + 'static>(router: ApiRouter<S>) -> (Router
     let mut document = serde_json::to_value(&api).expect("the OpenAPI document serializes");
     state_defaults(&mut document);
     (router, document)
+}
+
+/// A route's wildcard (`{*path}`, axum's syntax) is a plain path parameter in the document.
+fn wildcards_as_parameters(api: &mut OpenApi) {
+    let Some(paths) = api.paths.as_mut() else {
+        return;
+    };
+    let items = std::mem::take(&mut paths.paths);
+    paths.paths = items
+        .into_iter()
+        .map(|(path, item)| (path.replace("{*", "{"), item))
+        .collect();
 }
 
 /// aide leaves out what equals its default; the document says it: `security: []` marks a public

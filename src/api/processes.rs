@@ -394,7 +394,7 @@ pub(super) async fn target(state: &AppState, name: &str) -> Result<Target, ApiEr
     })
 }
 
-async fn json_body(body: Body, limit: usize) -> Result<Map<String, Value>, ApiError> {
+pub(super) async fn json_body(body: Body, limit: usize) -> Result<Map<String, Value>, ApiError> {
     let bytes = axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| ApiError::PayloadTooLarge(format!("the body is larger than {limit} bytes")))?;

@@ -6,7 +6,7 @@
 //!
 //! Client commands never touch the data directory or Docker, and never parse YAML themselves:
 //! manifests go through `resource::yaml`. Long-lived processes (`run`, `ps`, `logs`, `attach`,
-//! `kill`) are `processes.rs`; interactive sessions (`attach`, `exec -i/-t`) `interactive.rs`,
+//! `kill`) are `processes.rs`; `port-forward` and `preview` are `ports.rs`; interactive sessions (`attach`, `exec -i/-t`) `interactive.rs`,
 //! over WebSockets from the same client. Every failure is one line on stderr and a non-zero exit.
 
 mod apply;
@@ -21,6 +21,7 @@ mod interactive;
 mod manifests;
 pub mod mcp;
 mod ops;
+mod ports;
 mod power;
 mod processes;
 mod progress;
@@ -107,6 +108,10 @@ pub enum Command {
     Attach(processes::AttachArgs),
     /// Kill a process's whole tree and forget it, or send it a signal.
     Kill(processes::KillArgs),
+    /// Forward local ports to ports inside a sandbox (127.0.0.1 here).
+    PortForward(ports::PortForwardArgs),
+    /// Print a preview link to a port of a sandbox (needs AGENT_SANDBOX_PREVIEW_DOMAIN).
+    Preview(ports::PreviewArgs),
     /// Wait until a resource meets a condition or is deleted.
     Wait(ops::WaitArgs),
     /// Save a sandbox's /workspace as a snapshot.
@@ -264,6 +269,8 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
         Command::Logs(args) => processes::logs(args).await,
         Command::Attach(args) => processes::attach(args).await,
         Command::Kill(args) => processes::kill(args).await,
+        Command::PortForward(args) => ports::port_forward(args).await,
+        Command::Preview(args) => ports::preview(args).await,
         Command::Wait(args) => ops::wait(args).await,
         Command::Snapshot(args) => ops::snapshot(args).await,
         Command::Rollback(args) => ops::rollback(args).await,

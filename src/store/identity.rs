@@ -91,6 +91,27 @@ pub fn read_or_create_private(
     }
 }
 
+/// Replaces `<data_dir>/<name>` with `contents` atomically, readable by its owner only.
+pub fn replace_private(data_dir: &Path, name: &str, contents: &[u8]) -> StoreResult<()> {
+    let path = data_dir.join(name);
+    let tmp = data_dir.join(format!(
+        ".{name}.{}.tmp",
+        hex::encode(rand::random::<[u8; 8]>())
+    ));
+    let done = write_private(&tmp, contents).and_then(|()| std::fs::rename(&tmp, &path));
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done.map_err(|source| StoreError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    if let Ok(d) = std::fs::File::open(data_dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
 fn found(path: PathBuf, contents: Vec<u8>) -> PrivateFile {
     use std::os::unix::fs::PermissionsExt;
     let shared = std::fs::metadata(&path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0);

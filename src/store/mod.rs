@@ -53,7 +53,7 @@ use index::{Inner, Source};
 
 pub use atomic::write_atomic;
 pub use event_log::{EventChange, EventLimits, EventLog, Recorder};
-pub use identity::{read_or_create_private, PrivateFile};
+pub use identity::{read_or_create_private, replace_private, PrivateFile};
 pub use snapshots::{DataStamp, SnapshotWrite};
 pub use trees::{TreeError, ViewDirs};
 

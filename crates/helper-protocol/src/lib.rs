@@ -84,6 +84,19 @@ pub const EXIT_CODE_LOST: i32 = 128 + 9;
 /// `linger_ms` value that behaves like `docker exec`.
 pub const DOCKER_LINGER_MS: u64 = 2000;
 
+/// The helper's `relay PORT` mode: one TCP connection to `127.0.0.1:PORT` inside the sandbox,
+/// carried over the exec's stdin and stdout. Once connected the helper writes [`relay::CONNECTED`]
+/// (one byte) and then copies bytes unchanged until either side ends; when it cannot connect it writes nothing to
+/// stdout, a one-line reason to stderr, and exits with [`relay::EXIT_REFUSED`].
+pub mod relay {
+    /// The byte that says the connection is made.
+    pub const CONNECTED: u8 = 0x2b;
+    /// Bad arguments (a port outside 1-65535).
+    pub const EXIT_USAGE: i32 = 2;
+    /// Nothing accepted the connection.
+    pub const EXIT_REFUSED: i32 = 4;
+}
+
 /// Exit codes of the helper's one-shot file modes (`read-file`, `write-file`, `list-dir`, and
 /// `WriteFile` on a channel), each with a one-line reason on stderr. 0 is success.
 pub mod file_exit {

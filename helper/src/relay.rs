@@ -1,0 +1,96 @@
+//! `relay PORT`: one TCP connection to `127.0.0.1:PORT` inside the sandbox, carried over this
+//! process's stdin and stdout, so that the server, which can only `docker exec` into a sandbox
+//! (one with no network at all, too), can reach what listens there. It writes
+//! [`relay::CONNECTED`] once connected, then copies bytes unchanged both ways and exits as soon
+//! as either direction ends: a client that went away (the server dropped the exec, so stdin
+//! ended) must not leave the sandbox's server sending into nothing. It interprets nothing.
+//!
+//! Only TCP on the loopback address is reachable this way; the helper's own sockets (the
+//! supervisor's) are abstract Unix sockets, which no port names.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpStream};
+
+use helper_protocol::relay;
+
+/// The port a `relay` argument names: 1-65535 only.
+pub fn parse_port(arg: &str) -> Option<u16> {
+    arg.parse::<u16>().ok().filter(|p| *p != 0)
+}
+
+pub fn relay_main(args: &[String]) -> i32 {
+    let [arg] = args else {
+        eprintln!("usage: agent-sandbox-helper relay PORT");
+        return relay::EXIT_USAGE;
+    };
+    let Some(port) = parse_port(arg) else {
+        eprintln!("agent-sandbox-helper: port must be from 1 to 65535, got {arg:?}");
+        return relay::EXIT_USAGE;
+    };
+    let stream = match TcpStream::connect(SocketAddr::from((Ipv4Addr::LOCALHOST, port))) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("connect to 127.0.0.1:{port}: {e}");
+            return relay::EXIT_REFUSED;
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let mut stdout = std::io::stdout().lock();
+    if stdout
+        .write_all(&[relay::CONNECTED])
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
+        return 1;
+    }
+    let Ok(mut to_socket) = stream.try_clone() else {
+        return 1;
+    };
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if to_socket.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        // The client is gone: close the connection (the peer sees it) and end.
+        let _ = to_socket.shutdown(Shutdown::Both);
+        std::process::exit(0);
+    });
+    let mut from_socket = stream;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match from_socket.read(&mut buf) {
+            Ok(0) | Err(_) => return 0,
+            Ok(n) => {
+                if stdout
+                    .write_all(&buf[..n])
+                    .and_then(|()| stdout.flush())
+                    .is_err()
+                {
+                    return 0;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_outside_the_range_are_refused() {
+        assert_eq!(parse_port("1"), Some(1));
+        assert_eq!(parse_port("65535"), Some(65535));
+        for bad in ["0", "65536", "-1", "", "80x", " 80"] {
+            assert_eq!(parse_port(bad), None, "{bad:?}");
+        }
+    }
+}

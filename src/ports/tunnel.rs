@@ -1,0 +1,148 @@
+//! One TCP connection to `127.0.0.1:PORT` inside a sandbox: a `docker exec` of
+//! `agent-sandbox-helper relay PORT` (through the engine, like every Docker call) whose stdin and
+//! stdout carry the connection's bytes, so it works in a sandbox with no network at all.
+//!
+//! A [`Tunnel`] is a plain byte stream ([`AsyncRead`] + [`AsyncWrite`]): shutting down its write
+//! side or dropping it ends the connection inside the sandbox (the helper exits when its stdin
+//! ends, so a client that left stops what the sandbox sends), and the end of its read side is
+//! the end of the connection. Nothing is buffered
+//! beyond one chunk of the exec's output, so a slow reader slows the sandbox's sender and no one
+//! else.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::PortError;
+use crate::docker::{Engine, EngineResult, ExecOutput, ExecPlan, HELPER_BINARY, HELPER_MOUNT};
+use helper_protocol::relay::CONNECTED;
+
+/// How long the helper has to say it connected (or could not).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How much of the helper's stderr is kept for messages.
+const STDERR_KEEP: usize = 512;
+
+pub struct Tunnel {
+    output: BoxStream<'static, EngineResult<ExecOutput>>,
+    input: Pin<Box<dyn AsyncWrite + Send>>,
+    /// Bytes read from the exec and not yet handed out.
+    pending: Bytes,
+    ended: bool,
+}
+
+impl Tunnel {
+    /// Connects to `127.0.0.1:port` in `container`, as `user`.
+    pub async fn open(
+        engine: &Arc<dyn Engine>,
+        container: &str,
+        user: &str,
+        port: u16,
+    ) -> Result<Tunnel, PortError> {
+        if port == 0 {
+            return Err(PortError::BadPort(port.to_string()));
+        }
+        let plan = ExecPlan {
+            argv: vec![
+                format!("{HELPER_MOUNT}/{HELPER_BINARY}"),
+                "relay".into(),
+                port.to_string(),
+            ],
+            env: Vec::new(),
+            workdir: None,
+            user: user.to_string(),
+            stdin: true,
+        };
+        let session = engine.exec(container, &plan).await?;
+        let input = session
+            .input
+            .ok_or_else(|| PortError::Relay("docker gave no stdin".into()))?;
+        let mut output = session.output;
+        let connected = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            let mut stderr = Vec::new();
+            loop {
+                match output.next().await {
+                    Some(Ok(ExecOutput::Stdout(b))) if b.is_empty() => {}
+                    Some(Ok(ExecOutput::Stdout(b))) => return Ok(b),
+                    Some(Ok(ExecOutput::Stderr(b))) => {
+                        let room = STDERR_KEEP.saturating_sub(stderr.len());
+                        stderr.extend_from_slice(&b[..b.len().min(room)]);
+                    }
+                    Some(Err(e)) => return Err(PortError::Engine(e)),
+                    None => {
+                        let why = String::from_utf8_lossy(&stderr).trim().to_string();
+                        return Err(PortError::NotListening { port, why });
+                    }
+                }
+            }
+        })
+        .await
+        .map_err(|_| PortError::Relay("the in-sandbox relay did not answer".into()))??;
+        if connected[0] != CONNECTED {
+            return Err(PortError::Relay(
+                "the in-sandbox relay answered something unexpected".into(),
+            ));
+        }
+        Ok(Tunnel {
+            output,
+            input,
+            pending: connected.slice(1..),
+            ended: false,
+        })
+    }
+}
+
+impl AsyncRead for Tunnel {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            if !self.pending.is_empty() {
+                let n = self.pending.len().min(buf.remaining());
+                buf.put_slice(&self.pending[..n]);
+                self.pending.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            if self.ended {
+                return Poll::Ready(Ok(()));
+            }
+            match Pin::new(&mut self.output).poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(ExecOutput::Stdout(b)))) => self.pending = b,
+                // The relay says nothing on stderr once connected; what it might is dropped.
+                Poll::Ready(Some(Ok(ExecOutput::Stderr(_)))) => {}
+                Poll::Ready(Some(Err(e))) => {
+                    self.ended = true;
+                    return Poll::Ready(Err(io::Error::other(e.to_string())));
+                }
+                Poll::Ready(None) => self.ended = true,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Tunnel {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.input.as_mut().poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.input.as_mut().poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.input.as_mut().poll_shutdown(cx)
+    }
+}
