@@ -25,6 +25,9 @@
 //! - [`cli`]: the command line (`serve`, kubectl-style client commands, `mcp`).
 //! - [`gc`]: `agent-sandbox gc`, removing labeled objects no running server claims, and the
 //!   heartbeat by which a running server claims its own.
+//! - [`metrics`]: `GET /metrics` (what happens, recorded through a handle the working parts are
+//!   given; what is, read from the store and the host's cgroups at each scrape) and a sandbox's
+//!   usage.
 //! - [`activity`]: which sandboxes are in use (API calls, running commands), for idle policies.
 //! - [`config`]: settings; [`server`]: wiring it all together for `agent-sandbox serve`;
 //!   [`doctor`]: the start-up checks `agent-sandbox doctor` prints and `serve` logs.
@@ -44,6 +47,7 @@ pub mod doctor;
 pub mod export;
 pub mod gc;
 pub mod helper_binary;
+pub mod metrics;
 pub mod processes;
 pub mod resource;
 pub mod server;

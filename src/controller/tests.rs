@@ -18,7 +18,14 @@ fn setup() -> (tempfile::TempDir, Arc<FakeEngine>, Arc<Controller>) {
     let engine = Arc::new(FakeEngine::new());
     engine.set_images(&[IMAGE]);
     let settings = Arc::new(Settings::for_tests(dir.path().to_path_buf()));
-    let ctl = Controller::new(store, engine.clone(), settings, "test-server".into(), None);
+    let ctl = Controller::new(
+        store,
+        engine.clone(),
+        settings,
+        "test-server".into(),
+        None,
+        Default::default(),
+    );
     (dir, engine, ctl)
 }
 
@@ -345,7 +352,14 @@ async fn a_restore_into_a_directory_that_fails_the_proof_fails_and_gives_up_the_
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     settings.sandbox_user = format!("{uid}:{gid}");
     settings.host_workspace_access = true;
-    let ctl = Controller::new(store, engine.clone(), Arc::new(settings), "t".into(), None);
+    let ctl = Controller::new(
+        store,
+        engine.clone(),
+        Arc::new(settings),
+        "t".into(),
+        None,
+        Default::default(),
+    );
     // Docker names this directory; this test's process stands in for the container's, whose
     // root shows no such directory at /workspace.
     let named = tempfile::tempdir().unwrap();
