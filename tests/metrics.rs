@@ -63,8 +63,8 @@ fn metrics_need_the_key_report_usage_and_hold_no_secret() {
     assert_eq!(metrics(&server, None).0, 401, "no key, no metrics");
     let (status, text) = metrics(&server, Some(&server.key));
     assert_eq!(status, 200, "{text}");
-    let running = format!("agent_sandbox_sandboxes{{namespace=\"default\",phase=\"Running\"}}");
-    assert_eq!(sample(&text, &running), Some(1.0), "{text}");
+    let running = "agent_sandbox_sandboxes{namespace=\"default\",phase=\"Running\"}";
+    assert_eq!(sample(&text, running), Some(1.0), "{text}");
     let of = |series: &str| format!("{series}{{namespace=\"default\",sandbox=\"{name}\"}}");
     let memory = sample(&text, &of("agent_sandbox_sandbox_memory_bytes")).expect("memory");
     assert!(memory > 0.0, "{text}");
