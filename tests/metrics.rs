@@ -131,6 +131,27 @@ fn stats_report_what_a_sandbox_uses() {
         "{before} then {after}"
     );
 
+    // `top` shows the same, one table with --once (CPU needs two samples, an interval apart).
+    let (code, out, err) = server.cli(&["top", "--once", "--interval", "500ms"]);
+    assert_eq!(code, 0, "{err}");
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header[..5],
+        ["NAME", "PHASE", "CPU", "CPU-TIME", "MEMORY"],
+        "{out}"
+    );
+    let row: Vec<&str> = out
+        .lines()
+        .find(|l| l.starts_with(&name))
+        .unwrap_or_else(|| panic!("{name} is not in\n{out}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[1], "Running", "{out}");
+    assert!(row[2].ends_with('%') && row[4].ends_with("MiB"), "{out}");
+    let (code, _, err) = server.cli(&["top", "sandbox", "nope", "--once"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("sandbox/nope not found"), "{err}");
+
     let (status, _) = server.request("GET", &format!("{API}/sandboxes/nope/stats"), None);
     assert_eq!(status, 404);
     let (status, out) = server.request_raw(

@@ -22,6 +22,8 @@ use crate::store::Store;
 
 /// How old a workspace's measured size may get before a scrape has it measured again.
 pub const WORKSPACE_REFRESH: Duration = Duration::from_secs(60);
+/// How old a measured size may be to answer a sandbox's stats.
+pub const WORKSPACE_FRESH: Duration = Duration::from_secs(5);
 
 const SANDBOX_PHASES: [SandboxPhase; 8] = [
     SandboxPhase::Pending,
@@ -277,8 +279,36 @@ impl Exporter {
         }
     }
 
+    /// The workspace's size measured less than [`WORKSPACE_FRESH`] ago, or measured now (and
+    /// remembered for scrapes).
+    async fn fresh_workspace_bytes(&self, container: &str, source: PathBuf) -> Option<u64> {
+        let known = self
+            .workspaces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(container)
+            .filter(|w| {
+                w.measured_at
+                    .is_some_and(|at| at.elapsed() < WORKSPACE_FRESH)
+            })
+            .and_then(|w| w.bytes);
+        if known.is_some() {
+            return known;
+        }
+        let bytes = tokio::task::spawn_blocking(move || super::disk_usage(&source).ok())
+            .await
+            .ok()
+            .flatten()?;
+        let mut workspaces = self.workspaces.lock().unwrap_or_else(|e| e.into_inner());
+        let workspace = workspaces.entry(container.to_string()).or_default();
+        workspace.bytes = Some(bytes);
+        workspace.measured_at = Some(Instant::now());
+        Some(bytes)
+    }
+
     /// The usage of `sandbox` now: one inspect of its container, its cgroup, its network
-    /// counters, and its workspace measured for this answer.
+    /// counters, and its workspace's size (measured for this answer unless it was measured in
+    /// the last [`WORKSPACE_FRESH`], so that a refreshing `top` does not walk it every time).
     pub async fn usage(&self, sandbox: &Sandbox) -> Result<SandboxUsage, UsageError> {
         let name = &sandbox.metadata.name;
         let not_running = || UsageError::NotRunning(name.clone());
@@ -298,10 +328,7 @@ impl Exporter {
             .read(&details.id)
             .ok_or_else(|| UsageError::Unavailable(name.clone()))?;
         let workspace_bytes = match details.workspace_source.clone() {
-            Some(source) => tokio::task::spawn_blocking(move || super::disk_usage(&source).ok())
-                .await
-                .ok()
-                .flatten(),
+            Some(source) => self.fresh_workspace_bytes(&details.id, source).await,
             None => None,
         };
         Ok(SandboxUsage {
