@@ -24,6 +24,10 @@ pub struct Settings {
     /// Turn authentication off entirely (only for local experiments).
     #[arg(long, env = "AGENT_SANDBOX_INSECURE_NO_AUTH", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub insecure_no_auth: bool,
+    /// Serve `GET /metrics` without an API key (for a Prometheus that cannot send one). The
+    /// metrics hold resource names and usage, never a key or an environment value.
+    #[arg(long, env = "AGENT_SANDBOX_METRICS_PUBLIC", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub metrics_public: bool,
     #[arg(long, env = "AGENT_SANDBOX_HOST", default_value = "127.0.0.1")]
     pub host: IpAddr,
     #[arg(long, env = "AGENT_SANDBOX_PORT", default_value_t = 8080)]

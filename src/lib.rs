@@ -29,6 +29,9 @@
 //!   heartbeat by which a running server claims its own.
 //! - [`secrets`]: a `Secret`'s write-only value, from the store, the environment or a file.
 //! - [`webhooks`]: delivering events to `Webhook` receivers, signed, from a durable outbox.
+//! - [`metrics`]: `GET /metrics` (what happens, recorded through a handle the working parts are
+//!   given; what is, read from the store and the host's cgroups at each scrape) and a sandbox's
+//!   usage.
 //! - [`activity`]: which sandboxes are in use (API calls, running commands), for idle policies.
 //! - [`config`]: settings; [`server`]: wiring it all together for `agent-sandbox serve`;
 //!   [`doctor`]: the start-up checks `agent-sandbox doctor` prints and `serve` logs.
@@ -48,6 +51,7 @@ pub mod doctor;
 pub mod export;
 pub mod gc;
 pub mod helper_binary;
+pub mod metrics;
 pub mod ports;
 pub mod processes;
 pub mod resource;

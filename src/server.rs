@@ -8,7 +8,8 @@ use crate::api::{self, AppState};
 use crate::config::Settings;
 use crate::controller::Controller;
 use crate::dataplane::DataPlane;
-use crate::docker::{BollardEngine, Engine};
+use crate::docker::{BollardEngine, Engine, ObservedEngine};
+use crate::metrics::{Exporter, Metrics};
 use crate::store::Store;
 
 /// Why the server could not start.
@@ -81,7 +82,12 @@ pub async fn run(
 ) -> Result<(), StartError> {
     settings.validate()?;
     let settings = Arc::new(settings);
-    let engine: Arc<dyn Engine> = Arc::new(BollardEngine::connect().await?);
+    let metrics = Metrics::new();
+    // Every Docker call is timed for the metrics.
+    let engine: Arc<dyn Engine> = Arc::new(ObservedEngine::new(
+        Arc::new(BollardEngine::connect().await?),
+        Arc::new(metrics.clone()),
+    ));
     engine.ping().await?;
     let store = Store::open(&settings.data_dir, &settings.watch_dirs)?;
     let keys =
@@ -103,6 +109,7 @@ pub async fn run(
         Arc::clone(&settings),
         server_id,
         crate::helper_binary::helper_binary(),
+        metrics.clone(),
     );
     let _watchers = AbortOnDrop(store.spawn_watchers());
     let _webhooks = AbortOnDrop(crate::webhooks::spawn(
@@ -120,13 +127,25 @@ pub async fn run(
     let state = AppState {
         settings: Arc::clone(&settings),
         store: Arc::clone(&store),
-        dataplane: Arc::new(DataPlane::new(Arc::clone(&engine), Arc::clone(&settings))),
+        dataplane: Arc::new(
+            DataPlane::new(Arc::clone(&engine), Arc::clone(&settings))
+                .with_metrics(metrics.clone()),
+        ),
         processes: Arc::clone(controller.processes()),
         engine: Arc::clone(&engine),
         create_lock: Arc::new(tokio::sync::Mutex::new(())),
         keys: Arc::new(keys),
         activity: Arc::clone(controller.activity()),
         ports: Arc::new(ports),
+        metrics: Arc::new(Exporter::new(
+            metrics,
+            Arc::clone(&store),
+            Arc::clone(&engine),
+            Box::new({
+                let queue = Arc::clone(controller.queue());
+                move || queue.len()
+            }),
+        )),
     };
     let address = std::net::SocketAddr::new(settings.host, settings.port);
     let listener = tokio::net::TcpListener::bind(address)

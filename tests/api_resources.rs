@@ -3,6 +3,7 @@
 //! of unknown routes and methods, the resource API (JSON and YAML, dryRun, conflicts, folder
 //! ownership, watch, validation errors, body limits, generated names), health and OpenAPI.
 
+use agent_sandbox::metrics::{Exporter, Metrics};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,10 +60,16 @@ async fn start_with(keys: ApiKeys, folder: Option<(&str, &str)>) -> Api {
             dyn_engine.clone(),
             &settings,
         )),
-        engine: dyn_engine,
+        engine: dyn_engine.clone(),
         create_lock: Arc::new(tokio::sync::Mutex::new(())),
         keys: Arc::new(keys),
         activity: Arc::default(),
+        metrics: Arc::new(Exporter::new(
+            Metrics::new(),
+            store.clone(),
+            dyn_engine,
+            Box::new(|| 0),
+        )),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());

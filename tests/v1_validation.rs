@@ -3,6 +3,7 @@
 //! controller that writes the status a real one would, the shapes of the successful answers.
 //! Behaviour against real Docker is covered by the SDK suite.
 
+use agent_sandbox::metrics::{Exporter, Metrics};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +39,7 @@ fn app_with(wait: Duration, adjust: impl FnOnce(&mut Settings)) -> App {
     let routes = routes_with(&settings, V1Options { wait_timeout: wait });
     let store = Store::open(dir.path(), &[]).expect("store");
     let engine: Arc<dyn Engine> = Arc::new(FakeEngine::new());
+    let engine_for_metrics = engine.clone();
     let state = AppState {
         settings: settings.clone(),
         store: store.clone(),
@@ -51,6 +53,12 @@ fn app_with(wait: Duration, adjust: impl FnOnce(&mut Settings)) -> App {
         create_lock: Arc::new(tokio::sync::Mutex::new(())),
         keys: Arc::new(ApiKeys::disabled()),
         activity: Arc::default(),
+        metrics: Arc::new(Exporter::new(
+            Metrics::new(),
+            store.clone(),
+            engine_for_metrics,
+            Box::new(|| 0),
+        )),
     };
     let router = Router::from(routes).with_state(state);
     App {

@@ -1,5 +1,5 @@
 //! The HTTP server: the resource API (`/apis/agent-sandbox.io/v1/...`), the `/v1` wire contract,
-//! `/healthz` and `/openapi.json`. Handlers are thin: parse, call the store or the data plane, and
+//! `/healthz`, `/metrics` and `/openapi.json`. Handlers are thin: parse, call the store or the data plane, and
 //! map errors in one place ([`error::ApiError`]). Lifecycle changes only ever go through the store;
 //! the controller does the Docker work and the handlers wait for its observed status.
 
@@ -8,6 +8,7 @@ pub mod body;
 pub mod error;
 pub mod health;
 pub mod http;
+pub mod metrics;
 pub mod openapi;
 pub mod ports;
 pub mod power;
@@ -16,6 +17,7 @@ pub mod processes;
 pub mod processes_ws;
 pub mod resources;
 pub mod root;
+pub mod stats;
 pub mod v1;
 
 use std::sync::Arc;
@@ -53,6 +55,8 @@ pub struct AppState {
     pub activity: Arc<crate::activity::Activity>,
     /// Connections to ports inside sandboxes (the proxy, previews, port-forward).
     pub ports: Arc<crate::ports::Ports>,
+    /// `GET /metrics`, sandbox usage, and where requests are timed.
+    pub metrics: Arc<crate::metrics::Exporter>,
 }
 
 /// Every route with its description, for a server with `settings`: health, the OpenAPI document
@@ -69,7 +73,14 @@ fn documented_routes(
         .merge(processes_ws::routes())
         .merge(ports::routes())
         .merge(previews::routes())
+        .merge(stats::routes())
         .merge(v1::routes(settings));
+    // `/metrics` is behind the key unless the settings make it public.
+    let (protected, public) = if settings.metrics_public {
+        (protected, metrics::routes())
+    } else {
+        (protected.merge(metrics::routes()), ApiRouter::new())
+    };
     let protected = openapi::behind_api_key(protected)
         .route_layer(middleware::from_fn_with_state(keys, auth::require_key));
     let all = ApiRouter::new()
@@ -101,13 +112,15 @@ fn documented_routes(
                     .json_object(200, "The OpenAPI 3.1 document")
             }),
         )
+        .merge(public)
         .merge(protected);
     openapi::finish(all)
 }
 
 /// The whole HTTP API. Routing comes first (unknown path 404, wrong method 405, both without a
-/// key, as the reference does), then authentication for everything but `/`, `/healthz` and
-/// `/openapi.json`, then the handler.
+/// key, as the reference does), then authentication for everything but `/`, `/healthz`,
+/// `/openapi.json` (and `/metrics` when it is public), then the handler. Every request is timed
+/// for the metrics by the route it matched.
 pub fn router(state: AppState) -> Router {
     let (routes, document) = documented_routes(&state.settings, state.keys.clone());
     let templates: Arc<Vec<String>> = Arc::new(
@@ -118,6 +131,10 @@ pub fn router(state: AppState) -> Router {
     );
     let document = OpenApiText(Arc::from(openapi::to_text(&document)));
     routes
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            metrics::record,
+        ))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(move |request: Request| not_found(templates, request))
         .layer(Extension(document))

@@ -129,6 +129,8 @@ enum Body {
     Binary,
     /// `application/merge-patch+json`: a JSON merge patch (RFC 7386) of a resource document.
     MergePatch,
+    /// Text of this media type.
+    Text(&'static str),
 }
 
 fn content(body: Body) -> Vec<(String, MediaType)> {
@@ -149,6 +151,7 @@ fn content(body: Body) -> Vec<(String, MediaType)> {
                 "items": schema,
             })),
         ),
+        Body::Text(media_type) => one(media_type, schema_value(json!({"type": "string"}))),
         Body::Binary => one(
             "application/octet-stream",
             schema_value(json!({"type": "string", "format": "binary"})),
@@ -263,6 +266,8 @@ pub trait Describe: Sized {
     fn json_object(self, status: u16, description: &str) -> Self;
     /// A raw-bytes success response.
     fn binary(self, status: u16, description: &str) -> Self;
+    /// A text reply of `media_type`.
+    fn text(self, status: u16, media_type: &'static str, description: &str) -> Self;
     /// A success response without a body (e.g. 204).
     fn empty(self, status: u16, description: &str) -> Self;
     /// The upgrade to a WebSocket (101), replacing what aide infers from `WebSocketUpgrade`.
@@ -429,6 +434,11 @@ impl Describe for TransformOperation<'_> {
 
     fn binary(mut self, status: u16, description: &str) -> Self {
         reply(&mut self, status, description, Some(Body::Binary));
+        self
+    }
+
+    fn text(mut self, status: u16, media_type: &'static str, description: &str) -> Self {
+        reply(&mut self, status, description, Some(Body::Text(media_type)));
         self
     }
 

@@ -6,7 +6,7 @@
 //!
 //! Client commands never touch the data directory or Docker, and never parse YAML themselves:
 //! manifests go through `resource::yaml`. Long-lived processes (`run`, `ps`, `logs`, `attach`,
-//! `kill`) are `processes.rs`; `port-forward` and `preview` are `ports.rs`; interactive sessions (`attach`, `exec -i/-t`) `interactive.rs`,
+//! `kill`) are `processes.rs`; `port-forward` and `preview` are `ports.rs`; `top` (usage, refreshed) is `top.rs`; interactive sessions (`attach`, `exec -i/-t`) `interactive.rs`,
 //! over WebSockets from the same client. Every failure is one line on stderr and a non-zero exit.
 
 mod apply;
@@ -26,6 +26,7 @@ mod power;
 mod processes;
 mod progress;
 mod terminal;
+mod top;
 mod util;
 mod validate;
 mod waiting;
@@ -126,6 +127,8 @@ pub enum Command {
     Pause(power::PauseArgs),
     /// Resume a paused or stopped sandbox.
     Resume(power::ResumeArgs),
+    /// Show what sandboxes use (CPU, memory, tasks, workspace, network), refreshed in place.
+    Top(top::TopArgs),
     /// Serve the sandbox tools to an MCP client over stdio.
     Mcp(mcp::McpArgs),
     /// Remove labeled containers and volumes that no running server claims (talks to Docker).
@@ -278,6 +281,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
         Command::Timeout(args) => ops::timeout(args).await,
         Command::Pause(args) => power::pause(args).await,
         Command::Resume(args) => power::resume(args).await,
+        Command::Top(args) => top::top(args).await,
         Command::Mcp(args) => mcp::mcp(args).await,
         Command::Serve(_)
         | Command::Doctor(_)

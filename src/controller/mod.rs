@@ -113,6 +113,8 @@ pub struct Controller {
     activity: Arc<crate::activity::Activity>,
     /// The sandboxes' long-lived processes: one still running keeps its sandbox in use.
     processes: Arc<crate::processes::Processes>,
+    /// Where reconciles are counted and timed.
+    metrics: crate::metrics::Metrics,
 }
 
 impl Controller {
@@ -123,6 +125,7 @@ impl Controller {
         settings: Arc<Settings>,
         server_id: String,
         helper_binary: Option<&'static [u8]>,
+        metrics: crate::metrics::Metrics,
     ) -> Arc<Controller> {
         let queue = WorkQueue::new(Backoff::default());
         let containers = Arc::new(Containers::new(
@@ -144,10 +147,11 @@ impl Controller {
             validated_files: Default::default(),
             fork_progress: Default::default(),
             activity: Arc::default(),
-            processes: Arc::new(crate::processes::Processes::new(
-                Arc::clone(&engine),
-                Arc::clone(&settings),
-            )),
+            processes: Arc::new(
+                crate::processes::Processes::new(Arc::clone(&engine), Arc::clone(&settings))
+                    .with_metrics(metrics.clone()),
+            ),
+            metrics,
             store,
             events,
             engine,
@@ -256,7 +260,11 @@ impl Controller {
 
     async fn worker(self: Arc<Self>) {
         while let Some(key) = self.queue.next().await {
-            match self.reconcile(&key).await {
+            let began = std::time::Instant::now();
+            let result = self.reconcile(&key).await;
+            self.metrics
+                .reconciled(key.0.as_str(), result.is_err(), began.elapsed());
+            match result {
                 Ok(outcome) => {
                     self.queue.done(&key);
                     if let Some(delay) = outcome.requeue_after {

@@ -25,6 +25,7 @@ fn setup() -> (tempfile::TempDir, Arc<FakeEngine>, Arc<Controller>) {
         settings,
         "test-server".into(),
         None,
+        Default::default(),
     );
     (dir, engine, ctl)
 }
@@ -359,6 +360,7 @@ async fn a_restore_into_a_directory_that_fails_the_proof_fails_and_gives_up_the_
         Arc::new(settings),
         "t".into(),
         None,
+        Default::default(),
     );
     // Docker names this directory; this test's process stands in for the container's, whose
     // root shows no such directory at /workspace.

@@ -130,6 +130,8 @@ pub struct DataPlane {
     /// Whether sandboxes carry the helper (this build embeds one).
     helper: bool,
     channels: channels::Channels,
+    /// Where command starts are timed, when the server keeps metrics.
+    metrics: Option<crate::metrics::Metrics>,
 }
 
 /// A command that has started and been heard of (see [`DataPlane::launch`]).
@@ -159,6 +161,19 @@ impl DataPlane {
             settings,
             helper,
             channels,
+            metrics: None,
+        }
+    }
+
+    /// Times every command start into `metrics`.
+    pub fn with_metrics(mut self, metrics: crate::metrics::Metrics) -> DataPlane {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn started(&self, since: std::time::Instant) {
+        if let Some(metrics) = &self.metrics {
+            metrics.exec_started(since.elapsed());
         }
     }
 
@@ -255,7 +270,9 @@ impl DataPlane {
         let began = std::time::Instant::now();
         let prepared = self.prepare(target, request)?;
         let cap = self.settings.max_exec_output_bytes;
+        let launching = std::time::Instant::now();
         let mut launched = self.launch(target, &prepared, false).await?;
+        self.started(launching);
         let c = exec::collect_until(&mut launched.source, launched.deadline, cap).await;
         match c.exit {
             Ok((exit_code, timed_out)) => Ok(ExecResponse {
@@ -283,7 +300,9 @@ impl DataPlane {
         let prepared = self.prepare(target, request)?;
         // Answered only once the helper has taken the command, so that a dead spare is retried
         // while the command can still be started elsewhere.
+        let launching = std::time::Instant::now();
         let launched = self.launch(target, &prepared, true).await?;
+        self.started(launching);
         let private = launched.channel.map(|channel| exec::Private {
             channel,
             recycle: self.channels.recycler(&target.container_id),

@@ -1,7 +1,8 @@
 //! The only module that talks to Docker. [`Engine`] is what the rest of the crate sees: labeled
 //! volumes and hardened containers for the controller, exec and archive streams for the data plane.
-//! [`BollardEngine`] implements it against the daemon; `fake::FakeEngine` implements it in memory
-//! for tests, and exists only in test builds (`cfg(test)` or the `test-support` feature, which
+//! [`BollardEngine`] implements it against the daemon; [`ObservedEngine`] wraps any engine and
+//! times its calls for a [`CallObserver`] (the server's metrics); `fake::FakeEngine` implements it
+//! in memory for tests, and exists only in test builds (`cfg(test)` or the `test-support` feature, which
 //! the crate's own integration tests enable).
 //!
 //! Docker's own words (its error messages) are read only here: callers match [`EngineError`]
@@ -14,6 +15,7 @@
 mod bollard_engine;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fake;
+mod observed;
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -24,6 +26,7 @@ use futures::stream::BoxStream;
 use tokio::io::AsyncWrite;
 
 pub use bollard_engine::{gvisor_pids_limit, BollardEngine, DaemonReport, RUNSC_PIDS_HEADROOM};
+pub use observed::{CallObserver, ObservedEngine};
 
 /// Label on every container and volume this server manages.
 pub const LABEL_MANAGED: &str = "io.agent-sandbox.managed";

@@ -256,6 +256,8 @@ pub struct Processes {
     settings: Arc<Settings>,
     seen: Mutex<HashMap<String, Seen>>,
     pool: Pool,
+    /// Where starts are timed, when the server keeps metrics.
+    metrics: Option<crate::metrics::Metrics>,
 }
 
 /// Idle supervisor connections by container id.
@@ -325,7 +327,14 @@ impl Processes {
             settings,
             seen: Mutex::new(HashMap::new()),
             pool: Pool::default(),
+            metrics: None,
         }
+    }
+
+    /// Times every start into `metrics`.
+    pub fn with_metrics(mut self, metrics: crate::metrics::Metrics) -> Processes {
+        self.metrics = Some(metrics);
+        self
     }
 
     fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
@@ -514,10 +523,14 @@ impl Processes {
                     .into(),
             ));
         }
+        let began = std::time::Instant::now();
         let replies = self.call(target, req).await?;
         expect_ok(&replies)?;
         match replies.into_iter().next() {
             Some(Reply::Process(info)) => {
+                if let Some(metrics) = &self.metrics {
+                    metrics.process_started(began.elapsed());
+                }
                 let p = from_info(info);
                 self.note(target, &p);
                 Ok(p)
