@@ -65,9 +65,6 @@ pub(super) fn parse_target(
 }
 
 pub async fn get(args: GetArgs) -> Result<ExitCode, CliError> {
-    if super::events::is_events(&args.kind) {
-        return super::events::get(args).await;
-    }
     let (kind, name) = parse_target(&args.kind, args.name.as_deref())?;
     let client = Client::new(&args.connection)?;
     if args.watch {

@@ -260,6 +260,8 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
     match command {
         Command::Apply(args) => apply::apply(args).await,
         Command::Delete(args) => apply::delete(args).await,
+        // Events are read-only and shown as kubectl shows them: their own table.
+        Command::Get(args) if events::is_events(&args.kind) => events::get(args).await,
         Command::Get(args) => get::get(args).await,
         Command::Describe(args) => describe::describe(args).await,
         Command::Diff(args) => diff::diff(args).await,

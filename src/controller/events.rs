@@ -11,7 +11,8 @@ use crate::resource::{
     SandboxPoolStatus, SandboxStatus, SnapshotPhase, SnapshotStatus,
 };
 
-use super::status::IMAGE_PULLED;
+/// The condition a sandbox carries while and once its image is pulled (written by `status.rs`).
+pub(super) const IMAGE_PULLED: &str = "ImagePulled";
 
 /// One thing that happened, before it is tied to its object.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::error::ReconcileError;
-use super::events::Lifecycle;
+use super::events::{Lifecycle, IMAGE_PULLED};
 use crate::resource::{
     set_condition, Condition, ConditionStatus, Fork, ForkStatus, Kind, ObjectMeta, ObjectReference,
     Occurrence, Sandbox, SandboxPool, SandboxPoolStatus, SandboxStatus, Snapshot, SnapshotStatus,
@@ -111,9 +111,6 @@ pub(super) fn note_pulled(status: &mut crate::resource::SandboxStatus, generatio
         note_pull(status, ConditionStatus::True, "Pulled", "", generation);
     }
 }
-
-/// The condition reporting a sandbox's image pull.
-pub(super) const IMAGE_PULLED: &str = "ImagePulled";
 
 /// Drops condition `type_`.
 pub(super) fn clear_condition(conditions: &mut Vec<Condition>, type_: &str) {
