@@ -77,6 +77,14 @@ impl Pulls {
         if !self.settings.image_allowed(image) {
             return Err(ReconcileError::ImageNotAllowed(image.to_string()));
         }
+        // A pull that ended well between the look above and now made the image: asking again
+        // saves a second, empty pull (which would also replace the first one's byte counts).
+        if policy == ImagePullPolicy::IfNotPresent
+            && self.finished_well(image)
+            && self.engine.image_exists(image).await?
+        {
+            return Ok(());
+        }
         let pull = {
             let mut pulls = self.lock();
             let current = pulls.get(image).cloned();
@@ -108,6 +116,13 @@ impl Pulls {
                 total: pull.total.load(Ordering::Relaxed),
             }),
         }
+    }
+
+    /// Whether the last pull of `image` has ended, and well.
+    fn finished_well(&self, image: &str) -> bool {
+        let pull = self.lock().get(image).cloned();
+        pull.and_then(|p| p.finished())
+            .is_some_and(|(_, result)| result.is_ok())
     }
 
     /// The bytes the last pull of `image` reported, `(done, total)`.
