@@ -274,6 +274,17 @@ fn give_back(pool: &Pool, container: &str, b: Bridge) {
     }
 }
 
+/// How long a request waits for a supervisor that does not listen yet: the container's main
+/// process binds its socket a moment after Docker reports the container running (longer under
+/// gVisor), and a process started right after a sandbox was made must not meet that gap.
+const SUPERVISOR_STARTING: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether the helper's bridge found no supervisor listening (the socket not bound yet, or its
+/// supervisor gone), as opposed to a container without one.
+fn not_listening_yet(why: &str) -> bool {
+    why.contains("not reachable") && why.contains("refused")
+}
+
 /// Idle connections kept per container.
 const POOL_PER_CONTAINER: usize = 4;
 /// How long a pooled connection has to answer a request the supervisor answers at once.
@@ -407,13 +418,24 @@ impl Processes {
 
     async fn connect(&self, target: &Target) -> Result<Bridge, ProcessError> {
         self.note_container(target);
-        match Bridge::open(
-            &self.engine,
-            &target.container_id,
-            &self.settings.sandbox_user,
-        )
-        .await
-        {
+        let deadline = std::time::Instant::now() + SUPERVISOR_STARTING;
+        let opened = loop {
+            let opened = Bridge::open(
+                &self.engine,
+                &target.container_id,
+                &self.settings.sandbox_user,
+            )
+            .await;
+            match opened {
+                Err(BridgeError::NoSupervisor(why))
+                    if not_listening_yet(&why) && std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                opened => break opened,
+            }
+        };
+        match opened {
             Ok(b) => {
                 if let Ok(Some(details)) = self.engine.inspect_container(&target.container_id).await
                 {
