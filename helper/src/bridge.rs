@@ -4,7 +4,6 @@
 //! server can tell a working bridge from a container without a supervisor; then it copies bytes
 //! unchanged both ways and exits as soon as either direction ends. It interprets nothing.
 
-use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 
 use helper_protocol::supervisor::SUPERVISOR_VERSION;
@@ -22,46 +21,8 @@ pub fn bridge() -> i32 {
             return EXIT_NO_SUPERVISOR;
         }
     };
-    let mut stdout = std::io::stdout().lock();
-    if stdout
-        .write_all(&SUPERVISOR_VERSION.to_be_bytes())
-        .and_then(|()| stdout.flush())
-        .is_err()
-    {
-        return 1;
-    }
-    let Ok(mut to_socket) = stream.try_clone() else {
+    let Ok(to_socket) = stream.try_clone() else {
         return 1;
     };
-    std::thread::spawn(move || {
-        let mut stdin = std::io::stdin().lock();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            match stdin.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if to_socket.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        std::process::exit(0);
-    });
-    let mut from_socket = stream;
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match from_socket.read(&mut buf) {
-            Ok(0) | Err(_) => return 0,
-            Ok(n) => {
-                if stdout
-                    .write_all(&buf[..n])
-                    .and_then(|()| stdout.flush())
-                    .is_err()
-                {
-                    return 0;
-                }
-            }
-        }
-    }
+    crate::splice::splice(&SUPERVISOR_VERSION.to_be_bytes(), stream, to_socket, |_| {})
 }

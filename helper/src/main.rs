@@ -27,12 +27,14 @@ mod relay;
 mod ring;
 mod serve;
 mod shepherd;
+mod splice;
 mod supervisor;
 mod sys;
 
 use helper_protocol::PROTOCOL_VERSION;
 
-const USAGE: &str = "usage: agent-sandbox-helper serve|idle|bridge|relay|write-file|read-file|list-dir\n\
+const USAGE: &str =
+    "usage: agent-sandbox-helper serve|idle|bridge|relay|write-file|read-file|list-dir\n\
 \n\
 Speaks the agent-sandbox helper protocol on stdin (requests) and stdout (events).\n";
 

@@ -8,7 +8,6 @@
 //! Only TCP on the loopback address is reachable this way; the helper's own sockets (the
 //! supervisor's) are abstract Unix sockets, which no port names.
 
-use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpStream};
 
 use helper_protocol::relay;
@@ -35,50 +34,13 @@ pub fn relay_main(args: &[String]) -> i32 {
         }
     };
     let _ = stream.set_nodelay(true);
-    let mut stdout = std::io::stdout().lock();
-    if stdout
-        .write_all(&[relay::CONNECTED])
-        .and_then(|()| stdout.flush())
-        .is_err()
-    {
-        return 1;
-    }
-    let Ok(mut to_socket) = stream.try_clone() else {
+    let Ok(to_socket) = stream.try_clone() else {
         return 1;
     };
-    std::thread::spawn(move || {
-        let mut stdin = std::io::stdin().lock();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            match stdin.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if to_socket.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        // The client is gone: close the connection (the peer sees it) and end.
-        let _ = to_socket.shutdown(Shutdown::Both);
-        std::process::exit(0);
-    });
-    let mut from_socket = stream;
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match from_socket.read(&mut buf) {
-            Ok(0) | Err(_) => return 0,
-            Ok(n) => {
-                if stdout
-                    .write_all(&buf[..n])
-                    .and_then(|()| stdout.flush())
-                    .is_err()
-                {
-                    return 0;
-                }
-            }
-        }
-    }
+    // When the client is gone, close the connection (the peer sees it) before ending.
+    crate::splice::splice(&[relay::CONNECTED], stream, to_socket, |s| {
+        let _ = s.shutdown(Shutdown::Both);
+    })
 }
 
 #[cfg(test)]

@@ -1211,7 +1211,10 @@ fn a_shepherd_stuck_after_the_main_exit_is_reported_with_the_main_exit() {
     // its exit is on its way to the helper.
     let gone = Instant::now();
     while std::path::Path::new(&format!("/proc/{main}")).exists() {
-        assert!(gone.elapsed() < Duration::from_secs(10), "the main did not exit");
+        assert!(
+            gone.elapsed() < Duration::from_secs(10),
+            "the main did not exit"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     std::thread::sleep(Duration::from_millis(50));
