@@ -89,12 +89,6 @@ fn manifest_text(declaration: &AnyResource) -> StoreResult<String> {
     to_yaml(declaration).map_err(|e| StoreError::Invalid(e.to_string()))
 }
 
-/// Writes a declaration into the data directory.
-fn write_manifest_file(path: &Path, declaration: &AnyResource) -> StoreResult<()> {
-    let yaml = manifest_text(declaration)?;
-    atomic::write_atomic(path, yaml.as_bytes()).map_err(io_error(path))
-}
-
 /// Tells the data-directory source about a declaration just written, so that a rescan racing
 /// with the write is redone rather than undoing it.
 fn note_manifest(inner: &mut Inner, path: &Path, declaration: &AnyResource) {
@@ -110,22 +104,21 @@ fn note_manifest(inner: &mut Inner, path: &Path, declaration: &AnyResource) {
     source.seq += 1;
 }
 
-fn write_manifest(inner: &mut Inner, path: &Path, declaration: &AnyResource) -> StoreResult<()> {
-    write_manifest_file(path, declaration)?;
-    note_manifest(inner, path, declaration);
-    Ok(())
-}
-
-/// Writes the state file after the manifest. If that fails the manifest already says what is
-/// wanted and the index follows it; the next write (or a restart) writes the state again.
-fn save_state(store: &Store, record: &Record) {
-    if let Err(e) = state::save(&store.data_dir, record) {
-        tracing::error!(
-            "cannot write the state of {} {:?}: {e}",
-            record.resource.kind(),
-            record.resource.name()
-        );
-    }
+/// Writes an edited declaration and its state file in one round of flushes (as a create does):
+/// every pause, resume and stop is such an edit, and syncing the two files one after the other
+/// doubled its wait. A crash in between may leave either file new: a new manifest alone is the
+/// edit, declared again on restart; a new state file alone is an edit nobody was told of, which
+/// the old manifest undoes.
+fn write_manifest_and_state(
+    store: &Store,
+    path: &Path,
+    declaration: &AnyResource,
+    record: &Record,
+) -> StoreResult<()> {
+    let yaml = manifest_text(declaration)?;
+    let (state_path, state) = state::encode(&store.data_dir, record).map_err(io_error(path))?;
+    atomic::write_all_atomic(&[(path, yaml.as_bytes()), (&state_path, &state)])
+        .map_err(io_error(path))
 }
 
 pub(super) fn create(
@@ -327,13 +320,13 @@ pub(super) fn replace(
         inner.last_rv = last_rv;
         return Ok(updated);
     }
-    if let Err(e) = write_manifest(&mut inner, &path, &declaration) {
+    record.resource = updated.clone();
+    record.file = Some(path.clone());
+    if let Err(e) = write_manifest_and_state(store, &path, &declaration, &record) {
         inner.last_rv = last_rv;
         return Err(e);
     }
-    record.resource = updated.clone();
-    record.file = Some(path);
-    save_state(store, &record);
+    note_manifest(&mut inner, &path, &declaration);
     inner.records.insert(key, record);
     store.emit(EventType::Modified, updated.clone());
     Ok(updated)
