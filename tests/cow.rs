@@ -430,26 +430,11 @@ fn a_kill_during_forks_and_rollbacks_converges_without_leaks() {
 fn hostile_snapshot_content_is_refused_before_any_view_is_mounted() {
     let server = Server::start();
     let (_, snap, _) = base(&server, "cow-evil");
-    let mut builder = tar::Builder::new(Vec::new());
-    let mut header = tar::Header::new_gnu();
-    header.set_entry_type(tar::EntryType::Regular);
-    header.set_mode(0o644);
-    header.set_size(6);
-    builder
-        .append_data(&mut header, "benign", &b"benign"[..])
-        .unwrap();
-    let mut evil = tar::Header::new_gnu();
-    evil.set_entry_type(tar::EntryType::Regular);
-    evil.set_mode(0o4755);
-    evil.set_size(4);
-    builder
-        .append_data(&mut evil, "suid-tool", &b"evil"[..])
-        .unwrap();
     let data = server
         .data_dir
         .join("snapshots")
         .join(format!("{snap}.tar"));
-    std::fs::write(&data, builder.into_inner().unwrap()).unwrap();
+    std::fs::write(&data, benign_then_setuid_tar()).unwrap();
     // A new snapshot of its own, whose tree was never made: only the hostile data.
     let views_before = entries(&server.data_dir.join("views"));
     let name = unique("cow-evil-child");

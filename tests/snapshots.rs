@@ -498,23 +498,7 @@ fn a_tampered_snapshot_is_refused_on_rollback_and_restores_nothing() {
     let snap = unique("s");
     assert_eq!(snapshot(&server, &snap, &name)["status"]["phase"], "Ready");
 
-    // A benign entry first, so that a partial restore would show.
-    let mut builder = tar::Builder::new(Vec::new());
-    let mut header = tar::Header::new_gnu();
-    header.set_entry_type(tar::EntryType::Regular);
-    header.set_mode(0o644);
-    header.set_size(6);
-    builder
-        .append_data(&mut header, "benign", &b"benign"[..])
-        .unwrap();
-    let mut evil = tar::Header::new_gnu();
-    evil.set_entry_type(tar::EntryType::Regular);
-    evil.set_mode(0o4755);
-    evil.set_size(4);
-    builder
-        .append_data(&mut evil, "suid-tool", &b"evil"[..])
-        .unwrap();
-    let hostile = builder.into_inner().unwrap();
+    let hostile = benign_then_setuid_tar();
     let data = server
         .data_dir
         .join("snapshots")

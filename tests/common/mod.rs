@@ -662,3 +662,24 @@ pub fn http_bytes(server: &Server, method: &str, path: &str, body: &[u8]) -> (u1
         rest = &rest[line_end + 2 + size + 2..];
     }
 }
+
+/// A snapshot tar the restore path must refuse: a benign file first, so that a partial restore
+/// would show, then a setuid file named `suid-tool`.
+pub fn benign_then_setuid_tar() -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut benign = tar::Header::new_gnu();
+    benign.set_entry_type(tar::EntryType::Regular);
+    benign.set_mode(0o644);
+    benign.set_size(6);
+    builder
+        .append_data(&mut benign, "benign", &b"benign"[..])
+        .unwrap();
+    let mut evil = tar::Header::new_gnu();
+    evil.set_entry_type(tar::EntryType::Regular);
+    evil.set_mode(0o4755);
+    evil.set_size(4);
+    builder
+        .append_data(&mut evil, "suid-tool", &b"evil"[..])
+        .unwrap();
+    builder.into_inner().unwrap()
+}
