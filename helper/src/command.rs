@@ -38,8 +38,12 @@ pub struct Command {
     /// The command's main process (its process group), once started.
     pub main_pid: Option<libc::pid_t>,
     /// Past its deadline and told to kill: if the shepherd is still there at this instant, the
-    /// helper kills it and the command's process group itself and reports the command.
+    /// helper kills the command's process group itself and, at the second such instant
+    /// (`last_chance`), the shepherd too, and reports the command.
     pub force_at: Option<Instant>,
+    /// The process group was killed from here and the shepherd woken: the next `force_at` is
+    /// its last.
+    pub last_chance: bool,
 }
 
 impl Command {
@@ -142,7 +146,22 @@ pub fn read_output_once(
     }
 }
 
-/// The shepherd did not go within its grace after a kill past the deadline (stopped, or stuck):
+/// The shepherd did not go within its grace after a kill past the deadline: kill the command's
+/// process group from here and wake the shepherd in case it was stopped, so that it can finish
+/// reaping its tree. It is not killed yet: a subreaper killed while its orphans are still exiting
+/// takes the whole sandbox down under gVisor (an exiting orphan whose reaper is exiting too is
+/// treated as the end of the PID namespace's init, and every process is killed, the container's
+/// init included), and under a fork bomb with a fraction of a CPU the shepherd can need longer
+/// than its first grace to reap every process of the tree.
+pub fn hurry(c: &mut Command) {
+    if let Some(pid) = c.main_pid.filter(|&p| p > 1) {
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+    }
+    unsafe { libc::kill(c.shepherd, libc::SIGCONT) };
+    c.last_chance = true;
+}
+
+/// The shepherd did not go within its last grace either (stuck, or stopped again):
 /// SIGKILL the command's process group and the shepherd (our child, so its pid cannot have been
 /// reused before we reap it here), then read what the pipes hold and close them. The status
 /// pipe closes with the shepherd; the command is then reported like any other.

@@ -13,7 +13,7 @@ use helper_protocol::{
 };
 
 use crate::command::{
-    drain_and_close, force_end, parse_status, prepare, read_output_once, spawn, Command,
+    drain_and_close, force_end, hurry, parse_status, prepare, read_output_once, spawn, Command,
 };
 use crate::{files, shepherd, sys};
 
@@ -22,9 +22,12 @@ const OUTPUT_HIGH_WATER: usize = 1 << 20;
 /// After a shutdown starts, give up waiting for commands after this long.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// How long a shepherd told to kill at its command's deadline has to go before the helper kills
-/// it and the command's process group itself. Below the host's own grace (one second), so that a
-/// command is always reported by the helper rather than given up by the host.
+/// the command's process group itself. Below the host's own grace (one second), so that a command
+/// whose shepherd is merely slow is reported by the helper rather than given up by the host.
 const SHEPHERD_GRACE: Duration = Duration::from_millis(500);
+/// How much longer the shepherd then has before the helper kills it too (see
+/// `command::hurry` for why not at once). The host has answered by then.
+const SHEPHERD_LAST_GRACE: Duration = Duration::from_secs(5);
 
 /// A file write received over the channel (`WriteFile`, `Data`…, `End`).
 struct Write {
@@ -184,6 +187,10 @@ impl Helper {
                 if let Some(f) = c.force_at {
                     if c.status.is_none() {
                         c.force_at = None;
+                    } else if now >= f && !c.last_chance {
+                        hurry(c);
+                        c.force_at = Some(now + SHEPHERD_LAST_GRACE);
+                        next = earliest(next, c.force_at);
                     } else if now >= f {
                         c.force_at = None;
                         force_end(c, &mut self.out, &mut self.buf, self.out_broken);
@@ -464,6 +471,7 @@ impl Helper {
                         ending: false,
                         main_pid: None,
                         force_at: None,
+                        last_chance: false,
                     },
                 );
                 if self.shutdown_since.is_some() {

@@ -1191,6 +1191,41 @@ fn a_stopped_shepherd_cannot_hold_a_command_past_its_deadline() {
 }
 
 #[test]
+fn a_shepherd_that_cannot_be_woken_is_killed_after_its_last_grace() {
+    let mut h = Helper::spawn();
+    let m = marker();
+    h.start_sh(1, "echo $PPID; exec sleep 1000", &m, 1000);
+    let shepherd: i32 = first_line(&mut h, 1).1.parse().unwrap();
+    // Held in a ptrace stop, which SIGCONT does not end: the helper's wake-up at the first grace
+    // changes nothing, and it kills the shepherd after the last. The tracer stays until the
+    // shepherd's end is consumed, so that the helper can reap it.
+    let tracer = thread::spawn(move || unsafe {
+        let none = std::ptr::null_mut::<libc::c_void>();
+        assert_eq!(libc::ptrace(libc::PTRACE_SEIZE, shepherd, none, none), 0);
+        assert_eq!(
+            libc::ptrace(libc::PTRACE_INTERRUPT, shepherd, none, none),
+            0
+        );
+        let mut status = 0;
+        loop {
+            let r = libc::waitpid(shepherd, &mut status, libc::__WALL);
+            if r == -1 || libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                return;
+            }
+        }
+    });
+    let (code, timed_out, took) = exit_of(&mut h, 1, Duration::from_secs(20));
+    tracer.join().unwrap();
+    assert_eq!((code, timed_out), (EXIT_CODE_TIMEOUT, true));
+    // The deadline, the first grace (the group is killed and the shepherd woken), then the last.
+    assert!(
+        took >= Duration::from_millis(6000),
+        "reported after {took:?}"
+    );
+    assert_none_left(&m);
+}
+
+#[test]
 fn a_shepherd_stuck_after_the_main_exit_is_reported_with_the_main_exit() {
     let mut h = Helper::spawn();
     let m = marker();
