@@ -21,6 +21,8 @@
 //! - [`ports`]: reaching what listens inside a sandbox (the proxy subresource), through the
 //!   helper's `relay` mode, so it works with no network.
 //! - [`archive`]: validation of snapshot tars before anything is restored.
+//! - [`snapshot_archive`]: a snapshot as one portable file (export, and import as hostile
+//!   input), format in `docs/snapshot-archive.md`.
 //! - [`api`]: the HTTP server: the resource API, the `/v1` wire contract, health and OpenAPI.
 //! - [`export`]: the same resources as Kubernetes objects for the kubernetes-sigs/agent-sandbox
 //!   controllers (`agent-sandbox export --to kubernetes`), with what does not carry over.
@@ -57,5 +59,6 @@ pub mod processes;
 pub mod resource;
 pub mod secrets;
 pub mod server;
+pub mod snapshot_archive;
 pub mod store;
 pub mod webhooks;

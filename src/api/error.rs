@@ -159,6 +159,22 @@ impl From<crate::dataplane::DataPlaneError> for ApiError {
     }
 }
 
+impl From<crate::snapshot_archive::SnapshotArchiveError> for ApiError {
+    fn from(e: crate::snapshot_archive::SnapshotArchiveError) -> ApiError {
+        use crate::snapshot_archive::SnapshotArchiveError as A;
+        match e {
+            A::NotFound(message) => ApiError::NotFound(message),
+            A::NotReady(message) | A::Exists(message) => ApiError::Conflict(message),
+            A::Body(_) => ApiError::InvalidRequest(e.to_string()),
+            A::InvalidName(message) => ApiError::InvalidRequest(message),
+            A::TooLarge(message) => ApiError::PayloadTooLarge(message),
+            A::Refused(message) => ApiError::Validation(message),
+            A::Store(error) => error.into(),
+            A::Internal(message) => ApiError::Internal(message),
+        }
+    }
+}
+
 /// A document that does not parse or match its schema: 422, naming line and field.
 impl From<crate::resource::yaml::DocumentError> for ApiError {
     fn from(e: crate::resource::yaml::DocumentError) -> ApiError {

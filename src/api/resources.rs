@@ -34,6 +34,7 @@ use crate::resource::yaml::{self, DocumentError};
 use crate::resource::{is_valid_name, AnyResource, Kind, API_VERSION};
 use crate::store::{EventType, Store, WatchEvent, WriteOptions};
 
+mod archive;
 mod docs;
 pub mod events;
 mod patch;
@@ -80,6 +81,16 @@ pub fn routes() -> ApiRouter<AppState> {
         .api_route(
             &format!("{PREFIX}/sandboxes/{{name}}/resume"),
             post_with(state::resume, docs::resume),
+        )
+        .api_route(
+            &format!("{PREFIX}/snapshots/{{name}}/export"),
+            get_with(archive::export, docs::export_snapshot),
+        )
+        .api_route(
+            &format!("{PREFIX}/snapshots/import"),
+            post_with(archive::import, docs::import_snapshot)
+                // The import caps its body itself, by the settings, while it streams in.
+                .layer(axum::extract::DefaultBodyLimit::disable()),
         )
         // Behind the kinds' own routes: a type the server does not have (undocumented).
         .route(&format!("{PREFIX}/{{plural}}"), any(unknown_kind))

@@ -10,6 +10,7 @@
 //! over WebSockets from the same client. Every failure is one line on stderr and a non-zero exit.
 
 mod apply;
+mod archive;
 pub mod client;
 mod describe;
 mod diff;
@@ -115,7 +116,8 @@ pub enum Command {
     Preview(ports::PreviewArgs),
     /// Wait until a resource meets a condition or is deleted.
     Wait(ops::WaitArgs),
-    /// Save a sandbox's /workspace as a snapshot.
+    /// Save a sandbox's /workspace as a snapshot; `snapshot export` and `snapshot import` move
+    /// snapshots between servers as archive files.
     Snapshot(ops::SnapshotArgs),
     /// Restore a sandbox's /workspace from a snapshot.
     Rollback(ops::RollbackArgs),

@@ -109,9 +109,14 @@ pub async fn wait(args: WaitArgs) -> Result<ExitCode, CliError> {
 #[command(after_help = "Examples:
   agent-sandbox snapshot demo --name before-upgrade
   SNAP=$(agent-sandbox snapshot demo -q)")]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct SnapshotArgs {
+    /// Export or import a snapshot archive instead of taking a snapshot.
+    #[command(subcommand)]
+    pub action: Option<super::archive::SnapshotAction>,
     /// The sandbox whose /workspace to save.
-    pub sandbox: String,
+    #[arg(required = true)]
+    pub sandbox: Option<String>,
     /// A label for people (at most 128 characters).
     #[arg(long)]
     pub name: Option<String>,
@@ -123,8 +128,14 @@ pub struct SnapshotArgs {
 }
 
 pub async fn snapshot(args: SnapshotArgs) -> Result<ExitCode, CliError> {
+    if let Some(action) = args.action {
+        return super::archive::run(action, &args.connection).await;
+    }
+    let sandbox = args
+        .sandbox
+        .ok_or_else(|| CliError::Usage("snapshot: name the sandbox to save".into()))?;
     let client = Client::new(&args.connection)?;
-    let path = Client::sandbox_path(&args.sandbox, "/snapshots");
+    let path = Client::sandbox_path(&sandbox, "/snapshots");
     let body = json!({ "name": args.name });
     let snap = client
         .json(client.request(Method::POST, &path).json(&body))
@@ -135,8 +146,7 @@ pub async fn snapshot(args: SnapshotArgs) -> Result<ExitCode, CliError> {
     } else {
         let size = snap["size_bytes"].as_u64().map(bytes).unwrap_or_default();
         emit(&format!(
-            "snapshot/{id} created ({size} of sandbox/{}'s /workspace)\n",
-            args.sandbox
+            "snapshot/{id} created ({size} of sandbox/{sandbox}'s /workspace)\n"
         ));
     }
     Ok(ExitCode::SUCCESS)

@@ -236,6 +236,50 @@ pub(super) fn create_all(
     results
 }
 
+/// Creates `resource` with `status` already set, in one write: the controller never sees it
+/// without that status. `place_data` runs first, after the checks and with the name reserved, to
+/// put the resource's data in place (an imported snapshot's file); if it or the write fails,
+/// `remove_data` takes the data away again and nothing is created.
+pub(super) fn create_with_status(
+    store: &Store,
+    resource: AnyResource,
+    status: serde_json::Value,
+    place_data: impl FnOnce() -> StoreResult<()>,
+    remove_data: impl FnOnce(),
+) -> StoreResult<AnyResource> {
+    let key: Key = (resource.kind(), resource.name().to_string());
+    let mut inner = store.lock_to_reserve(&key);
+    let path = check_new(store, &inner, &key)?;
+    let declaration = resource.declaration();
+    let last_rv = inner.last_rv;
+    let mut created = index::fresh(&mut inner, &declaration);
+    if let Err(e) = created.set_status_json(Some(status)) {
+        inner.last_rv = last_rv;
+        return Err(StoreError::Invalid(format!("status: {e}")));
+    }
+    let record = Record {
+        resource: created.clone(),
+        origin: Origin::DataDir,
+        file: Some(path.clone()),
+    };
+    inner.writing.insert(key.clone());
+    drop(inner);
+    let write = || {
+        place_data()?;
+        let written = write_manifest_and_state(store, &path, &declaration, &record);
+        if written.is_err() {
+            remove_data();
+        }
+        written
+    };
+    write_unlocked(store, vec![key.clone()], write, |inner| {
+        note_manifest(inner, &path, &declaration);
+        inner.records.insert(key, record.clone());
+        store.emit(EventType::Added, created.clone());
+    })?;
+    Ok(created)
+}
+
 /// The same failure again, for each resource of a write that failed as a whole.
 fn copy_of(error: &StoreError) -> StoreError {
     match error {

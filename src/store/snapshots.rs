@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{Store, StoreError, StoreResult};
-use crate::resource::Kind;
+use super::{api, Store, StoreError, StoreResult};
+use crate::resource::{AnyResource, Kind};
 
 /// What a temp file's name holds between the snapshot's name and the writer's identity.
 const TEMP_MARKER: &str = ".tar.tmp-";
@@ -80,6 +80,40 @@ impl Store {
         .await?
     }
 
+    /// Creates the Snapshot `resource` with `status` (Ready) and makes what `data` wrote (complete
+    /// and synced) its data file, as one step: the data is renamed into place once the name is
+    /// reserved and free, and removed again if the resource cannot be written, so a failure
+    /// leaves neither. For imported snapshots, which have no sandbox to be taken from: the
+    /// controller never sees them Pending. Blocking.
+    pub fn create_imported_snapshot(
+        &self,
+        resource: AnyResource,
+        status: serde_json::Value,
+        mut data: SnapshotWrite,
+    ) -> StoreResult<AnyResource> {
+        if resource.kind() != Kind::Snapshot || resource.name() != data.name {
+            return Err(StoreError::Invalid(format!(
+                "the data of snapshot {:?} cannot become that of {} {:?}",
+                data.name,
+                resource.kind(),
+                resource.name()
+            )));
+        }
+        let target = self.snapshot_path(&data.name);
+        let place = || {
+            publish(&data.temp, &target).map_err(|source| StoreError::Io {
+                path: target.clone(),
+                source,
+            })
+        };
+        let remove = || {
+            let _ = std::fs::remove_file(&target);
+        };
+        let created = api::create_with_status(self, resource, status, place, remove)?;
+        data.published = true;
+        Ok(created)
+    }
+
     /// Removes `<data>/snapshots/*.tar` files no Snapshot resource claims and temp files no
     /// snapshot is writing; returns how many. Waits for a complete load of desired state: a
     /// partial view deletes nothing.
@@ -109,7 +143,10 @@ impl Store {
                     None => false,
                 }
             } else if let Some(snapshot) = file_name.strip_suffix(".tar") {
-                self.get(Kind::Snapshot, snapshot).is_none()
+                // Asked in this order: an import publishes its file before its resource exists,
+                // and stops writing only once the resource does.
+                !self.snapshot_writes.lock().contains(snapshot)
+                    && self.get(Kind::Snapshot, snapshot).is_none()
             } else {
                 false
             };

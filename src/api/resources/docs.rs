@@ -339,3 +339,55 @@ pub fn document_errors(op: Op<'_>) -> Op<'_> {
         .tag(TAG)
         .resource::<DocumentErrors>(200, "The current document errors")
 }
+
+/// `GET {PREFIX}/snapshots/{name}/export`.
+pub fn export_snapshot(op: Op<'_>) -> Op<'_> {
+    op.id("exportSnapshot")
+        .summary("Export a snapshot as one archive")
+        .description(
+            "Streams a snapshot archive (docs/snapshot-archive.md): a tar holding `manifest.json` \
+             (format version, the snapshot's spec and status, sizes, digests, base image), then \
+             `workspace.tar`, the stored workspace byte for byte. Only a Ready snapshot (else \
+             409). `Content-Length` is exact.",
+        )
+        .tag(TAG)
+        .path_param("name", "Snapshot name")
+        .binary(200, "The snapshot archive")
+        .errors(&[404, 409, 500])
+}
+
+/// `POST {PREFIX}/snapshots/import`.
+pub fn import_snapshot(op: Op<'_>) -> Op<'_> {
+    op.id("importSnapshot")
+        .summary("Import a snapshot archive")
+        .description(
+            "The body is a snapshot archive as `exportSnapshot` answers it, read as hostile \
+             input: at most `AGENT_SANDBOX_MAX_SNAPSHOT_BYTES` of workspace (413), a manifest of \
+             format version 1, a workspace tar that passes every rule a restore enforces and \
+             matches the manifest's size and digest (else 422, nothing stored). Creates the \
+             snapshot `name`, Ready (409 when the name exists). A base image missing here is \
+             pulled by the pull policy when a sandbox starts from it; with `Never` the import \
+             is refused naming it.",
+        )
+        .tag(TAG)
+        .query_with_schema(
+            "name",
+            true,
+            "The new snapshot's name",
+            serde_json::json!({
+                "type": "string",
+                "pattern": crate::resource::NAME_PATTERN,
+                "maxLength": 63
+            }),
+        )
+        .binary_body()
+        .resource::<SnapshotResource>(201, "The imported snapshot, Ready")
+        .link(201, "getSnapshot", "name", "$response.body#/metadata/name")
+        .link(
+            201,
+            "exportSnapshot",
+            "name",
+            "$response.body#/metadata/name",
+        )
+        .errors(&[400, 409, 413, 422, 500])
+}

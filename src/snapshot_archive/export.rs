@@ -1,0 +1,138 @@
+//! Streaming a snapshot archive from a Ready snapshot's data file: the manifest and the tar
+//! headers are made up front, the data file is read in pieces as the client takes them, and the
+//! length is known before the first byte (so a client can show progress). The file is opened
+//! once: a delete meanwhile does not cut the stream short, and a file that is not as long as the
+//! snapshot's status says is refused before anything is sent.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::stream::{self, BoxStream, StreamExt};
+use tokio::io::AsyncReadExt;
+use tokio_util::io::ReaderStream;
+
+use super::manifest::{Manifest, MANIFEST_NAME, WORKSPACE_NAME};
+use super::{Result, SnapshotArchiveError};
+use crate::resource::{Kind, SnapshotPhase};
+use crate::store::Store;
+
+/// Tar's block size.
+const BLOCK: u64 = 512;
+/// Bytes read from the data file at a time.
+const PIECE: usize = 256 * 1024;
+
+/// An archive ready to stream.
+pub struct Export {
+    /// Its exact length in bytes.
+    pub length: u64,
+    /// A file name for it (`<snapshot>.snapshot.tar`).
+    pub file_name: String,
+    pub body: BoxStream<'static, io::Result<Bytes>>,
+}
+
+/// The archive of Ready snapshot `name`.
+pub async fn export(store: &Store, name: &str) -> Result<Export> {
+    let snapshot = store
+        .get(Kind::Snapshot, name)
+        .and_then(|entry| entry.resource.as_snapshot().cloned())
+        .ok_or_else(|| SnapshotArchiveError::NotFound(format!("snapshot {name:?} not found")))?;
+    if snapshot.metadata.deletion_timestamp.is_some() {
+        return Err(SnapshotArchiveError::NotReady(format!(
+            "snapshot {name:?} is being deleted"
+        )));
+    }
+    let status = snapshot.status.clone().unwrap_or_default();
+    if status.phase != SnapshotPhase::Ready {
+        let why = if status.message.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", status.message)
+        };
+        return Err(SnapshotArchiveError::NotReady(format!(
+            "snapshot {name:?} is {:?}{why}; only a Ready snapshot can be exported",
+            status.phase
+        )));
+    }
+    let path = store.snapshot_path(name);
+    let file = tokio::fs::File::open(&path).await.map_err(|e| {
+        SnapshotArchiveError::NotReady(format!("the data of snapshot {name:?} cannot be read: {e}"))
+    })?;
+    let size = file
+        .metadata()
+        .await
+        .map_err(|e| SnapshotArchiveError::Internal(e.to_string()))?
+        .len();
+    if status.size_bytes != Some(size) {
+        return Err(SnapshotArchiveError::NotReady(format!(
+            "the data file of snapshot {name:?} is {size} bytes but its status says {}: it was \
+             changed or damaged",
+            status.size_bytes.unwrap_or(0)
+        )));
+    }
+    let manifest = Manifest::of(&snapshot, size)?;
+    let manifest = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| SnapshotArchiveError::Internal(e.to_string()))?;
+
+    let mut head = Vec::with_capacity(3 * BLOCK as usize + manifest.len());
+    head.extend_from_slice(&header(MANIFEST_NAME, manifest.len() as u64)?);
+    head.extend_from_slice(&manifest);
+    head.resize(head.len() + padding(manifest.len() as u64), 0);
+    head.extend_from_slice(&header(WORKSPACE_NAME, size)?);
+    // The entry's padding, then the end-of-archive marker (two zero blocks).
+    let tail = vec![0u8; padding(size) + 2 * BLOCK as usize];
+    let length = head.len() as u64 + size + tail.len() as u64;
+
+    // The stream reads exactly `size` bytes from the start, or fails.
+    let sent = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&sent);
+    let content = ReaderStream::with_capacity(file.take(size), PIECE).inspect(move |piece| {
+        if let Ok(piece) = piece {
+            counted.fetch_add(piece.len() as u64, Ordering::Relaxed);
+        }
+    });
+    let name_owned = name.to_string();
+    let end = stream::once(async move {
+        let sent = sent.load(Ordering::Relaxed);
+        if sent == size {
+            Ok(Bytes::from(tail))
+        } else {
+            Err(io::Error::other(format!(
+                "the data file of snapshot {name_owned:?} ended after {sent} of {size} bytes"
+            )))
+        }
+    });
+    let body = stream::once(async move { Ok(Bytes::from(head)) })
+        .chain(content)
+        .chain(end)
+        .boxed();
+    Ok(Export {
+        length,
+        file_name: format!("{name}.snapshot.tar"),
+        body,
+    })
+}
+
+/// A ustar header of a regular file `name` of `size` bytes, mode 0644, owned by 0:0, dated now.
+fn header(name: &str, size: u64) -> Result<[u8; BLOCK as usize]> {
+    let mut header = tar::Header::new_ustar();
+    header
+        .set_path(name)
+        .map_err(|e| SnapshotArchiveError::Internal(e.to_string()))?;
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_size(size);
+    header.set_mode(0o644);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(chrono::Utc::now().timestamp().max(0) as u64);
+    header.set_cksum();
+    let mut block = [0u8; BLOCK as usize];
+    block.copy_from_slice(header.as_bytes());
+    Ok(block)
+}
+
+/// Zero bytes that round `size` up to whole blocks.
+fn padding(size: u64) -> usize {
+    (size.div_ceil(BLOCK) * BLOCK - size) as usize
+}
