@@ -20,6 +20,8 @@
 //!   output replayed by byte offset), owned by the in-sandbox supervisor (`helper/src/supervisor.rs`).
 //! - [`ports`]: reaching what listens inside a sandbox (the proxy subresource), through the
 //!   helper's `relay` mode, so it works with no network.
+//! - [`services`]: declared services (`spec.services`) kept running as processes, restarted
+//!   with backoff and checked for readiness; the ports something listens on in a sandbox.
 //! - [`archive`]: validation of snapshot tars before anything is restored.
 //! - [`api`]: the HTTP server: the resource API, the `/v1` wire contract, health and OpenAPI.
 //! - [`export`]: the same resources as Kubernetes objects for the kubernetes-sigs/agent-sandbox
@@ -57,5 +59,6 @@ pub mod processes;
 pub mod resource;
 pub mod secrets;
 pub mod server;
+pub mod services;
 pub mod store;
 pub mod webhooks;
