@@ -384,7 +384,7 @@ fn invalid_services_are_refused_naming_the_field() {
         ),
         (
             json!([{"name": "a", "command": "x", "readiness": {"tcpSocket": {"port": 0}}}]),
-            "spec.services[0].readiness.tcpSocket.port",
+            "spec.services[0].readiness",
         ),
         (
             json!([{"name": "a", "command": "x", "periodSeconds": 0}]),

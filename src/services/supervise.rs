@@ -196,7 +196,10 @@ async fn after_exit(
 async fn start(job: &Job) -> Result<String, ProcessError> {
     let spec = StartSpec {
         command: job.spec.command.clone(),
-        argv: job.spec.argv.clone(),
+        argv: match &job.spec.command {
+            Some(command) => vec!["/bin/sh".into(), "-c".into(), command.clone()],
+            None => job.spec.argv.clone(),
+        },
         env: job.spec.env.clone(),
         workdir: job.spec.workdir.clone(),
         tty: false,
@@ -260,6 +263,11 @@ fn code_of(exit_code: Option<i32>, signal: Option<&str>) -> Option<i32> {
 /// Stops a service's process: SIGTERM to its group, SIGKILL to its tree after a grace period.
 /// It stays listed (with its output) once it ended by the TERM.
 pub(super) async fn stop(shared: &Shared, target: &Target, id: &str) {
+    // One that already ended is left as it is, with its output.
+    match shared.processes.get(target, id).await {
+        Ok(p) if p.state == State::Running => {}
+        _ => return,
+    }
     let term = shared
         .processes
         .signal(target, id, libc::SIGTERM)
