@@ -1,6 +1,6 @@
 """Declared services (`spec.services`): how soon a crashed service runs again after its exit.
 
-Each sample edits the service (a new value of one env var), which starts it afresh with its
+Each sample edits the service (a new command line), which starts it afresh with its
 crash count at zero; the service prints a line and exits 1, so its first restart is the
 immediate one (later ones wait 1 s, 2 s, ... by design). The gap is the second run's
 `startedAt` minus the first run's `finishedAt`, both from the in-sandbox supervisor's clock
@@ -27,6 +27,10 @@ def _time(text: str) -> datetime.datetime:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+def _command(run: int) -> str:
+    return f"echo run {run}; exit 1"
+
+
 def _document(name: str, image: str, run: int) -> dict:
     return {
         "apiVersion": "agent-sandbox.io/v1",
@@ -35,17 +39,17 @@ def _document(name: str, image: str, run: int) -> dict:
         "spec": {
             "image": image,
             "services": [
-                {"name": "crash", "command": "echo up; exit 1", "env": {"RUN": str(run)}}
+                {"name": "crash", "command": _command(run)}
             ],
         },
     }
 
 
-def _runs(ours: Server, name: str) -> list[dict]:
-    """Every run of the service so far, oldest first."""
+def _runs(ours: Server, name: str, run: int) -> list[dict]:
+    """The runs of the service's spec number `run` so far, oldest first."""
     items = ours.call("GET", f"{API}/sandboxes/{name}/processes").json()["items"]
     return sorted(
-        (p for p in items if p.get("command") == "echo up; exit 1"),
+        (p for p in items if p.get("command") == _command(run)),
         key=lambda p: p["startedAt"],
     )
 
@@ -54,21 +58,21 @@ def first_restart(results: Results, ours: Server, n: int) -> None:
     name = f"bench-svc-{uuid.uuid4().hex[:8]}"
     ours.call("POST", f"{API}/sandboxes", json=_document(name, ours.image, 0), expect=(201,))
     try:
-        since = ""
         for run in range(n + 1):
             if run:
-                since = datetime.datetime.now(datetime.timezone.utc).isoformat()
                 body = _document(name, ours.image, run)
                 ours.call("PUT", f"{API}/sandboxes/{name}", json=body)
-            # This spec's first two runs (each printing and exiting 1; a run of the spec before
-            # that the edit stopped ended by a signal instead).
+            # This spec's first two runs, ended (each edit changes the command, which tells the
+            # runs of one spec from those of the one before).
             deadline = time.perf_counter() + 60
             while True:
-                runs = [
-                    p
-                    for p in _runs(ours, name)
-                    if p.get("exitCode") == 1 and (not since or _time(p["startedAt"]) > _time(since))
-                ]
+                status = ours.call("GET", f"{API}/sandboxes/{name}").json().get("status", {})
+                if status.get("phase") != "Running":
+                    if time.perf_counter() > deadline:
+                        raise OpError(f"sandbox {name} is not running: {status}")
+                    time.sleep(0.05)
+                    continue
+                runs = [p for p in _runs(ours, name, run) if p.get("finishedAt")]
                 if len(runs) >= 2:
                     break
                 if time.perf_counter() > deadline:
