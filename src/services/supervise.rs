@@ -243,7 +243,19 @@ async fn wait_for_exit(job: &Job, id: &str) -> Ended {
             };
         }
     }
-    Ended::Lost
+    // The stream broke off: the container went away, or the process was deleted by hand
+    // (which only the latter survives to say).
+    match job.shared.processes.get(&job.target, id).await {
+        Err(ProcessError::NotFound(_)) => Ended::Exit {
+            code: None,
+            at: chrono::Utc::now(),
+        },
+        Ok(p) if p.state == State::Exited => Ended::Exit {
+            code: code_of(p.exit_code, p.signal.as_deref()),
+            at: p.finished_at.unwrap_or_else(chrono::Utc::now),
+        },
+        _ => Ended::Lost,
+    }
 }
 
 /// An exit as a shell reports it: the code, or 128 + the number of the signal that ended it.
