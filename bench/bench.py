@@ -25,6 +25,7 @@ import ours_only  # noqa: E402
 import paired  # noqa: E402
 import power  # noqa: E402
 import processes  # noqa: E402
+import services  # noqa: E402
 from common import API, API_VERSION, Results, Server, fmt, log  # noqa: E402
 
 OURS, REF = "ours", "reference"
@@ -325,6 +326,7 @@ def main() -> int:
     section("bigsnapshot", ours_only.big_snapshot, results, ours, args.work, args.big_mib, args.big_rounds)
     section("power", power.pause_resume, results, ours, args.n)
     section("processes", processes.processes, results, ours, args.ours_pid, args.n)
+    section("services", services.services, results, ours, args.n)
     section("idle", idle.idle_scale, results, ours, args.ours_data, args.ours_pid, server_id,
             args.idle_count, args.idle_window, args.resync_seconds)
     # Run on its own (`--only idle-stopped`) on a fresh server, as `idle` is.

@@ -20,6 +20,8 @@
 //!   output replayed by byte offset), owned by the in-sandbox supervisor (`helper/src/supervisor.rs`).
 //! - [`ports`]: reaching what listens inside a sandbox (the proxy subresource), through the
 //!   helper's `relay` mode, so it works with no network.
+//! - [`services`]: declared services (`spec.services`) kept running as processes, restarted
+//!   with backoff and checked for readiness; the ports something listens on in a sandbox.
 //! - [`archive`]: validation of snapshot tars before anything is restored.
 //! - [`snapshot_archive`]: a snapshot as one portable file (export, and import as hostile
 //!   input), format in `docs/snapshot-archive.md`.
@@ -59,6 +61,7 @@ pub mod processes;
 pub mod resource;
 pub mod secrets;
 pub mod server;
+pub mod services;
 pub mod snapshot_archive;
 pub mod store;
 pub mod webhooks;

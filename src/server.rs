@@ -132,6 +132,7 @@ pub async fn run(
                 .with_metrics(metrics.clone()),
         ),
         processes: Arc::clone(controller.processes()),
+        services: Arc::clone(controller.services()),
         engine: Arc::clone(&engine),
         create_lock: Arc::new(tokio::sync::Mutex::new(())),
         keys: Arc::new(keys),

@@ -56,6 +56,15 @@ async fn start_with(keys: ApiKeys, folder: Option<(&str, &str)>) -> Api {
             dyn_engine.clone(),
             settings.clone(),
         )),
+        services: Arc::new(agent_sandbox::services::Services::new(
+            Arc::new(agent_sandbox::processes::Processes::new(
+                dyn_engine.clone(),
+                settings.clone(),
+            )),
+            dyn_engine.clone(),
+            settings.clone(),
+            Arc::new(|_: &str| {}),
+        )),
         ports: Arc::new(agent_sandbox::ports::Ports::new(
             dyn_engine.clone(),
             &settings,

@@ -49,6 +49,15 @@ fn app_with(wait: Duration, adjust: impl FnOnce(&mut Settings)) -> App {
             settings.clone(),
         )),
         ports: Arc::new(agent_sandbox::ports::Ports::new(engine.clone(), &settings)),
+        services: Arc::new(agent_sandbox::services::Services::new(
+            Arc::new(agent_sandbox::processes::Processes::new(
+                engine.clone(),
+                settings.clone(),
+            )),
+            engine.clone(),
+            settings.clone(),
+            Arc::new(|_: &str| {}),
+        )),
         engine,
         create_lock: Arc::new(tokio::sync::Mutex::new(())),
         keys: Arc::new(ApiKeys::disabled()),

@@ -46,6 +46,8 @@ pub struct AppState {
     pub dataplane: Arc<DataPlane>,
     /// Long-lived processes of sandboxes.
     pub processes: Arc<crate::processes::Processes>,
+    /// Declared services and listening ports (a read of a sandbox keeps its ports fresh).
+    pub services: Arc<crate::services::Services>,
     pub engine: Arc<dyn Engine>,
     /// Serializes `/v1` creates so that `max_sandboxes` is never overshot by concurrent requests.
     pub create_lock: Arc<tokio::sync::Mutex<()>>,

@@ -391,6 +391,9 @@ async fn get_one<K: DocumentedKind>(
             name: name.clone(),
         })
     })?;
+    if let Some(sandbox) = entry.resource.as_sandbox() {
+        state.services.looked_at(sandbox);
+    }
     respond(StatusCode::OK, &entry.resource, response_format(&headers))
 }
 

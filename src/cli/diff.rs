@@ -193,6 +193,10 @@ fn classify_sandbox(leaf: &str, server: &Value, wanted: &AnyResource) -> (Impact
             (Impact::InPlace, None)
         }
         "image" | "network" | "readOnlyRootfs" => (Impact::ReplacesContainer, None),
+        "services" => (
+            Impact::InPlace,
+            Some("restarts only the services it changes, in the same container".into()),
+        ),
         "source" => (
             Impact::Ignored,
             Some(

@@ -23,6 +23,7 @@
 //! - `pulls.rs`: image pulls, one per image, for sandboxes and pools alike.
 //! - `snapshot/`: a `Snapshot`: taking it (`mod.rs`) and exporting the workspace (`export.rs`).
 //! - `fork.rs`: a `Fork`'s children. `pool.rs`: a `SandboxPool`'s warm members.
+//! - `services.rs`: a running sandbox's declared services and listening ports in its status.
 //! - `secret.rs`: whether a `Secret` has a value, and the deletion of Secrets and Webhooks.
 //! - `gc.rs`: garbage collection of Docker objects that belong to no resource.
 //!
@@ -64,6 +65,7 @@ mod replace;
 mod restore;
 mod sandbox;
 mod secret;
+mod services;
 mod snapshot;
 #[cfg(test)]
 mod tests;
@@ -113,6 +115,8 @@ pub struct Controller {
     activity: Arc<crate::activity::Activity>,
     /// The sandboxes' long-lived processes: one still running keeps its sandbox in use.
     processes: Arc<crate::processes::Processes>,
+    /// The sandboxes' declared services, kept running in their containers.
+    services: Arc<crate::services::Services>,
     /// Where reconciles are counted and timed.
     metrics: crate::metrics::Metrics,
 }
@@ -134,7 +138,24 @@ impl Controller {
             server_id,
             helper_binary,
         ));
+        let processes = Arc::new(
+            crate::processes::Processes::new(Arc::clone(&engine), Arc::clone(&settings))
+                .with_metrics(metrics.clone()),
+        );
+        let services = {
+            // A service that changed is reported by the sandbox's next reconcile.
+            let queue = Arc::clone(&queue);
+            let changed: crate::services::Changed =
+                Arc::new(move |name: &str| queue.add((Kind::Sandbox, name.to_string())));
+            Arc::new(crate::services::Services::new(
+                Arc::clone(&processes),
+                Arc::clone(&engine),
+                Arc::clone(&settings),
+                changed,
+            ))
+        };
         Arc::new(Controller {
+            services,
             workspaces: Workspaces::new(Arc::clone(&engine), Arc::clone(&settings)),
             pools: Pools::new(
                 Arc::clone(&store),
@@ -147,10 +168,7 @@ impl Controller {
             validated_files: Default::default(),
             fork_progress: Default::default(),
             activity: Arc::default(),
-            processes: Arc::new(
-                crate::processes::Processes::new(Arc::clone(&engine), Arc::clone(&settings))
-                    .with_metrics(metrics.clone()),
-            ),
+            processes,
             metrics,
             store,
             events,
@@ -167,6 +185,11 @@ impl Controller {
     /// The sandboxes' long-lived processes, shared with the API.
     pub fn processes(&self) -> &Arc<crate::processes::Processes> {
         &self.processes
+    }
+
+    /// The sandboxes' declared services and listening ports, shared with the API.
+    pub fn services(&self) -> &Arc<crate::services::Services> {
+        &self.services
     }
 
     pub fn queue(&self) -> &Arc<WorkQueue<Key>> {
@@ -322,6 +345,7 @@ impl Controller {
             validated_files: &self.validated_files,
             activity: &self.activity,
             processes: &self.processes,
+            services: &self.services,
         }
     }
 

@@ -9,7 +9,7 @@ use super::error::ReconcileError;
 use super::names::{self, container_name};
 use super::policy::{Cleanup, Failure, Outcome};
 use super::status::{generation, note_pulled, set_ready, write_status};
-use super::{power, replace, restore};
+use super::{power, replace, restore, services};
 use crate::docker::EngineError;
 use crate::resource::{
     ConditionStatus, EffectiveSandbox, ImagePullProgress, Kind, Sandbox, SandboxPhase,
@@ -175,13 +175,25 @@ pub(super) async fn reconcile(
         }
         return Err(failure);
     }
-    set_ready(
-        &mut status.conditions,
-        ConditionStatus::True,
-        "Running",
-        "",
-        generation,
-    );
+    let not_ready = services::report(ctl, &sandbox, &mut status, generation);
+    if not_ready.is_empty() {
+        set_ready(
+            &mut status.conditions,
+            ConditionStatus::True,
+            "Running",
+            "",
+            generation,
+        );
+    } else {
+        let message = format!("services not ready: {}", not_ready.join(", "));
+        set_ready(
+            &mut status.conditions,
+            ConditionStatus::False,
+            "ServicesNotReady",
+            &message,
+            generation,
+        );
+    }
     write_status(ctl.store, ctl.events, &sandbox, &status).await?;
     retired.remove(ctl.engine.as_ref()).await;
     if let Some(leftovers) = replaced {
@@ -225,6 +237,9 @@ async fn held(
     state: SandboxState,
     expires_at: Option<DateTime<Utc>>,
 ) -> Result<Outcome, ReconcileError> {
+    // Frozen or stopped: nothing to supervise until it runs again (a resume adopts the
+    // services' processes that still run).
+    ctl.services.release(&sandbox.metadata.name);
     let generation = generation(&sandbox.metadata);
     status.phase = state.phase();
     status.message.clear();
@@ -413,6 +428,7 @@ async fn expire(
     let name = sandbox.metadata.name.as_str();
     if entry.origin.is_writable() {
         tracing::info!(sandbox = name, "sandbox expired; deleting it");
+        ctl.services.release(name);
         let name = name.to_string();
         ctl.store
             .write(move |store| store.delete(Kind::Sandbox, &name, Default::default()))
@@ -423,6 +439,7 @@ async fn expire(
         sandbox = name,
         "folder-owned sandbox expired; removing its container until its document changes"
     );
+    ctl.services.release(name);
     ctl.containers.remove_all_of(name).await?;
     let generation = generation(&sandbox.metadata);
     status.phase = SandboxPhase::Expired;
@@ -464,6 +481,7 @@ async fn delete(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Result<Outcome, 
     // goes (the name is free at once) and the containers and workspaces are removed in the
     // background; a crash before that leaves them to garbage collection, which finds them
     // belonging to no sandbox (their new names are none's, their labels carry this uid).
+    ctl.services.release(name);
     let uid = sandbox.metadata.uid.clone().unwrap_or_default();
     let retired = ctl.containers.retire_deleted(name, &uid).await?;
     let recorded = sandbox

@@ -11,6 +11,7 @@ mod pool;
 mod sandbox;
 pub mod schema;
 mod secret;
+mod service;
 mod snapshot;
 mod webhook;
 pub mod yaml;
@@ -34,6 +35,10 @@ pub use sandbox::{
     SandboxState, SandboxStatus,
 };
 pub use secret::{SecretSpec, SecretStatus, ValueFrom};
+pub use service::{
+    check_services, ExecCheck, HttpGetCheck, Readiness, RestartPolicy, ServicePort, ServiceSpec,
+    ServiceState, ServiceStatus, TcpSocketCheck,
+};
 pub use snapshot::{SnapshotPhase, SnapshotSpec, SnapshotStatus};
 pub use webhook::{WebhookSpec, WebhookStatus};
 
@@ -186,6 +191,9 @@ resource_kind!(
 );
 
 /// A resource of any kind, as the store keeps it.
+// A sandbox is the largest kind by far, and the most common: boxing it would cost every
+// sandbox an allocation to save space on the few resources of the other kinds.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum AnyResource {

@@ -69,6 +69,10 @@ pub struct SandboxSpec {
     /// container) or `Never`. Default: the server's `AGENT_SANDBOX_IMAGE_PULL_POLICY`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<ImagePullPolicy>,
+    /// Long-running commands kept up while the container runs (see `docs/ports.md`). A change
+    /// restarts only the services it changes, in the same container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<super::ServiceSpec>,
 }
 
 /// When a sandbox's image is pulled from its registry.
@@ -237,6 +241,13 @@ pub struct SandboxStatus {
     /// Set when the idle policy paused or stopped the sandbox: the last activity before that.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_since: Option<DateTime<Utc>>,
+    /// The declared services, as last seen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<super::ServiceStatus>,
+    /// TCP ports something listens on inside the sandbox, ascending (refreshed every few seconds
+    /// while someone reads the sandbox).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listening_ports: Vec<u16>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
 }

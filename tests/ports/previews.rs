@@ -188,3 +188,54 @@ fn preview_tokens_open_one_port_of_one_sandbox() {
     server.request("DELETE", &format!("/v1/sandboxes/{sb}"), None);
     server.request("DELETE", &format!("/v1/sandboxes/{other}"), None);
 }
+
+/// A sandbox deleted and made again under the same name has a new `uid`: the old tokens open
+/// nothing on it, and new ones do.
+#[test]
+fn a_recreated_sandbox_of_the_same_name_refuses_old_tokens() {
+    let server = Server::start_with(&[("AGENT_SANDBOX_PREVIEW_DOMAIN", DOMAIN)]);
+    if !python_image("the recreated-sandbox preview test") {
+        return;
+    }
+    let name = unique("prev-again");
+    let make = || {
+        let mut spec = json!({"image": PYTHON_IMAGE});
+        if gvisor() {
+            spec["pidsLimit"] = json!(4096);
+        }
+        let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+                         "metadata": {"name": name}, "spec": spec});
+        let (status, answer) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+        assert_eq!(status, 201, "{answer}");
+        let running = server.wait_running(&name);
+        start_web(&server, &name, 8000);
+        running["metadata"]["uid"].as_str().unwrap().to_string()
+    };
+    let listener_port = server.url.rsplit(':').next().unwrap().to_string();
+    let host = format!("8000-{name}.{DOMAIN}:{listener_port}");
+    let cookie = |p: &Value| format!("agent-sandbox-preview={}", p["token"].as_str().unwrap());
+
+    let first_uid = make();
+    let old = cookie(&preview(&server, &name, json!({"port": 8000})));
+    let a = on_host(&server, &host, "/hello", &[("cookie", &old)]);
+    assert_eq!(a.status, 200, "{}", a.text());
+
+    let (status, _) = server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
+    assert!(status == 200 || status == 202, "{status}");
+    server.wait_gone("sandboxes", &name);
+    let second_uid = make();
+    assert_ne!(first_uid, second_uid);
+
+    let a = on_host(&server, &host, "/hello", &[("cookie", &old)]);
+    assert_eq!(
+        a.status,
+        401,
+        "an old token opened the new sandbox: {}",
+        a.text()
+    );
+    let new = cookie(&preview(&server, &name, json!({"port": 8000})));
+    let a = on_host(&server, &host, "/hello", &[("cookie", &new)]);
+    assert_eq!(a.status, 200, "{}", a.text());
+    server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
+    cleanup_sandbox_objects(&name);
+}
