@@ -32,6 +32,8 @@
 //! - [`metrics`]: `GET /metrics` (what happens, recorded through a handle the working parts are
 //!   given; what is, read from the store and the host's cgroups at each scrape) and a sandbox's
 //!   usage.
+//! - [`ui`]: the web dashboard at `/ui` (page, script and style embedded in the binary); its
+//!   routes are `api/ui.rs`, its session cookie and CSRF check `api/session.rs`.
 //! - [`activity`]: which sandboxes are in use (API calls, running commands), for idle policies.
 //! - [`config`]: settings; [`server`]: wiring it all together for `agent-sandbox serve`;
 //!   [`doctor`]: the start-up checks `agent-sandbox doctor` prints and `serve` logs.
@@ -58,4 +60,5 @@ pub mod resource;
 pub mod secrets;
 pub mod server;
 pub mod store;
+pub mod ui;
 pub mod webhooks;
