@@ -113,6 +113,13 @@ function bytes(n) {
   return `${n.toFixed(i === 0 ? 0 : 1)} ${units[i]}`;
 }
 
+// The filled part of a bar (set through the CSSOM: the page's policy refuses style attributes).
+function share(fraction) {
+  const fill = el("span", {});
+  fill.style.width = `${Math.min(100, Math.max(0, 100 * fraction)).toFixed(0)}%`;
+  return fill;
+}
+
 function phaseBadge(phase) {
   return el("span", { class: `phase ${phase || "Unknown"}` }, phase || "Unknown");
 }
@@ -268,7 +275,7 @@ function sandboxesView(main) {
       const now = live.get(name);
       const memory = now ? el("span", {}, bytes(now.mem), now.limit
         ? el("span", { class: "bar", title: `${bytes(now.mem)} of ${bytes(now.limit)}` },
-          el("span", { style: `width:${Math.min(100, (100 * now.mem) / now.limit).toFixed(0)}%` }))
+          share(now.mem / now.limit))
         : null) : "";
       return el("tr", { "data-name": name },
         el("td", {}, el("a", { href: `#/sandboxes/${escapeName(name)}` }, name)),
