@@ -36,6 +36,8 @@
 //! - [`metrics`]: `GET /metrics` (what happens, recorded through a handle the working parts are
 //!   given; what is, read from the store and the host's cgroups at each scrape) and a sandbox's
 //!   usage.
+//! - [`ui`]: the web dashboard at `/ui` (page, script and style embedded in the binary); its
+//!   routes are `api/ui.rs`, its session cookie and CSRF check `api/session.rs`.
 //! - [`activity`]: which sandboxes are in use (API calls, running commands), for idle policies.
 //! - [`config`]: settings; [`server`]: wiring it all together for `agent-sandbox serve`;
 //!   [`doctor`]: the start-up checks `agent-sandbox doctor` prints and `serve` logs.
@@ -64,4 +66,5 @@ pub mod server;
 pub mod services;
 pub mod snapshot_archive;
 pub mod store;
+pub mod ui;
 pub mod webhooks;

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
 
 use super::error::ApiError;
+use super::session;
 use crate::config::Settings;
 use crate::store::{read_or_create_private, PrivateFile, StoreError};
 
@@ -116,16 +117,46 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
 }
 
 /// Middleware: 401 `unauthorized` (with `WWW-Authenticate: Bearer`) unless the request carries
-/// an accepted key.
+/// an accepted key: in a header, or, for the dashboard, in its session cookie with the checks
+/// `super::session` makes (403 when those fail).
 pub async fn require_key(
     State(keys): State<Arc<ApiKeys>>,
     request: Request,
     next: Next,
 ) -> Response {
-    if keys.allows(request.headers()) {
-        next.run(request).await
-    } else {
-        ApiError::Unauthorized("missing or invalid API key".into()).into_response()
+    match keys.admit(request.method(), request.uri().path(), request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(error) => error.into_response(),
+    }
+}
+
+impl ApiKeys {
+    /// Whether a request may go on: a key in a header is judged alone; without one, the
+    /// dashboard's session cookie with its CSRF and origin checks.
+    pub fn admit(
+        &self,
+        method: &axum::http::Method,
+        path: &str,
+        headers: &HeaderMap,
+    ) -> Result<(), ApiError> {
+        if !self.is_enabled() {
+            return Ok(());
+        }
+        if presented_key(headers).is_some() {
+            return if self.allows(headers) {
+                Ok(())
+            } else {
+                Err(ApiError::Unauthorized("missing or invalid API key".into()))
+            };
+        }
+        let Some(key) = session::cookie(headers, session::KEY_COOKIE) else {
+            return Err(ApiError::Unauthorized("missing or invalid API key".into()));
+        };
+        let key_ok = self.verify(key.as_bytes());
+        session::check(method, path, headers, key_ok).map_err(|refusal| match refusal {
+            session::Refusal::BadKey => ApiError::Unauthorized("missing or invalid API key".into()),
+            session::Refusal::Forged(why) => ApiError::Forbidden(why.into()),
+        })
     }
 }
 

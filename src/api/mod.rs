@@ -1,5 +1,5 @@
 //! The HTTP server: the resource API (`/apis/agent-sandbox.io/v1/...`), the `/v1` wire contract,
-//! `/healthz`, `/metrics` and `/openapi.json`. Handlers are thin: parse, call the store or the data plane, and
+//! `/healthz`, `/metrics`, `/openapi.json` and the dashboard's routes (`/ui`). Handlers are thin: parse, call the store or the data plane, and
 //! map errors in one place ([`error::ApiError`]). Lifecycle changes only ever go through the store;
 //! the controller does the Docker work and the handlers wait for its observed status.
 
@@ -17,7 +17,9 @@ pub mod processes;
 pub mod processes_ws;
 pub mod resources;
 pub mod root;
+pub mod session;
 pub mod stats;
+pub mod ui;
 pub mod v1;
 
 use std::sync::Arc;
@@ -115,6 +117,7 @@ fn documented_routes(
             }),
         )
         .merge(public)
+        .merge(ui::routes())
         .merge(protected);
     openapi::finish(all)
 }
@@ -223,6 +226,10 @@ async fn common_error_shape(request: Request, next: Next) -> Response {
         .extensions()
         .get::<crate::ports::proxy::FromSandbox>()
         .is_some()
+        || response
+            .extensions()
+            .get::<ui::DashboardDocument>()
+            .is_some()
     {
         // A sandbox's own answer, whatever its status, goes out as it is.
         return response;

@@ -131,6 +131,8 @@ enum Body {
     MergePatch,
     /// Text of this media type.
     Text(&'static str),
+    /// `application/x-www-form-urlencoded`: an HTML form's fields.
+    Form(Schema),
 }
 
 fn content(body: Body) -> Vec<(String, MediaType)> {
@@ -152,6 +154,7 @@ fn content(body: Body) -> Vec<(String, MediaType)> {
             })),
         ),
         Body::Text(media_type) => one(media_type, schema_value(json!({"type": "string"}))),
+        Body::Form(schema) => one("application/x-www-form-urlencoded", schema),
         Body::Binary => one(
             "application/octet-stream",
             schema_value(json!({"type": "string", "format": "binary"})),
@@ -245,6 +248,8 @@ pub trait Describe: Sized {
     fn optional_json_body<T: JsonSchema>(self) -> Self;
     /// A required JSON request body with a hand-written schema named `name`.
     fn json_body_schema(self, name: &str, schema: Value) -> Self;
+    /// An HTML form's fields (`application/x-www-form-urlencoded`), described by `schema`.
+    fn form_body_schema(self, name: &str, schema: Value) -> Self;
     /// A JSON request body with a hand-written schema named `name`, which may be left out.
     fn optional_json_body_schema(self, name: &str, schema: Value) -> Self;
     /// A required resource document (JSON or YAML).
@@ -368,6 +373,11 @@ impl Describe for TransformOperation<'_> {
 
     fn json_body_schema(mut self, name: &str, schema: Value) -> Self {
         set_body(&mut self, Body::Json(named(name, schema)), true);
+        self
+    }
+
+    fn form_body_schema(mut self, name: &str, schema: Value) -> Self {
+        set_body(&mut self, Body::Form(named(name, schema)), true);
         self
     }
 
@@ -632,7 +642,8 @@ fn check(api: &OpenApi) {
         assert!(
             replies.is_some_and(|r| r.keys().any(|status| matches!(
                 status,
-                StatusCode::Code(code) if (100..300).contains(code)
+                // A form's success is a redirect (303 See Other).
+                StatusCode::Code(code) if (100..300).contains(code) || *code == 303
             ))),
             "{at} documents no success reply"
         );

@@ -234,7 +234,11 @@ async fn proxy(State(state): State<AppState>, request: Request) -> Result<Respon
             .map(str::to_string),
         prefix: Some(prefix.to_string()),
         path_and_query: format!("{rest}{query}"),
-        strip_cookies: Vec::new(),
+        // The dashboard's session is this server's, never the sandbox's.
+        strip_cookies: vec![
+            super::session::KEY_COOKIE.to_string(),
+            super::session::CSRF_COOKIE.to_string(),
+        ],
     };
     state
         .ports

@@ -324,7 +324,11 @@ async fn serve_preview(
             .uri()
             .path_and_query()
             .map_or("/".into(), |p| p.as_str().to_string()),
-        strip_cookies: vec![COOKIE.to_string()],
+        strip_cookies: vec![
+            COOKIE.to_string(),
+            crate::api::session::KEY_COOKIE.to_string(),
+            crate::api::session::CSRF_COOKIE.to_string(),
+        ],
     };
     state
         .ports

@@ -1,0 +1,260 @@
+"""The dashboard's sandbox list with many sandboxes: how long until its first page is drawn in a real
+headless Chromium. Standard library only (it speaks Chromium's DevTools protocol over a WebSocket
+of its own).
+
+Starts its own server (the binary given, a throwaway data directory and key, on 127.0.0.1),
+declares `--count` Sandbox manifests in its data directory in batches of 100: the first
+`--running` by name run (they are the first page, so the page also asks for their stats), the
+rest with `state: Stopped`; waits until each is as declared. Then starts Chromium (`--headless`,
+a throwaway profile), signs in through the sign-in form, and `--loads` times loads
+`/ui#/sandboxes` afresh, reading how long after the navigation began the first page of rows was
+painted (the page records `performance.now()` in the frame after the one that drew them:
+`document.body.dataset.sandboxesDrawn`). Removes everything afterwards and prints the results as
+JSON.
+
+    python3 bench/ui.py --bin target/release/agent-sandbox --count 1000 --running 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import pathlib
+import secrets
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from metrics import API, free_port, get, settled  # noqa: E402
+
+SPEC = "  cpus: 0.05\n  memoryMB: 32\n  pidsLimit: 32\n"
+
+
+def log(text: str) -> None:
+    print(f"[ui-bench] {text}", file=sys.stderr, flush=True)
+
+
+class DevTools:
+    """One DevTools session over a plain WebSocket (RFC 6455, client frames masked)."""
+
+    def __init__(self, ws_url: str):
+        rest = ws_url.removeprefix("ws://")
+        authority, path = rest.split("/", 1)
+        host, port = authority.split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=120)
+        key = base64.b64encode(secrets.token_bytes(16)).decode()
+        self.sock.sendall((f"GET /{path} HTTP/1.1\r\nHost: {authority}\r\nUpgrade: websocket\r\n"
+                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += self.sock.recv(1)
+        if b" 101 " not in head.split(b"\r\n")[0]:
+            raise RuntimeError(f"DevTools refused the WebSocket: {head!r}")
+        self.next_id = 0
+
+    def _send(self, text: str) -> None:
+        payload = text.encode()
+        mask = secrets.token_bytes(4)
+        n = len(payload)
+        header = bytes([0x81])
+        if n < 126:
+            header += bytes([0x80 | n])
+        elif n < 65536:
+            header += bytes([0x80 | 126]) + struct.pack(">H", n)
+        else:
+            header += bytes([0x80 | 127]) + struct.pack(">Q", n)
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        self.sock.sendall(header + mask + masked)
+
+    def _exactly(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise RuntimeError("DevTools closed the connection")
+            data += chunk
+        return data
+
+    def _receive(self) -> str:
+        message = b""
+        while True:
+            first, second = self._exactly(2)
+            n = second & 0x7F
+            if n == 126:
+                n = struct.unpack(">H", self._exactly(2))[0]
+            elif n == 127:
+                n = struct.unpack(">Q", self._exactly(8))[0]
+            message += self._exactly(n)
+            if first & 0x80:
+                return message.decode()
+
+    def call(self, method: str, params: dict | None = None) -> dict:
+        self.next_id += 1
+        self._send(json.dumps({"id": self.next_id, "method": method, "params": params or {}}))
+        while True:
+            reply = json.loads(self._receive())
+            if reply.get("id") == self.next_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply["result"]
+
+    def eval(self, expression: str):
+        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
+                                                "awaitPromise": True})
+        return result["result"].get("value")
+
+    def wait(self, expression: str, limit: float = 60.0):
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            value = self.eval(expression)
+            if value:
+                return value
+            time.sleep(0.01)
+        raise RuntimeError(f"timed out waiting for {expression}")
+
+
+def start_chromium(profile: pathlib.Path) -> tuple[subprocess.Popen, DevTools]:
+    chromium = subprocess.Popen(
+        ["chromium", "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         "--no-first-run", "--disable-extensions", "--disable-background-networking",
+         "--window-size=1400,1000", "--remote-debugging-address=127.0.0.1",
+         "--remote-debugging-port=0", f"--user-data-dir={profile}", "about:blank"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    browser_url = ""
+    for line in chromium.stderr:
+        if line.startswith("DevTools listening on "):
+            browser_url = line.split(" on ", 1)[1].strip()
+            break
+    authority = browser_url.removeprefix("ws://").split("/")[0]
+    _, body = get(f"http://{authority}/json/list", None)
+    page = next(t for t in json.loads(body) if t["type"] == "page")
+    tools = DevTools(page["webSocketDebuggerUrl"])
+    tools.call("Page.enable")
+    tools.call("Runtime.enable")
+    return chromium, tools
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bin", default="target/release/agent-sandbox")
+    parser.add_argument("--image", default="agent-sandbox-test/busybox:latest")
+    parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--running", type=int, default=50)
+    parser.add_argument("--loads", type=int, default=20)
+    args = parser.parse_args()
+
+    work = pathlib.Path(tempfile.mkdtemp(prefix="agent-sandbox-ui-bench."))
+    data = work / "data"
+    port, key = free_port(), secrets.token_hex(16)
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_SANDBOX_")}
+    env.update(
+        AGENT_SANDBOX_PORT=str(port), AGENT_SANDBOX_DATA_DIR=str(data), AGENT_SANDBOX_API_KEYS=key,
+        AGENT_SANDBOX_DEFAULT_IMAGE=args.image, AGENT_SANDBOX_LOG="warn",
+    )
+    log_file = open(work / "server.log", "w")
+    server = subprocess.Popen([args.bin, "serve"], env=env, stdout=log_file, stderr=log_file)
+    results: dict = {"declared": args.count, "running": args.running}
+    folder = data / "manifests" / "sandboxes"
+    names: list[str] = []
+    chromium = None
+
+    def listed() -> list[dict]:
+        status, body = get(f"{url}{API}/sandboxes", key)
+        if status != 200:
+            raise RuntimeError(f"listing answered {status}")
+        return json.loads(body)["items"]
+
+    try:
+        deadline = time.monotonic() + 60
+        while get(f"{url}/healthz", None, 2)[0] != 200:
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the server did not become healthy")
+            time.sleep(0.2)
+        folder.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
+        while len(names) < args.count:
+            for i in range(len(names), min(args.count, len(names) + 100)):
+                name = f"bench-ui-{i:04d}"
+                spec = SPEC + ("" if i < args.running else "  state: Stopped\n")
+                text = (f"apiVersion: agent-sandbox.io/v1\nkind: Sandbox\nmetadata:\n  name: {name}\n"
+                        f"spec:\n  image: {args.image}\n{spec}")
+                tmp = data / f".{name}.tmp"
+                tmp.write_text(text)
+                os.replace(tmp, folder / f"{name}.yaml")
+                names.append(name)
+            while sum(1 for d in listed() if settled(d)) < len(names):
+                time.sleep(1.0)
+            log(f"{len(names)} settled")
+        results["time to declare and settle, s"] = round(time.monotonic() - start, 1)
+        _, body = get(f"{url}{API}/sandboxes", key)
+        results["list bytes"] = len(body)
+
+        chromium, tools = start_chromium(work / "profile")
+        tools.call("Page.navigate", {"url": f"{url}/ui"})
+        tools.wait("document.getElementById('sign-in')")
+        tools.eval(f"document.getElementById('key').value = {json.dumps(key)}; "
+                   "document.getElementById('sign-in').submit(); true")
+        tools.wait("document.body && document.body.dataset.sandboxesDrawn")
+        times = []
+        for _ in range(args.loads):
+            tools.call("Page.navigate", {"url": f"{url}/ui?load={time.monotonic_ns()}#/sandboxes"})
+            drawn = tools.wait("document.body && document.body.dataset.sandboxesDrawn")
+            rows = tools.eval("document.querySelectorAll('#sandbox-rows tr').length")
+            count = tools.eval("document.getElementById('sandbox-count').textContent")
+            if rows != 50 or count != f"{args.count} of {args.count}":
+                raise RuntimeError(f"the first page shows {rows} rows, {count!r}")
+            times.append(float(drawn))
+            time.sleep(0.5)
+        times.sort()
+        results["first page painted, ms after navigation"] = {
+            "median": round(statistics.median(times), 1),
+            "p95": round(times[max(0, int(len(times) * 0.95) - 1)], 1),
+            "max": round(times[-1], 1),
+            "loads": len(times),
+        }
+        log(f"{results['first page painted, ms after navigation']}")
+    finally:
+        if chromium:
+            chromium.kill()
+            chromium.wait()
+        for name in names:
+            (folder / f"{name}.yaml").unlink(missing_ok=True)
+        start = time.monotonic()
+        while names and server.poll() is None and time.monotonic() - start < 1800:
+            try:
+                if not listed():
+                    break
+            except Exception:  # noqa: BLE001
+                pass
+            time.sleep(2)
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        server_id = (data / "server-id").read_text().strip() if (data / "server-id").exists() else ""
+        if server_id:
+            label = f"label=io.agent-sandbox.server={server_id}"
+            for kind in (["ps", "-aq"], ["volume", "ls", "-q"]):
+                ids = subprocess.run(["docker", *kind, "--filter", label], capture_output=True,
+                                     text=True).stdout.split()
+                if ids:
+                    remove = ["rm", "-f", "-v"] if kind[0] == "ps" else ["volume", "rm", "-f"]
+                    subprocess.run(["docker", *remove, *ids], capture_output=True)
+        subprocess.run(["rm", "-rf", str(work)])
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
