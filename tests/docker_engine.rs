@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use agent_sandbox::docker::{
     container_name, volume_name, BollardEngine, ContainerPlan, Engine, EngineError, EngineEvent,
-    ExecOutput, ExecPlan, HELPER_HOSTS, HELPER_MOUNT, LABEL_ID, LABEL_MANAGED, LABEL_ROLE,
-    LABEL_SERVER, LABEL_SPEC_HASH, LABEL_UID, LOOPBACK_HOSTS, ROLE_HELPER,
+    ExecOutput, ExecPlan, NetworkKind, HELPER_HOSTS, HELPER_MOUNT, LABEL_ID, LABEL_MANAGED,
+    LABEL_ROLE, LABEL_SERVER, LABEL_SPEC_HASH, LABEL_UID, LOOPBACK_HOSTS, ROLE_HELPER,
 };
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
@@ -832,8 +832,14 @@ async fn network_is_an_isolated_bridge() {
     let guard = Cleanup::new("net");
     let engine = connect().await;
     let network = format!("{}-net", guard.prefix);
-    engine.ensure_network(&network).await.unwrap();
-    engine.ensure_network(&network).await.unwrap();
+    engine
+        .ensure_network(&network, NetworkKind::Open)
+        .await
+        .unwrap();
+    engine
+        .ensure_network(&network, NetworkKind::Open)
+        .await
+        .unwrap();
 
     let docker = raw_docker().await;
     let listed = docker

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::error::ReconcileError;
 use super::names::{self, container_name, volume_name};
 use crate::config::Settings;
-use crate::docker::{ContainerPlan, Engine, EngineError, LABEL_SERVER, LABEL_UID};
+use crate::docker::{ContainerPlan, Engine, EngineError, NetworkKind, LABEL_SERVER, LABEL_UID};
 use crate::resource::{AppliedLimits, EffectiveSandbox, Sandbox, SandboxDefaults, SandboxPool};
 
 /// What making, swapping and removing containers needs: Docker, the settings, this server's
@@ -58,6 +58,7 @@ impl Containers {
             cpus: self.settings.default_cpus,
             memory_mb: self.settings.default_memory_mb,
             pids_limit: self.settings.default_pids_limit,
+            egress_by_default: self.settings.egress_by_default(),
         }
     }
 
@@ -76,15 +77,22 @@ impl Containers {
         Ok(Some(name))
     }
 
-    /// The network a container gets, made sure to exist, when it gets one.
-    async fn network(&self, wanted: bool) -> Result<Option<String>, ReconcileError> {
+    /// The network a container gets, made sure to exist, when it gets one: the open bridge, or
+    /// for `egress` the internal one whose only way out is the egress gateway.
+    async fn network(&self, wanted: bool, egress: bool) -> Result<Option<String>, ReconcileError> {
         if !wanted {
             return Ok(None);
         }
-        self.engine
-            .ensure_network(&self.settings.network_name)
-            .await?;
-        Ok(Some(self.settings.network_name.clone()))
+        if !egress && self.settings.egress_required {
+            return Err(ReconcileError::EgressRequired);
+        }
+        let (name, kind) = if egress {
+            (self.settings.egress_network_name(), NetworkKind::Internal)
+        } else {
+            (self.settings.network_name.clone(), NetworkKind::Open)
+        };
+        self.engine.ensure_network(&name, kind).await?;
+        Ok(Some(name))
     }
 
     /// The container `sandbox` should have, with its workspace on `volume`. Checks that the
@@ -98,7 +106,7 @@ impl Containers {
         self.pulls
             .ensure(&effective.image, sandbox.spec.image_pull_policy)
             .await?;
-        let network = self.network(effective.network).await?;
+        let network = self.network(effective.network, effective.egress).await?;
         Ok(ContainerPlan {
             sandbox: sandbox.metadata.name.clone(),
             name: None,
@@ -134,7 +142,10 @@ impl Containers {
     ) -> Result<ContainerPlan, ReconcileError> {
         // Pools pull ahead: their members wait for the pull, not the sandboxes they serve.
         self.pulls.ensure(&pool.spec.image, None).await?;
-        let network = self.network(pool.spec.network.unwrap_or(false)).await?;
+        let network = pool.spec.network.unwrap_or(false);
+        let network = self
+            .network(network, network && self.settings.egress_by_default())
+            .await?;
         let defaults = self.defaults();
         Ok(ContainerPlan {
             sandbox: member.to_string(),

@@ -21,6 +21,10 @@ pub enum ReconcileError {
     /// The image is missing and the server's allowlist does not let it be pulled.
     #[error("image {0} is not in the server's allowed_images list, so it is not pulled")]
     ImageNotAllowed(String),
+    /// The server requires egress policies (`AGENT_SANDBOX_EGRESS_REQUIRED`) and the sandbox
+    /// asks for an open network.
+    #[error("this server requires spec.egress for sandboxes with a network (AGENT_SANDBOX_EGRESS_REQUIRED); add spec.egress.allow")]
+    EgressRequired,
     #[error("docker: {0}")]
     Engine(#[from] EngineError),
     #[error("store: {0}")]

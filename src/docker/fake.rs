@@ -533,10 +533,14 @@ impl Engine for FakeEngine {
         })
     }
 
-    async fn ensure_network(&self, name: &str) -> EngineResult<()> {
+    async fn ensure_network(
+        &self,
+        name: &str,
+        _kind: NetworkKind,
+    ) -> EngineResult<Option<std::net::IpAddr>> {
         let mut state = self.enter("ensure_network", name)?;
         state.networks.insert(name.to_string());
-        Ok(())
+        Ok(None)
     }
 
     async fn image_exists(&self, image: &str) -> EngineResult<bool> {
