@@ -145,7 +145,7 @@ fn an_egress_sandbox_has_no_way_out_and_edits_keep_its_container() {
     );
 
     // What Docker was asked for: the internal network, inter-container traffic off.
-    assert_eq!(networks_of(&open), [net.clone()]);
+    assert_eq!(networks_of(&open), [net.as_str()]);
     assert_eq!(networks_of(&policed), [format!("{net}-egress")]);
     let egress_net = inspect(&["--type", "network", &format!("{net}-egress")]).expect("network");
     assert_eq!(egress_net["Internal"], true, "{egress_net}");
@@ -242,7 +242,7 @@ fn an_egress_sandbox_has_no_way_out_and_edits_keep_its_container() {
     assert_eq!(status, 200, "{body}");
     let after = server.wait_running_at(&policed, generation + 2, Duration::from_secs(60));
     assert_ne!(after["status"]["containerID"], id.as_str(), "{after}");
-    assert_eq!(networks_of(&policed), [net.clone()]);
+    assert_eq!(networks_of(&policed), [net.as_str()]);
 
     for name in [&open, &policed] {
         server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
