@@ -213,6 +213,9 @@ pub struct Settings {
         value_delimiter = ','
     )]
     pub egress_private_allow: Vec<String>,
+    /// A hosts-format file the egress gateway consults before the host's resolver.
+    #[arg(long = "egress-hosts", env = "AGENT_SANDBOX_EGRESS_HOSTS")]
+    pub egress_hosts: Option<PathBuf>,
     /// How many reconciles may run at once.
     #[arg(long, env = "AGENT_SANDBOX_RECONCILE_WORKERS", default_value_t = 8)]
     pub reconcile_workers: usize,

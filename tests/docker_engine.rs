@@ -101,6 +101,7 @@ fn plan(sandbox: &str) -> ContainerPlan {
             ("FOO".to_string(), "bar baz".to_string()),
             ("HOME".to_string(), "/root".to_string()),
         ]),
+        dns: Vec::new(),
         tmp_size_mb: 16,
         user: "1000:1000".into(),
         runtime: runtime(),

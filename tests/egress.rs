@@ -346,3 +346,287 @@ fn bad_egress_settings_stop_the_server_naming_the_variable() {
         "{text}"
     );
 }
+
+/// The test's own "internet": an HTTP server in a container on a network of the test's own,
+/// reachable from the host (where the gateway runs); its name comes from a hosts file.
+struct Internet {
+    _containers: Vec<ContainerGuard>,
+    _networks: NetworkGuard,
+    subnet: String,
+    upstream_ip: String,
+    private_ip: String,
+}
+
+fn internet() -> Internet {
+    let (net, other) = (unique("eg-inet"), unique("eg-lan"));
+    let networks = NetworkGuard(vec![net.clone(), other.clone()]);
+    docker(&["network", "create", &net]);
+    docker(&["network", "create", &other]);
+    let (up, lan) = (unique("eg-up"), unique("eg-lan-host"));
+    let containers = vec![ContainerGuard(up.clone()), ContainerGuard(lan.clone())];
+    for (name, network) in [(&up, &net), (&lan, &other)] {
+        docker(&[
+            "run", "-d", "--name", name, "--network", network, TEST_IMAGE, "sh", "-c",
+            "mkdir -p /www && echo hello-from-upstream > /www/index.html && httpd -f -p 8000 -h /www",
+        ]);
+    }
+    let ip = |name: &str, network: &str| {
+        inspect(&[name]).expect("container")["NetworkSettings"]["Networks"][network]["IPAddress"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let subnet = inspect(&["--type", "network", &net]).expect("network")["IPAM"]["Config"][0]
+        ["Subnet"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    Internet {
+        upstream_ip: ip(&up, &net),
+        private_ip: ip(&lan, &other),
+        subnet,
+        _containers: containers,
+        _networks: networks,
+    }
+}
+
+fn decisions(server: &Server, name: &str) -> Vec<Value> {
+    let (status, body) = server.request_raw(
+        "GET",
+        &format!("{API}/sandboxes/{name}/egress?follow=false"),
+        None,
+        "application/json",
+    );
+    assert_eq!(status, 200, "{body}");
+    body.lines()
+        .map(|l| serde_json::from_str(l).expect("an NDJSON line"))
+        .collect()
+}
+
+#[test]
+fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decision() {
+    if !python_image("the egress gateway test") {
+        return;
+    }
+    let world = internet();
+    let hosts = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        hosts.path(),
+        format!(
+            "{up} up.example.test other.example.test\n{lan} lan.example.test\n",
+            up = world.upstream_ip,
+            lan = world.private_ip
+        ),
+    )
+    .unwrap();
+    let net = unique("eg-gw");
+    let _networks = NetworkGuard(vec![format!("{net}-egress"), net.clone()]);
+    let hosts_path = hosts.path().to_str().unwrap().to_string();
+    let server = Server::start_with(&[
+        ("AGENT_SANDBOX_NETWORK_NAME", &net),
+        ("AGENT_SANDBOX_EGRESS_HOSTS", &hosts_path),
+        // The test's upstream lives in a private range: this server may reach that one block.
+        ("AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW", &world.subnet),
+    ]);
+    let allow = json!({"allow": ["up.example.test:8000", "lan.example.test"]});
+    // busybox (wget, nslookup) and python (urllib, raw sockets) under the same list.
+    let (name, py) = (unique("eg-gw"), unique("eg-gw-py"));
+    for (sandbox, image) in [(&name, TEST_IMAGE), (&py, PYTHON_IMAGE)] {
+        let spec = json!({"network": true, "egress": allow, "image": image});
+        let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+                         "metadata": {"name": sandbox}, "spec": spec});
+        let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+        assert_eq!(status, 201, "{body}");
+    }
+    server.wait_running(&py);
+    let running = server.wait_running(&name);
+    let id = running["status"]["containerID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // Docker was asked for the gateway's name server; the proxy variables are set.
+    let c = container(&name).expect("container");
+    let egress_gateway = inspect(&["--type", "network", &format!("{net}-egress")]).unwrap()["IPAM"]
+        ["Config"][0]["Gateway"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(c["HostConfig"]["Dns"], json!([egress_gateway]), "{c}");
+    let env = c["Config"]["Env"].to_string();
+    for var in [
+        "HTTP_PROXY=http://",
+        "https_proxy=http://",
+        "NO_PROXY=localhost,127.0.0.1",
+    ] {
+        assert!(env.contains(var), "{var} in {env}");
+    }
+
+    // Allowed over HTTP through the proxy (busybox wget honours http_proxy).
+    let (code, out) = inside(&server, &name, "wget -q -O - http://up.example.test:8000/");
+    assert_eq!(code, 0, "{out}\n{}", server.log());
+    assert!(out.contains("hello-from-upstream"), "{out}");
+    // And through python's urllib.
+    let (code, out) = inside(
+        &server,
+        &py,
+        "python3 -c \"import urllib.request as u; print(u.urlopen('http://up.example.test:8000/', timeout=10).read().decode())\"",
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("hello-from-upstream"), "{out}");
+    // Through a CONNECT tunnel: the bytes pass end to end, unread by the gateway.
+    let tunnel = "import os,socket; p=os.environ['https_proxy'].split('//')[1].split(':'); \
+        s=socket.create_connection((p[0],int(p[1])),10); \
+        s.sendall(b'CONNECT up.example.test:8000 HTTP/1.1\\r\\nHost: up.example.test:8000\\r\\n\\r\\n'); \
+        h=s.recv(4096); assert h.startswith(b'HTTP/1.1 200'), h; \
+        s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); d=b''; \
+        exec('while True:\\n c=s.recv(4096)\\n if not c: break\\n d+=c'); print(d.decode())";
+    let (code, out) = inside(&server, &py, &format!("python3 -c \"{tunnel}\""));
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("hello-from-upstream"), "{out}");
+
+    // A name the list does not allow: refused at once with the reason, and logged.
+    let started = std::time::Instant::now();
+    let (code, out) = inside(
+        &server,
+        &name,
+        "wget -q -O - http://other.example.test:8000/ 2>&1; echo rc=$?",
+    );
+    assert!(out.contains("403") || !out.contains("rc=0"), "{out}");
+    assert!(!out.contains("hello-from-upstream"), "{out}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let _ = code;
+    // A port the entry does not name, and a bare address.
+    let (_, out) = inside(
+        &server,
+        &name,
+        "wget -q -O - http://up.example.test:8001/ 2>&1; echo rc=$?",
+    );
+    assert!(!out.contains("rc=0"), "{out}");
+    let (_, out) = inside(
+        &server,
+        &name,
+        &format!(
+            "wget -q -O - http://{}:8000/ 2>&1; echo rc=$?",
+            world.upstream_ip
+        ),
+    );
+    assert!(
+        !out.contains("rc=0") && !out.contains("hello-from-upstream"),
+        "{out}"
+    );
+    // An allowed name that resolves to a private address (not in the server's exception).
+    let (_, out) = inside(
+        &server,
+        &name,
+        "wget -q -O - http://lan.example.test:8000/ 2>&1; echo rc=$?",
+    );
+    assert!(
+        !out.contains("rc=0") && !out.contains("hello-from-upstream"),
+        "{out}"
+    );
+
+    // DNS: an allowed name is answered, a denied one gets NXDOMAIN, a private one too.
+    let (_, out) = inside(&server, &name, "nslookup up.example.test 2>&1");
+    assert!(out.contains(&world.upstream_ip), "{out}");
+    let (_, out) = inside(
+        &server,
+        &name,
+        "nslookup other.example.test 2>&1; echo rc=$?",
+    );
+    assert!(
+        out.contains("NXDOMAIN") && !out.contains(&world.upstream_ip),
+        "{out}"
+    );
+    let (_, out) = inside(&server, &name, "nslookup lan.example.test 2>&1");
+    assert!(!out.contains(&world.private_ip), "{out}");
+
+    // Every decision is in the log, with its rule.
+    let mut log = Vec::new();
+    wait_until("the decisions are logged", Duration::from_secs(10), || {
+        log = decisions(&server, &name);
+        log.iter()
+            .any(|d| d["protocol"] == "http" && d["host"] == "lan.example.test")
+            && log
+                .iter()
+                .any(|d| d["protocol"] == "dns" && d["host"] == "other.example.test")
+    });
+    let find = |protocol: &str, host: &str, allowed: bool| {
+        log.iter()
+            .find(|d| d["protocol"] == protocol && d["host"] == host && d["allowed"] == allowed)
+            .unwrap_or_else(|| panic!("{protocol} {host} {allowed} in {log:#?}"))
+            .clone()
+    };
+    let http = find("http", "up.example.test", true);
+    assert_eq!(http["rule"], "up.example.test:8000");
+    assert_eq!(http["address"], world.upstream_ip.as_str());
+    assert_eq!(http["port"], 8000);
+    assert!(http["bytesIn"].as_u64().unwrap() > 0 && http["bytesOut"].as_u64().unwrap() > 0);
+    let denied = find("http", "other.example.test", false);
+    assert!(
+        denied["rule"].as_str().unwrap().contains("no entry allows"),
+        "{denied}"
+    );
+    let private = find("http", "lan.example.test", false);
+    assert!(
+        private["rule"].as_str().unwrap().contains("protected"),
+        "{private}"
+    );
+    find("dns", "up.example.test", true);
+    let nx = find("dns", "other.example.test", false);
+    assert!(
+        nx["rule"].as_str().unwrap().contains("no entry allows"),
+        "{nx}"
+    );
+    let tunnels = decisions(&server, &py);
+    let tls = tunnels
+        .iter()
+        .find(|d| d["protocol"] == "tls" && d["allowed"] == true)
+        .unwrap_or_else(|| panic!("a tunnel in {tunnels:#?}"));
+    assert_eq!(tls["rule"], "up.example.test:8000");
+    assert!(tls["bytesIn"].as_u64().unwrap() > 0, "{tls}");
+    for d in &log {
+        for key in [
+            "time", "protocol", "host", "address", "port", "allowed", "rule", "bytesOut", "bytesIn",
+        ] {
+            assert!(d.get(key).is_some(), "{key} in {d}");
+        }
+    }
+
+    // A live edit applies to the next connection, on the same container.
+    let mut doc = server.get("sandboxes", &name).unwrap();
+    doc["spec"]["egress"]["allow"] = json!(["other.example.test:8000"]);
+    let generation = doc["metadata"]["generation"].as_u64().unwrap();
+    let (status, body) = server.request("PUT", &format!("{API}/sandboxes/{name}"), Some(&doc));
+    assert_eq!(status, 200, "{body}");
+    let after = server.wait_running_at(&name, generation + 1, Duration::from_secs(30));
+    assert_eq!(after["status"]["containerID"], id.as_str(), "{after}");
+    let mut out = String::new();
+    wait_until("the edit applies", Duration::from_secs(5), || {
+        out = inside(
+            &server,
+            &name,
+            "wget -q -O - http://other.example.test:8000/ 2>&1",
+        )
+        .1;
+        out.contains("hello-from-upstream")
+    });
+    let (_, out) = inside(
+        &server,
+        &name,
+        "wget -q -O - http://up.example.test:8000/ 2>&1; echo rc=$?",
+    );
+    assert!(
+        !out.contains("rc=0") && !out.contains("hello-from-upstream"),
+        "{out}"
+    );
+
+    for sandbox in [&name, &py] {
+        server.request("DELETE", &format!("{API}/sandboxes/{sandbox}"), None);
+        server.wait_gone("sandboxes", sandbox);
+    }
+}

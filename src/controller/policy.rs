@@ -167,6 +167,9 @@ pub(super) fn error_policy(error: &ReconcileError) -> Verdict {
         ReconcileError::ImagePulling { .. } => ("PullingImage", Some(PULL_POLL)),
         ReconcileError::ImageNotAllowed(_) => ("ImageNotAllowed", Some(EXTERNAL_RETRY)),
         ReconcileError::EgressRequired => ("EgressRequired", None),
+        ReconcileError::EgressGateway { .. } | ReconcileError::EgressNoAddress(_) => {
+            ("EgressGatewayUnavailable", None)
+        }
         // The registry's reason is in the message; retried with the queue's backoff.
         ReconcileError::Engine(EngineError::PullFailed { .. }) => ("ImagePullFailed", None),
         ReconcileError::Engine(EngineError::ImageMissing(image)) => {

@@ -245,6 +245,41 @@ impl Engine for BollardEngine {
             .collect())
     }
 
+    async fn network_members(&self, name: &str) -> EngineResult<Vec<(String, std::net::IpAddr)>> {
+        let mut filters = managed_filter();
+        filters.insert("network".into(), vec![name.to_string()]);
+        filters.insert("status".into(), vec!["running".into()]);
+        let options = ListContainersOptions {
+            filters: Some(filters),
+            ..Default::default()
+        };
+        let summaries = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(map_err("list", &format!("containers on network {name}")))?;
+        Ok(summaries
+            .into_iter()
+            .filter_map(|c| {
+                let container = c
+                    .names
+                    .as_ref()?
+                    .first()?
+                    .trim_start_matches('/')
+                    .to_string();
+                let address = c
+                    .network_settings?
+                    .networks?
+                    .get(name)?
+                    .ip_address
+                    .as_deref()?
+                    .parse()
+                    .ok()?;
+                Some((container, address))
+            })
+            .collect())
+    }
+
     async fn list_volumes(&self) -> EngineResult<Vec<ManagedVolume>> {
         self.volumes_matching(managed_filter()).await
     }

@@ -543,6 +543,11 @@ impl Engine for FakeEngine {
         Ok(None)
     }
 
+    async fn network_members(&self, name: &str) -> EngineResult<Vec<(String, std::net::IpAddr)>> {
+        let _state = self.enter("network_members", name)?;
+        Ok(Vec::new())
+    }
+
     async fn image_exists(&self, image: &str) -> EngineResult<bool> {
         let state = self.enter("image_exists", image)?;
         Ok(state.images.as_ref().is_none_or(|i| i.contains(image)))
@@ -679,6 +684,7 @@ mod tests {
             network: None,
             read_only_rootfs: true,
             env: BTreeMap::new(),
+            dns: Vec::new(),
             tmp_size_mb: 16,
             user: "1000:1000".into(),
             runtime: None,

@@ -199,6 +199,8 @@ pub struct ContainerPlan {
     pub network: Option<String>,
     pub read_only_rootfs: bool,
     pub env: BTreeMap<String, String>,
+    /// Name servers the container uses instead of Docker's (the egress gateway's), if any.
+    pub dns: Vec<IpAddr>,
     pub tmp_size_mb: u64,
     /// `uid:gid`, never root (settings validation guarantees it).
     pub user: String,
@@ -397,6 +399,9 @@ pub trait Engine: Send + Sync + 'static {
     /// [`NetworkKind::Internal`] network that exists without Docker's `internal` flag is an
     /// error, never used: its sandboxes would have a route out.
     async fn ensure_network(&self, name: &str, kind: NetworkKind) -> EngineResult<Option<IpAddr>>;
+    /// The running managed containers on network `name`, by container name and address there:
+    /// how the egress gateway tells who is speaking.
+    async fn network_members(&self, name: &str) -> EngineResult<Vec<(String, IpAddr)>>;
     async fn image_exists(&self, image: &str) -> EngineResult<bool>;
     /// Events about managed objects, as they happen. The stream ends if the daemon goes away;
     /// callers re-subscribe.

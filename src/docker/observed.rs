@@ -163,6 +163,11 @@ impl Engine for ObservedEngine {
             .await
     }
 
+    async fn network_members(&self, name: &str) -> EngineResult<Vec<(String, std::net::IpAddr)>> {
+        self.timed("network_members", self.inner.network_members(name))
+            .await
+    }
+
     async fn image_exists(&self, image: &str) -> EngineResult<bool> {
         self.timed("image_exists", self.inner.image_exists(image))
             .await
