@@ -193,6 +193,29 @@ pub struct Settings {
     /// (with the API key or a preview token). Unset: no preview hosts.
     #[arg(long, env = "AGENT_SANDBOX_PREVIEW_DOMAIN")]
     pub preview_domain: Option<String>,
+    /// The allow list (entries as in `spec.egress.allow`, comma-separated) of sandboxes with a
+    /// network that set no `egress` of their own. Empty: such sandboxes keep the open network.
+    #[arg(
+        long = "egress-default",
+        env = "AGENT_SANDBOX_EGRESS_DEFAULT",
+        value_delimiter = ','
+    )]
+    pub egress_default: Vec<String>,
+    /// Refuse sandboxes with an open network: every sandbox with `network: true` must set
+    /// `egress` (or get `AGENT_SANDBOX_EGRESS_DEFAULT`).
+    #[arg(long, env = "AGENT_SANDBOX_EGRESS_REQUIRED", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub egress_required: bool,
+    /// Address blocks (comma-separated CIDRs) that egress may reach although they are private,
+    /// link-local or loopback.
+    #[arg(
+        long = "egress-private-allow",
+        env = "AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW",
+        value_delimiter = ','
+    )]
+    pub egress_private_allow: Vec<String>,
+    /// A hosts-format file the egress gateway consults before the host's resolver.
+    #[arg(long = "egress-hosts", env = "AGENT_SANDBOX_EGRESS_HOSTS")]
+    pub egress_hosts: Option<PathBuf>,
     /// How many reconciles may run at once.
     #[arg(long, env = "AGENT_SANDBOX_RECONCILE_WORKERS", default_value_t = 8)]
     pub reconcile_workers: usize,
@@ -328,10 +351,43 @@ impl Settings {
                 invalid("AGENT_SANDBOX_ALLOWED_IMAGES", format!("{pattern:?}: {e}"))
             })?;
         }
+        if let Err(error) = crate::resource::parse_allow_list(&self.egress_default) {
+            return Err(invalid(
+                "AGENT_SANDBOX_EGRESS_DEFAULT",
+                format!("entry {} {:?}: {}", error.index, error.entry, error.reason),
+            ));
+        }
+        self.egress_private_allow()?;
         if self.network_name.is_empty() {
             return Err(invalid("AGENT_SANDBOX_NETWORK_NAME", "must not be empty"));
         }
         Ok(())
+    }
+
+    /// `AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW` parsed.
+    pub fn egress_private_allow(&self) -> Result<Vec<crate::resource::Cidr>, SettingsError> {
+        self.egress_private_allow
+            .iter()
+            .map(|text| {
+                text.trim().parse().map_err(|reason| {
+                    invalid(
+                        "AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW",
+                        format!("{text:?}: {reason}"),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Whether sandboxes with a network that set no `egress` get the default list.
+    pub fn egress_by_default(&self) -> bool {
+        !self.egress_default.is_empty()
+    }
+
+    /// The Docker network of sandboxes whose egress goes through the gateway: created
+    /// `--internal`, so it has no route out of the host.
+    pub fn egress_network_name(&self) -> String {
+        format!("{}-egress", self.network_name)
     }
 
     pub fn sandbox_uid_gid(&self) -> Result<(u32, u32), SettingsError> {
@@ -403,6 +459,25 @@ mod tests {
         let mut s = Settings::for_tests(PathBuf::from("/tmp/x"));
         s.api_keys = vec!["short".into()];
         assert_eq!(s.validate().unwrap_err().variable, "AGENT_SANDBOX_API_KEYS");
+    }
+
+    #[test]
+    fn egress_settings_are_checked_and_name_their_variable() {
+        let mut s = Settings::for_tests(PathBuf::from("/tmp/x"));
+        assert!(!s.egress_by_default());
+        s.egress_default = vec!["pypi.org".into(), "*.com".into()];
+        let error = s.validate().unwrap_err();
+        assert_eq!(error.variable, "AGENT_SANDBOX_EGRESS_DEFAULT");
+        assert!(error.message.contains("entry 1 \"*.com\""), "{error}");
+        s.egress_default = vec!["pypi.org".into()];
+        s.validate().unwrap();
+        assert!(s.egress_by_default());
+        s.egress_private_allow = vec!["10.0.0.0/8".into(), "10.1.2.3/8".into()];
+        let error = s.validate().unwrap_err();
+        assert_eq!(error.variable, "AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW");
+        assert!(error.message.contains("10.1.2.3/8"), "{error}");
+        s.egress_private_allow = vec!["10.0.0.0/8".into()];
+        assert_eq!(s.egress_private_allow().unwrap().len(), 1);
     }
 
     #[test]

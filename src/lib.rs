@@ -32,6 +32,8 @@
 //! - [`gc`]: `agent-sandbox gc`, removing labeled objects no running server claims, and the
 //!   heartbeat by which a running server claims its own.
 //! - [`secrets`]: a `Secret`'s write-only value, from the store, the environment or a file.
+//! - [`egress`]: the egress policy of sandboxes with `spec.egress` (which destinations a
+//!   connection may reach, which addresses are always refused).
 //! - [`webhooks`]: delivering events to `Webhook` receivers, signed, from a durable outbox.
 //! - [`metrics`]: `GET /metrics` (what happens, recorded through a handle the working parts are
 //!   given; what is, read from the store and the host's cgroups at each scrape) and a sandbox's
@@ -54,6 +56,7 @@ pub mod controller;
 pub mod dataplane;
 pub mod docker;
 pub mod doctor;
+pub mod egress;
 pub mod export;
 pub mod gc;
 pub mod helper_binary;

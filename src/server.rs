@@ -116,6 +116,16 @@ pub async fn run(
         Arc::clone(&store),
         Arc::clone(&settings),
     ));
+    let egress = Arc::new(crate::egress::Gateway::new(
+        crate::egress::GatewaySettings {
+            network: settings.egress_network_name(),
+            hosts_file: settings.egress_hosts.clone(),
+            private_allow: settings.egress_private_allow()?,
+        },
+        Arc::clone(&engine),
+        Arc::clone(&store),
+    ));
+    controller.attach_egress(Arc::clone(&egress));
     let _controller_tasks = controller.spawn();
 
     let mut ports = crate::ports::Ports::new(Arc::clone(&engine), &settings);
@@ -147,6 +157,7 @@ pub async fn run(
                 move || queue.len()
             }),
         )),
+        egress: Some(egress),
     };
     let address = std::net::SocketAddr::new(settings.host, settings.port);
     let listener = tokio::net::TcpListener::bind(address)

@@ -79,6 +79,7 @@ async fn start_with(keys: ApiKeys, folder: Option<(&str, &str)>) -> Api {
             dyn_engine,
             Box::new(|| 0),
         )),
+        egress: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use agent_sandbox::docker::{
     container_name, volume_name, BollardEngine, ContainerPlan, Engine, EngineError, EngineEvent,
-    ExecOutput, ExecPlan, HELPER_HOSTS, HELPER_MOUNT, LABEL_ID, LABEL_MANAGED, LABEL_ROLE,
-    LABEL_SERVER, LABEL_SPEC_HASH, LABEL_UID, LOOPBACK_HOSTS, ROLE_HELPER,
+    ExecOutput, ExecPlan, NetworkKind, HELPER_HOSTS, HELPER_MOUNT, LABEL_ID, LABEL_MANAGED,
+    LABEL_ROLE, LABEL_SERVER, LABEL_SPEC_HASH, LABEL_UID, LOOPBACK_HOSTS, ROLE_HELPER,
 };
 use bytes::Bytes;
 use futures::stream::{self, StreamExt};
@@ -101,6 +101,7 @@ fn plan(sandbox: &str) -> ContainerPlan {
             ("FOO".to_string(), "bar baz".to_string()),
             ("HOME".to_string(), "/root".to_string()),
         ]),
+        dns: Vec::new(),
         tmp_size_mb: 16,
         user: "1000:1000".into(),
         runtime: runtime(),
@@ -832,8 +833,14 @@ async fn network_is_an_isolated_bridge() {
     let guard = Cleanup::new("net");
     let engine = connect().await;
     let network = format!("{}-net", guard.prefix);
-    engine.ensure_network(&network).await.unwrap();
-    engine.ensure_network(&network).await.unwrap();
+    engine
+        .ensure_network(&network, NetworkKind::Open)
+        .await
+        .unwrap();
+    engine
+        .ensure_network(&network, NetworkKind::Open)
+        .await
+        .unwrap();
 
     let docker = raw_docker().await;
     let listed = docker

@@ -42,6 +42,7 @@ fn options() -> ExportOptions {
             cpus: 1.0,
             memory_mb: 512,
             pids_limit: 256,
+            egress_by_default: false,
         },
         tmp_size_mb: 256,
         run_as_user: 1000,

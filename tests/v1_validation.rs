@@ -68,6 +68,7 @@ fn app_with(wait: Duration, adjust: impl FnOnce(&mut Settings)) -> App {
             engine_for_metrics,
             Box::new(|| 0),
         )),
+        egress: None,
     };
     let router = Router::from(routes).with_state(state);
     App {

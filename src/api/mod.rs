@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod egress;
 pub mod error;
 pub mod health;
 pub mod http;
@@ -61,6 +62,8 @@ pub struct AppState {
     pub ports: Arc<crate::ports::Ports>,
     /// `GET /metrics`, sandbox usage, and where requests are timed.
     pub metrics: Arc<crate::metrics::Exporter>,
+    /// The egress gateway, whose decision logs the API serves (none in tests without Docker).
+    pub egress: Option<Arc<crate::egress::Gateway>>,
 }
 
 /// Every route with its description, for a server with `settings`: health, the OpenAPI document
@@ -78,6 +81,7 @@ fn documented_routes(
         .merge(ports::routes())
         .merge(previews::routes())
         .merge(stats::routes())
+        .merge(egress::routes())
         .merge(v1::routes(settings));
     // `/metrics` is behind the key unless the settings make it public.
     let (protected, public) = if settings.metrics_public {

@@ -197,6 +197,25 @@ fn classify_sandbox(leaf: &str, server: &Value, wanted: &AnyResource) -> (Impact
             Impact::InPlace,
             Some("restarts only the services it changes, in the same container".into()),
         ),
+        "egress" => {
+            let had = !server["spec"]["egress"].is_null();
+            let has = wanted.as_sandbox().is_some_and(|s| s.spec.egress.is_some());
+            if had && has {
+                (
+                    Impact::InPlace,
+                    Some("the gateway applies the new list from the next connection on".into()),
+                )
+            } else {
+                (
+                    Impact::ReplacesContainer,
+                    Some(
+                        "moves the sandbox between the open network and the egress gateway's \
+                         internal one (without the server's AGENT_SANDBOX_EGRESS_DEFAULT list)"
+                            .into(),
+                    ),
+                )
+            }
+        }
         "source" => (
             Impact::Ignored,
             Some(
@@ -432,6 +451,29 @@ mod tests {
             text.contains("spec.cpus") && text.contains("1.0 -> 2.0"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn egress_list_edits_apply_in_place_turning_it_on_replaces() {
+        let with = |allow: &[&str]| SandboxSpec {
+            network: Some(true),
+            egress: Some(crate::resource::EgressSpec {
+                allow: allow.iter().map(|s| s.to_string()).collect(),
+            }),
+            ..base()
+        };
+        let server = server_of(&sandbox(with(&["a.example"])), json!({}));
+        let p = plan(Some(&server), &sandbox(with(&["a.example", "b.example"])));
+        assert_eq!(p.impact(), Some(Impact::InPlace), "{p:?}");
+        let open = SandboxSpec {
+            network: Some(true),
+            ..base()
+        };
+        let p = plan(Some(&server), &sandbox(open.clone()));
+        assert_eq!(p.impact(), Some(Impact::ReplacesContainer), "{p:?}");
+        let server = server_of(&sandbox(open), json!({}));
+        let p = plan(Some(&server), &sandbox(with(&["a.example"])));
+        assert_eq!(p.impact(), Some(Impact::ReplacesContainer), "{p:?}");
     }
 
     #[test]

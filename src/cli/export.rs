@@ -137,6 +137,7 @@ impl ServerDefaults {
                 cpus: self.default_cpus,
                 memory_mb: self.default_memory_mb,
                 pids_limit: self.default_pids_limit,
+                egress_by_default: false,
             },
             tmp_size_mb: self.tmp_size_mb,
             run_as_user: uid,

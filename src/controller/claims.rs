@@ -135,11 +135,22 @@ impl HandedOut {
     }
 }
 
-/// Hash of what makes members interchangeable: image, root filesystem mode, network, runtime.
-fn pool_key(image: &str, read_only_rootfs: bool, network: bool, runtime: &str) -> String {
+/// Hash of what makes members interchangeable: image, root filesystem mode, network (and whether
+/// it is the egress gateway's), runtime.
+fn pool_key(
+    image: &str,
+    read_only_rootfs: bool,
+    network: bool,
+    egress: bool,
+    runtime: &str,
+) -> String {
     use sha2::{Digest, Sha256};
-    let key = serde_json::json!({"image": image, "readOnlyRootfs": read_only_rootfs,
+    let mut key = serde_json::json!({"image": image, "readOnlyRootfs": read_only_rootfs,
         "network": network, "runtime": runtime});
+    // Only when set, so that the keys of existing pools stay what they were.
+    if egress {
+        key["egress"] = serde_json::Value::Bool(true);
+    }
     let digest = Sha256::digest(key.to_string().as_bytes());
     format!("pool-{}", hex::encode(&digest[..8]))
 }
@@ -180,6 +191,7 @@ impl Pools {
             &pool.spec.image,
             pool.spec.read_only_rootfs.unwrap_or(true),
             pool.spec.network.unwrap_or(false),
+            pool.spec.network.unwrap_or(false) && self.containers.settings.egress_by_default(),
             &self.runtime_of(pool),
         )
     }
@@ -229,6 +241,7 @@ impl Pools {
             &effective.image,
             effective.read_only_rootfs,
             effective.network,
+            effective.egress,
             &runtime,
         );
         let Some(pool) = self

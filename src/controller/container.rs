@@ -6,12 +6,14 @@
 //! is the part of the controller that knows how to do this; it decides nothing about when.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::error::ReconcileError;
 use super::names::{self, container_name, volume_name};
 use crate::config::Settings;
-use crate::docker::{ContainerPlan, Engine, EngineError, LABEL_SERVER, LABEL_UID};
+use crate::docker::{ContainerPlan, Engine, EngineError, NetworkKind, LABEL_SERVER, LABEL_UID};
+use crate::egress::Gateway;
 use crate::resource::{AppliedLimits, EffectiveSandbox, Sandbox, SandboxDefaults, SandboxPool};
 
 /// What making, swapping and removing containers needs: Docker, the settings, this server's
@@ -31,6 +33,14 @@ pub(super) struct Containers {
     /// Sandboxes whose deletion is being finished in the background (see
     /// [`Containers::remove_deleted`]).
     removing: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    /// The egress gateway policed sandboxes go through, once the server attached one.
+    pub(super) gateway: std::sync::OnceLock<Arc<Gateway>>,
+}
+
+/// The network a container joins, and for a policed one where its gateway listens.
+struct Joined {
+    network: String,
+    gateway: Option<IpAddr>,
 }
 
 impl Containers {
@@ -48,6 +58,7 @@ impl Containers {
             helper_binary,
             helper_volume: tokio::sync::Mutex::new(None),
             removing: Arc::default(),
+            gateway: std::sync::OnceLock::new(),
         }
     }
 
@@ -58,6 +69,7 @@ impl Containers {
             cpus: self.settings.default_cpus,
             memory_mb: self.settings.default_memory_mb,
             pids_limit: self.settings.default_pids_limit,
+            egress_by_default: self.settings.egress_by_default(),
         }
     }
 
@@ -76,15 +88,74 @@ impl Containers {
         Ok(Some(name))
     }
 
-    /// The network a container gets, made sure to exist, when it gets one.
-    async fn network(&self, wanted: bool) -> Result<Option<String>, ReconcileError> {
+    /// The network a container gets, made sure to exist, when it gets one: the open bridge, or
+    /// for `egress` the internal one whose only way out is the egress gateway (made sure to
+    /// listen there).
+    async fn network(&self, wanted: bool, egress: bool) -> Result<Option<Joined>, ReconcileError> {
         if !wanted {
             return Ok(None);
         }
-        self.engine
-            .ensure_network(&self.settings.network_name)
-            .await?;
-        Ok(Some(self.settings.network_name.clone()))
+        if !egress && self.settings.egress_required {
+            return Err(ReconcileError::EgressRequired);
+        }
+        let (name, kind) = if egress {
+            (self.settings.egress_network_name(), NetworkKind::Internal)
+        } else {
+            (self.settings.network_name.clone(), NetworkKind::Open)
+        };
+        let address = self.engine.ensure_network(&name, kind).await?;
+        let gateway = match (egress, self.gateway.get()) {
+            (true, Some(gateway)) => {
+                let address =
+                    address.ok_or_else(|| ReconcileError::EgressNoAddress(name.clone()))?;
+                gateway
+                    .listen_on(address)
+                    .await
+                    .map_err(|source| ReconcileError::EgressGateway { address, source })?;
+                Some(address)
+            }
+            _ => None,
+        };
+        Ok(Some(Joined {
+            network: name,
+            gateway,
+        }))
+    }
+
+    /// Tells the gateway the list of `sandbox`, running in `container`, when it is policed
+    /// (making sure the gateway listens, as after a restart); forgets it otherwise.
+    pub(super) async fn police(
+        &self,
+        sandbox: &Sandbox,
+        effective: &EffectiveSandbox,
+        container: &str,
+    ) -> Result<(), ReconcileError> {
+        let Some(gateway) = self.gateway.get() else {
+            return Ok(());
+        };
+        let name = sandbox.metadata.name.as_str();
+        if !effective.egress {
+            gateway.forget(name);
+            return Ok(());
+        }
+        // Validated on every write; a list that fails here allows nothing.
+        let rules = match &sandbox.spec.egress {
+            Some(egress) => egress.rules(),
+            None => crate::resource::parse_allow_list(&self.settings.egress_default),
+        }
+        .unwrap_or_default();
+        if !gateway.is_listening() {
+            self.network(true, true).await?;
+        }
+        gateway.set_policy(name, container, rules);
+        Ok(())
+    }
+
+    /// Forgets a deleted sandbox's list and decision log.
+    pub(super) fn unpolice(&self, name: &str) {
+        if let Some(gateway) = self.gateway.get() {
+            gateway.forget_deleted(name);
+        }
     }
 
     /// The container `sandbox` should have, with its workspace on `volume`. Checks that the
@@ -98,7 +169,8 @@ impl Containers {
         self.pulls
             .ensure(&effective.image, sandbox.spec.image_pull_policy)
             .await?;
-        let network = self.network(effective.network).await?;
+        let joined = self.network(effective.network, effective.egress).await?;
+        let (network, dns, env) = split_joined(joined);
         Ok(ContainerPlan {
             sandbox: sandbox.metadata.name.clone(),
             name: None,
@@ -111,8 +183,9 @@ impl Containers {
             network,
             read_only_rootfs: effective.read_only_rootfs,
             // Commands get the env from the spec when they start (see `container_hash`); a copy
-            // in the container would only go stale.
-            env: BTreeMap::new(),
+            // in the container would only go stale. Only the gateway's proxy settings live here.
+            env,
+            dns,
             tmp_size_mb: self.settings.tmp_size_mb,
             user: self.settings.sandbox_user.clone(),
             runtime: non_empty(&self.settings.docker_runtime),
@@ -134,7 +207,11 @@ impl Containers {
     ) -> Result<ContainerPlan, ReconcileError> {
         // Pools pull ahead: their members wait for the pull, not the sandboxes they serve.
         self.pulls.ensure(&pool.spec.image, None).await?;
-        let network = self.network(pool.spec.network.unwrap_or(false)).await?;
+        let network = pool.spec.network.unwrap_or(false);
+        let joined = self
+            .network(network, network && self.settings.egress_by_default())
+            .await?;
+        let (network, dns, env) = split_joined(joined);
         let defaults = self.defaults();
         Ok(ContainerPlan {
             sandbox: member.to_string(),
@@ -147,7 +224,8 @@ impl Containers {
             pids_limit: defaults.pids_limit,
             network,
             read_only_rootfs: pool.spec.read_only_rootfs.unwrap_or(true),
-            env: BTreeMap::new(),
+            env,
+            dns,
             tmp_size_mb: self.settings.tmp_size_mb,
             user: self.settings.sandbox_user.clone(),
             runtime: (!runtime.is_empty()).then_some(runtime),
@@ -483,4 +561,20 @@ pub(super) fn limits_for(effective: &EffectiveSandbox) -> AppliedLimits {
 
 fn non_empty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
+}
+
+/// The network name, name servers and environment a container gets from where it joins.
+fn split_joined(joined: Option<Joined>) -> (Option<String>, Vec<IpAddr>, BTreeMap<String, String>) {
+    let Some(joined) = joined else {
+        return (None, Vec::new(), BTreeMap::new());
+    };
+    let env = joined
+        .gateway
+        .map(|address| Gateway::proxy_env(address).into_iter().collect())
+        .unwrap_or_default();
+    (
+        Some(joined.network),
+        joined.gateway.into_iter().collect(),
+        env,
+    )
 }

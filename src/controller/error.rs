@@ -21,6 +21,23 @@ pub enum ReconcileError {
     /// The image is missing and the server's allowlist does not let it be pulled.
     #[error("image {0} is not in the server's allowed_images list, so it is not pulled")]
     ImageNotAllowed(String),
+    /// The server requires egress policies (`AGENT_SANDBOX_EGRESS_REQUIRED`) and the sandbox
+    /// asks for an open network.
+    #[error("this server requires spec.egress for sandboxes with a network (AGENT_SANDBOX_EGRESS_REQUIRED); add spec.egress.allow")]
+    EgressRequired,
+    /// The egress gateway could not listen on the internal network's host address; retried.
+    #[error("the egress gateway cannot listen on {address}: {source}")]
+    EgressGateway {
+        address: std::net::IpAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Docker reports no host address for the internal network, so there is nowhere for the
+    /// gateway to listen.
+    #[error(
+        "docker reports no gateway address for network {0}; the egress gateway cannot listen there"
+    )]
+    EgressNoAddress(String),
     #[error("docker: {0}")]
     Engine(#[from] EngineError),
     #[error("store: {0}")]

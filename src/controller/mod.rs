@@ -177,6 +177,12 @@ impl Controller {
         })
     }
 
+    /// Sends policed sandboxes through `gateway` from now on: their containers get its name
+    /// server and proxy, and it gets their lists.
+    pub fn attach_egress(&self, gateway: Arc<crate::egress::Gateway>) {
+        let _ = self.containers.gateway.set(gateway);
+    }
+
     /// Where the API reports sandbox activity (calls, running commands) for idle policies.
     pub fn activity(&self) -> &Arc<crate::activity::Activity> {
         &self.activity

@@ -166,6 +166,10 @@ pub(super) fn error_policy(error: &ReconcileError) -> Verdict {
         ReconcileError::MembersNotCreated(_) => ("CreateFailed", None),
         ReconcileError::ImagePulling { .. } => ("PullingImage", Some(PULL_POLL)),
         ReconcileError::ImageNotAllowed(_) => ("ImageNotAllowed", Some(EXTERNAL_RETRY)),
+        ReconcileError::EgressRequired => ("EgressRequired", None),
+        ReconcileError::EgressGateway { .. } | ReconcileError::EgressNoAddress(_) => {
+            ("EgressGatewayUnavailable", None)
+        }
         // The registry's reason is in the message; retried with the queue's backoff.
         ReconcileError::Engine(EngineError::PullFailed { .. }) => ("ImagePullFailed", None),
         ReconcileError::Engine(EngineError::ImageMissing(image)) => {
@@ -222,7 +226,8 @@ impl Failable for Sandbox {
                 );
             }
             ReconcileError::Engine(EngineError::PullFailed { .. })
-            | ReconcileError::ImageNotAllowed(_) => {
+            | ReconcileError::ImageNotAllowed(_)
+            | ReconcileError::EgressRequired => {
                 status.phase = SandboxPhase::Failed;
                 status.observed_generation = Some(generation);
                 note_pull(

@@ -112,6 +112,15 @@ pub(super) async fn reconcile(
         Ok(retired) => retired,
         Err(error) => return Err(Failure::reported(error, &sandbox, status)),
     };
+    if let Some(container) = status.container_id.clone() {
+        if let Err(error) = ctl
+            .containers
+            .police(&sandbox, &effective, &container)
+            .await
+        {
+            return Err(Failure::reported(error, &sandbox, status));
+        }
+    }
     if desired != SandboxState::Running && rollback_error.is_none() {
         // Made or rebuilt just now: held as the spec asks from the start.
         match power::hold(ctl, &sandbox, &effective, &status, desired).await {
@@ -483,6 +492,7 @@ async fn delete(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Result<Outcome, 
     // belonging to no sandbox (their new names are none's, their labels carry this uid).
     ctl.services.release(name);
     let uid = sandbox.metadata.uid.clone().unwrap_or_default();
+    ctl.containers.unpolice(name);
     let retired = ctl.containers.retire_deleted(name, &uid).await?;
     let recorded = sandbox
         .status

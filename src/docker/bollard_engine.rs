@@ -245,6 +245,41 @@ impl Engine for BollardEngine {
             .collect())
     }
 
+    async fn network_members(&self, name: &str) -> EngineResult<Vec<(String, std::net::IpAddr)>> {
+        let mut filters = managed_filter();
+        filters.insert("network".into(), vec![name.to_string()]);
+        filters.insert("status".into(), vec!["running".into()]);
+        let options = ListContainersOptions {
+            filters: Some(filters),
+            ..Default::default()
+        };
+        let summaries = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(map_err("list", &format!("containers on network {name}")))?;
+        Ok(summaries
+            .into_iter()
+            .filter_map(|c| {
+                let container = c
+                    .names
+                    .as_ref()?
+                    .first()?
+                    .trim_start_matches('/')
+                    .to_string();
+                let address = c
+                    .network_settings?
+                    .networks?
+                    .get(name)?
+                    .ip_address
+                    .as_deref()?
+                    .parse()
+                    .ok()?;
+                Some((container, address))
+            })
+            .collect())
+    }
+
     async fn list_volumes(&self) -> EngineResult<Vec<ManagedVolume>> {
         self.volumes_matching(managed_filter()).await
     }
@@ -531,36 +566,45 @@ impl Engine for BollardEngine {
         }
     }
 
-    async fn ensure_network(&self, name: &str) -> EngineResult<()> {
+    async fn ensure_network(
+        &self,
+        name: &str,
+        kind: NetworkKind,
+    ) -> EngineResult<Option<std::net::IpAddr>> {
         let what = format!("network {name}");
+        let internal = kind == NetworkKind::Internal;
         let _one_creator = self.networks.lock().await;
-        match self
-            .docker
-            .inspect_network(name, None::<InspectNetworkOptions>)
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(e) if is_status(&e, 404) => {}
-            Err(e) => return Err(map_err("inspect", &what)(e)),
+        for attempt in 0..2 {
+            match self
+                .docker
+                .inspect_network(name, None::<InspectNetworkOptions>)
+                .await
+            {
+                Ok(network) => {
+                    if internal && network.internal != Some(true) {
+                        return Err(EngineError::Docker {
+                            operation: format!("use of {what}"),
+                            message:
+                                "it exists but is not internal (it has a route out of the \
+                                      host); remove it or choose another AGENT_SANDBOX_NETWORK_NAME"
+                                    .into(),
+                        });
+                    }
+                    let gateway = network
+                        .ipam
+                        .and_then(|ipam| ipam.config)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter_map(|config| config.gateway?.parse().ok())
+                        .find(std::net::IpAddr::is_ipv4);
+                    return Ok(gateway);
+                }
+                Err(e) if is_status(&e, 404) && attempt == 0 => {}
+                Err(e) => return Err(map_err("inspect", &what)(e)),
+            }
+            create_network(&self.docker, name, internal).await?;
         }
-        let request = NetworkCreateRequest {
-            name: name.to_string(),
-            driver: Some("bridge".into()),
-            options: Some(HashMap::from([(
-                "com.docker.network.bridge.enable_icc".to_string(),
-                "false".to_string(),
-            )])),
-            labels: Some(HashMap::from([(
-                LABEL_MANAGED.to_string(),
-                "true".to_string(),
-            )])),
-            ..Default::default()
-        };
-        match self.docker.create_network(request).await {
-            Ok(_) => Ok(()),
-            Err(e) if is_status(&e, 409) => Ok(()),
-            Err(e) => Err(map_err("create", &what)(e)),
-        }
+        Err(EngineError::NotFound { what })
     }
 
     async fn image_exists(&self, image: &str) -> EngineResult<bool> {
@@ -606,5 +650,29 @@ impl Engine for BollardEngine {
 
     async fn prepare_workspace(&self, container: &str, uid: u32, gid: u32) -> EngineResult<()> {
         dataplane::prepare_workspace(&self.docker, container, uid, gid).await
+    }
+}
+
+/// Creates a labeled sandbox bridge with inter-container traffic disabled; `internal` ones have
+/// no route out of the host. An existing one (a concurrent creator won) is no error.
+async fn create_network(docker: &bollard::Docker, name: &str, internal: bool) -> EngineResult<()> {
+    let request = NetworkCreateRequest {
+        name: name.to_string(),
+        driver: Some("bridge".into()),
+        internal: Some(internal),
+        options: Some(HashMap::from([(
+            "com.docker.network.bridge.enable_icc".to_string(),
+            "false".to_string(),
+        )])),
+        labels: Some(HashMap::from([(
+            LABEL_MANAGED.to_string(),
+            "true".to_string(),
+        )])),
+        ..Default::default()
+    };
+    match docker.create_network(request).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, 409) => Ok(()),
+        Err(e) => Err(map_err("create", &format!("network {name}"))(e)),
     }
 }

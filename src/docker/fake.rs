@@ -533,10 +533,19 @@ impl Engine for FakeEngine {
         })
     }
 
-    async fn ensure_network(&self, name: &str) -> EngineResult<()> {
+    async fn ensure_network(
+        &self,
+        name: &str,
+        _kind: NetworkKind,
+    ) -> EngineResult<Option<std::net::IpAddr>> {
         let mut state = self.enter("ensure_network", name)?;
         state.networks.insert(name.to_string());
-        Ok(())
+        Ok(None)
+    }
+
+    async fn network_members(&self, name: &str) -> EngineResult<Vec<(String, std::net::IpAddr)>> {
+        let _state = self.enter("network_members", name)?;
+        Ok(Vec::new())
     }
 
     async fn image_exists(&self, image: &str) -> EngineResult<bool> {
@@ -675,6 +684,7 @@ mod tests {
             network: None,
             read_only_rootfs: true,
             env: BTreeMap::new(),
+            dns: Vec::new(),
             tmp_size_mb: 16,
             user: "1000:1000".into(),
             runtime: None,

@@ -18,6 +18,7 @@ pub mod fake;
 mod observed;
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::pin::Pin;
 
 use async_trait::async_trait;
@@ -168,6 +169,15 @@ impl EngineCapabilities {
 
 pub type EngineResult<T> = Result<T, EngineError>;
 
+/// What a sandbox network leads to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetworkKind {
+    /// A bridge with a route out of the host.
+    Open,
+    /// A bridge created `--internal`: no route out; only the host's address on it is reachable.
+    Internal,
+}
+
 /// Everything that shapes one sandbox container. Limits can later change in place
 /// ([`Engine::update_limits`]); the rest needs a new container.
 #[derive(Clone, Debug, PartialEq)]
@@ -189,6 +199,8 @@ pub struct ContainerPlan {
     pub network: Option<String>,
     pub read_only_rootfs: bool,
     pub env: BTreeMap<String, String>,
+    /// Name servers the container uses instead of Docker's (the egress gateway's), if any.
+    pub dns: Vec<IpAddr>,
     pub tmp_size_mb: u64,
     /// `uid:gid`, never root (settings validation guarantees it).
     pub user: String,
@@ -382,8 +394,14 @@ pub trait Engine: Send + Sync + 'static {
     ) -> EngineResult<()>;
     async fn pause(&self, id: &str) -> EngineResult<()>;
     async fn unpause(&self, id: &str) -> EngineResult<()>;
-    /// Creates the dedicated bridge (inter-container traffic disabled) unless it exists.
-    async fn ensure_network(&self, name: &str) -> EngineResult<()>;
+    /// Creates the dedicated bridge (inter-container traffic disabled) unless it exists, and
+    /// returns the host's own address on it (its gateway), when Docker reports one. An
+    /// [`NetworkKind::Internal`] network that exists without Docker's `internal` flag is an
+    /// error, never used: its sandboxes would have a route out.
+    async fn ensure_network(&self, name: &str, kind: NetworkKind) -> EngineResult<Option<IpAddr>>;
+    /// The running managed containers on network `name`, by container name and address there:
+    /// how the egress gateway tells who is speaking.
+    async fn network_members(&self, name: &str) -> EngineResult<Vec<(String, IpAddr)>>;
     async fn image_exists(&self, image: &str) -> EngineResult<bool>;
     /// Events about managed objects, as they happen. The stream ends if the daemon goes away;
     /// callers re-subscribe.

@@ -17,7 +17,7 @@ use futures::stream::BoxStream;
 
 use super::{
     ContainerDetails, ContainerPlan, Engine, EngineCapabilities, EngineEvent, EngineResult,
-    ExecPlan, ExecSession, ExecState, ManagedContainer, ManagedVolume, PullProgress,
+    ExecPlan, ExecSession, ExecState, ManagedContainer, ManagedVolume, NetworkKind, PullProgress,
 };
 
 /// Told about every Docker call: the operation's name (the [`Engine`] method's), whether it
@@ -154,8 +154,17 @@ impl Engine for ObservedEngine {
         self.timed("unpause", self.inner.unpause(id)).await
     }
 
-    async fn ensure_network(&self, name: &str) -> EngineResult<()> {
-        self.timed("ensure_network", self.inner.ensure_network(name))
+    async fn ensure_network(
+        &self,
+        name: &str,
+        kind: NetworkKind,
+    ) -> EngineResult<Option<std::net::IpAddr>> {
+        self.timed("ensure_network", self.inner.ensure_network(name, kind))
+            .await
+    }
+
+    async fn network_members(&self, name: &str) -> EngineResult<Vec<(String, std::net::IpAddr)>> {
+        self.timed("network_members", self.inner.network_members(name))
             .await
     }
 

@@ -4,6 +4,7 @@
 //! This module owns what a valid document is. It knows nothing about disk, Docker or HTTP: the store
 //! decides where documents live, the controller what they mean for containers.
 
+mod egress;
 mod event;
 mod fork;
 mod meta;
@@ -22,6 +23,9 @@ use std::str::FromStr;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use egress::{
+    canonical, parse_allow_list, AllowEntryError, AllowRule, Cidr, EgressSpec, Target,
+};
 pub use event::{Event, EventMeta, EventSeverity, ObjectReference, Occurrence};
 pub use fork::{ForkOverrides, ForkPhase, ForkSpec, ForkStatus};
 pub use meta::{
@@ -32,7 +36,7 @@ pub use pool::{SandboxPoolSpec, SandboxPoolStatus};
 pub use sandbox::{
     AppliedLimits, EffectiveSandbox, IdleAction, IdlePolicy, ImagePullPolicy, ImagePullProgress,
     RollbackRecord, RollbackRequest, SandboxDefaults, SandboxPhase, SandboxSource, SandboxSpec,
-    SandboxState, SandboxStatus,
+    SandboxState, SandboxStatus, SpecError,
 };
 pub use secret::{SecretSpec, SecretStatus, ValueFrom};
 pub use service::{

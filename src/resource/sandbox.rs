@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::egress::{AllowEntryError, EgressSpec};
 use super::meta::Condition;
 
 /// Desired state of one sandbox. Every limit is optional; the server's defaults fill the gaps and
@@ -33,6 +34,11 @@ pub struct SandboxSpec {
     /// Join the dedicated bridge network (inter-container traffic disabled) instead of loopback only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<bool>,
+    /// What the network may reach: with it set, nothing but the destinations `allow` lists
+    /// (through the server's egress gateway). Needs `network: true`. Edits of the list apply to
+    /// the next connection, in the same container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressSpec>,
     /// Keep the root filesystem read-only (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_only_rootfs: Option<bool>,
@@ -273,6 +279,25 @@ pub struct RollbackRecord {
     pub completed_at: DateTime<Utc>,
 }
 
+/// A spec the schema lets through but that cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("spec.egress needs spec.network: true")]
+    EgressWithoutNetwork,
+    #[error(transparent)]
+    Allow(AllowEntryError),
+}
+
+impl SpecError {
+    /// JSON pointer of the offending value.
+    pub fn pointer(&self) -> String {
+        match self {
+            SpecError::EgressWithoutNetwork => "/spec/egress".into(),
+            SpecError::Allow(e) => format!("/spec/egress/allow/{}", e.index),
+        }
+    }
+}
+
 /// Server defaults and bounds that turn a [`SandboxSpec`] into concrete values.
 #[derive(Clone, Debug)]
 pub struct SandboxDefaults {
@@ -280,6 +305,8 @@ pub struct SandboxDefaults {
     pub cpus: f64,
     pub memory_mb: u64,
     pub pids_limit: u64,
+    /// Sandboxes with a network that set no `egress` get the server's default allow list.
+    pub egress_by_default: bool,
 }
 
 /// A sandbox spec with every default filled in: what the container is actually built from.
@@ -290,6 +317,8 @@ pub struct EffectiveSandbox {
     pub memory_mb: u64,
     pub pids_limit: u64,
     pub network: bool,
+    /// The network goes through the egress gateway (an allow list applies), rather than open.
+    pub egress: bool,
     pub read_only_rootfs: bool,
     pub env: BTreeMap<String, String>,
 }
@@ -305,15 +334,29 @@ impl SandboxSpec {
     }
 
     pub fn effective(&self, defaults: &SandboxDefaults) -> EffectiveSandbox {
+        let network = self.network.unwrap_or(false);
         EffectiveSandbox {
+            egress: network && (self.egress.is_some() || defaults.egress_by_default),
             image: self.image.clone().unwrap_or_else(|| defaults.image.clone()),
             cpus: self.cpus.unwrap_or(defaults.cpus),
             memory_mb: self.memory_mb.unwrap_or(defaults.memory_mb),
             pids_limit: self.pids_limit.unwrap_or(defaults.pids_limit),
-            network: self.network.unwrap_or(false),
+            network,
             read_only_rootfs: self.read_only_rootfs.unwrap_or(true),
             env: self.env.clone(),
         }
+    }
+
+    /// What a schema cannot say: every `egress.allow` entry is one, and `egress` comes with
+    /// `network: true`.
+    pub fn check(&self) -> Result<(), SpecError> {
+        let Some(egress) = &self.egress else {
+            return Ok(());
+        };
+        if self.network != Some(true) {
+            return Err(SpecError::EgressWithoutNetwork);
+        }
+        egress.rules().map(|_| ()).map_err(SpecError::Allow)
     }
 
     /// The state the spec asks for.
@@ -360,11 +403,16 @@ impl EffectiveSandbox {
     /// container carries it), so a change reaches the next command without a new container.
     pub fn container_hash(&self) -> String {
         use sha2::{Digest, Sha256};
-        let shape = serde_json::json!({
+        let mut shape = serde_json::json!({
             "image": self.image,
             "network": self.network,
             "readOnlyRootfs": self.read_only_rootfs,
         });
+        // Only when set, so that the containers of sandboxes without egress keep their hash.
+        // The list itself is left out: the gateway reads it at each connection.
+        if self.egress {
+            shape["egress"] = serde_json::Value::Bool(true);
+        }
         let digest = Sha256::digest(shape.to_string().as_bytes());
         hex::encode(&digest[..8])
     }
@@ -380,7 +428,53 @@ mod tests {
             cpus: 1.0,
             memory_mb: 512,
             pids_limit: 256,
+            egress_by_default: false,
         }
+    }
+
+    #[test]
+    fn egress_needs_a_network_and_valid_entries() {
+        let mut spec = SandboxSpec {
+            egress: Some(EgressSpec {
+                allow: vec!["pypi.org".into()],
+            }),
+            ..SandboxSpec::default()
+        };
+        assert_eq!(spec.check(), Err(SpecError::EgressWithoutNetwork));
+        spec.network = Some(true);
+        spec.check().unwrap();
+        spec.egress = Some(EgressSpec {
+            allow: vec!["pypi.org".into(), "*.org:99999".into()],
+        });
+        let error = spec.check().unwrap_err();
+        assert_eq!(error.pointer(), "/spec/egress/allow/1");
+        assert!(
+            error.to_string().contains("allow[1] \"*.org:99999\""),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_allow_list_changes_in_place_but_policing_does_not() {
+        let open = SandboxSpec {
+            network: Some(true),
+            ..SandboxSpec::default()
+        };
+        let mut policed = open.clone();
+        policed.egress = Some(EgressSpec {
+            allow: vec!["a.example".into()],
+        });
+        let mut edited = policed.clone();
+        edited.egress = Some(EgressSpec {
+            allow: vec!["b.example".into()],
+        });
+        let hash = |s: &SandboxSpec| s.effective(&defaults()).container_hash();
+        assert_eq!(hash(&policed), hash(&edited));
+        assert_ne!(hash(&open), hash(&policed));
+        let mut by_default = defaults();
+        by_default.egress_by_default = true;
+        assert!(open.effective(&by_default).egress);
+        assert!(!SandboxSpec::default().effective(&by_default).egress);
     }
 
     #[test]

@@ -323,7 +323,15 @@ pub fn value_to_resource(
         Kind::Secret => serde_json::from_value(value).map(AnyResource::Secret),
         Kind::Webhook => serde_json::from_value(value).map(AnyResource::Webhook),
     };
-    converted.map_err(|e| fail(e.to_string(), None, ""))
+    let resource = converted.map_err(|e| fail(e.to_string(), None, ""))?;
+    if let AnyResource::Sandbox(sandbox) = &resource {
+        if let Err(error) = sandbox.spec.check() {
+            let pointer = error.pointer();
+            let field = pointer.trim_start_matches('/').replace('/', ".");
+            return Err(fail(error.to_string(), Some(field), &pointer));
+        }
+    }
+    Ok(resource)
 }
 
 /// Every number with no fractional part written as an integer (`64.0` becomes `64`), so that

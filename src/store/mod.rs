@@ -28,6 +28,7 @@
 
 mod api;
 mod atomic;
+mod egress_log;
 mod event_log;
 mod folders;
 mod identity;
@@ -52,6 +53,7 @@ use crate::resource::{AnyResource, Kind};
 use index::{Inner, Source};
 
 pub use atomic::write_atomic;
+pub use egress_log::{EgressLog, EGRESS_LOG_BYTES};
 pub use event_log::{EventChange, EventLimits, EventLog, Recorder};
 pub use identity::{read_or_create_private, replace_private, PrivateFile};
 pub use snapshots::{DataStamp, SnapshotWrite};
@@ -175,6 +177,8 @@ pub struct Store {
     cow_touched: trees::Touched,
     /// What happened to resources (see `event_log.rs`).
     event_log: EventLog,
+    /// The egress gateway's decisions, per sandbox (see `egress_log.rs`).
+    egress_log: EgressLog,
 }
 
 impl Store {
@@ -233,6 +237,7 @@ impl Store {
             snapshot_writes: Default::default(),
             cow_touched: Default::default(),
             event_log: EventLog::open(&data_dir.join("events.json"), EventLimits::default()),
+            egress_log: EgressLog::open(&data_dir.join("egress")),
         });
         for index in 0..source_count {
             store.rescan(index);
@@ -251,6 +256,11 @@ impl Store {
     /// The events recorded about resources.
     pub fn events(&self) -> &EventLog {
         &self.event_log
+    }
+
+    /// The egress gateway's decision logs.
+    pub fn egress_log(&self) -> &EgressLog {
+        &self.egress_log
     }
 
     /// The handle through which events are recorded.

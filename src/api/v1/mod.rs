@@ -298,7 +298,24 @@ async fn awake_target(
     require_running: bool,
 ) -> Result<SandboxTarget, ApiError> {
     let sandbox = crate::api::power::awake(state, sandbox).await?;
-    target(&sandbox, require_running)
+    let mut target = target(&sandbox, require_running)?;
+    target.env = with_egress_env(state, &sandbox.metadata.name, target.env);
+    Ok(target)
+}
+
+/// `env` over the egress proxy variables of a policed sandbox.
+pub(crate) fn with_egress_env(
+    state: &AppState,
+    name: &str,
+    env: std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    let Some(gateway) = &state.egress else {
+        return env;
+    };
+    let mut merged: std::collections::BTreeMap<String, String> =
+        gateway.sandbox_env(name).into_iter().collect();
+    merged.extend(env);
+    merged
 }
 
 /// Data-plane refusals with the reference's statuses; it answers 400 for a stopped sandbox.

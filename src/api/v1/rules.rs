@@ -80,6 +80,14 @@ pub fn resolve(settings: &Settings, wanted: Wanted) -> Result<SandboxSpec, ApiEr
             "this server does not allow sandboxes with network access".into(),
         ));
     }
+    if wanted.network && settings.egress_required && !settings.egress_by_default() {
+        return Err(ApiError::Forbidden(
+            "this server requires an egress policy for sandboxes with network access \
+             (AGENT_SANDBOX_EGRESS_REQUIRED), and /v1 cannot carry one: create the sandbox \
+             through the resource API with spec.egress"
+                .into(),
+        ));
+    }
     check_env(&wanted.env)?;
     let ttl = in_range(
         wanted.timeout_seconds,
@@ -221,6 +229,20 @@ mod tests {
             message(resolve(&settings, w).unwrap_err()),
             (400, "invalid environment variable name 'A'".into())
         );
+        settings.egress_required = true;
+        let w = Wanted {
+            network: true,
+            ..wanted()
+        };
+        let (status, text) = message(resolve(&settings, w).unwrap_err());
+        assert_eq!(status, 403);
+        assert!(text.contains("AGENT_SANDBOX_EGRESS_REQUIRED"), "{text}");
+        settings.egress_default = vec!["pypi.org".into()];
+        let w = Wanted {
+            network: true,
+            ..wanted()
+        };
+        assert!(resolve(&settings, w).is_ok());
         settings.allow_network = false;
         let w = Wanted {
             network: true,

@@ -25,6 +25,7 @@ const POLL: Duration = Duration::from_millis(500);
 pub const TERMINAL_REASONS: &[&str] = &[
     "ImageMissing",
     "ImageNotAllowed",
+    "EgressRequired",
     "ImagePullFailed",
     "SnapshotNotFound",
     "SnapshotFailed",

@@ -1,0 +1,433 @@
+//! The gateway's shared state: who is speaking (a policed sandbox, by its source address on the
+//! internal network), what its list allows (set by the controller, replaced live on edits), how
+//! names resolve (the hosts file first, then the host's resolver), and where decisions go (the
+//! store's per-sandbox log, and live followers). The listeners live in `dns` and `proxy`.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::{broadcast, mpsc};
+use tokio::task::JoinHandle;
+
+use super::policy::{self, Protected, Verdict};
+use crate::docker::{container_name, Engine};
+use crate::resource::{AllowRule, Cidr};
+use crate::store::Store;
+
+/// The port of the HTTP proxy on the bridge's host address.
+pub const PROXY_PORT: u16 = 3128;
+/// A lookup of the host's resolver gets this long.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// An unknown source makes the gateway ask Docker again at most this often.
+const MEMBERS_REFRESH: Duration = Duration::from_millis(500);
+/// Decisions waiting to be written; beyond this, new ones are counted and dropped.
+const LOG_QUEUE: usize = 4096;
+
+/// What the gateway needs from the server's settings.
+#[derive(Clone, Debug, Default)]
+pub struct GatewaySettings {
+    /// The internal network of policed sandboxes.
+    pub network: String,
+    /// `AGENT_SANDBOX_EGRESS_HOSTS`: a hosts-format file consulted before the host's resolver.
+    pub hosts_file: Option<PathBuf>,
+    /// `AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW`.
+    pub private_allow: Vec<Cidr>,
+}
+
+/// One line of a sandbox's decision log.
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    pub time: chrono::DateTime<chrono::Utc>,
+    /// `dns`, `http` or `tls` (a `CONNECT` tunnel).
+    pub protocol: String,
+    pub host: String,
+    /// The address connected to (or answered), when there was one.
+    pub address: Option<IpAddr>,
+    pub port: Option<u16>,
+    pub allowed: bool,
+    /// The entry that allowed it, or why it was refused.
+    pub rule: String,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+}
+
+/// A policed sandbox, as a connection of it sees it.
+#[derive(Clone)]
+pub(super) struct Tenant {
+    pub sandbox: String,
+    pub rules: Arc<Vec<AllowRule>>,
+}
+
+struct Policy {
+    container: String,
+    rules: Arc<Vec<AllowRule>>,
+}
+
+#[derive(Default)]
+struct Members {
+    /// Source address → container name, as Docker last said.
+    by_address: HashMap<IpAddr, String>,
+    refreshed: Option<Instant>,
+    /// A policy changed containers since: ask Docker before trusting the map.
+    stale: bool,
+}
+
+pub(super) struct Shared {
+    engine: Arc<dyn Engine>,
+    settings: GatewaySettings,
+    policies: RwLock<HashMap<String, Policy>>,
+    members: tokio::sync::Mutex<Members>,
+    /// The addresses the gateway listens on: the host's, so protected.
+    listening: RwLock<HashSet<IpAddr>>,
+    log: mpsc::Sender<(String, Decision)>,
+    followers: broadcast::Sender<Arc<(String, String)>>,
+}
+
+/// The egress gateway: a DNS server and an HTTP proxy on the host's address of the internal
+/// network, deciding each lookup and connection of a policed sandbox against its list.
+pub struct Gateway {
+    shared: Arc<Shared>,
+    store: Arc<Store>,
+    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    /// Serializes `listen_on`.
+    binding: tokio::sync::Mutex<()>,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        for task in self.tasks.get_mut().map(std::mem::take).unwrap_or_default() {
+            task.abort();
+        }
+    }
+}
+
+impl Gateway {
+    /// A gateway not listening yet; decisions are written through `store`.
+    pub fn new(settings: GatewaySettings, engine: Arc<dyn Engine>, store: Arc<Store>) -> Gateway {
+        let (log, mut queued) = mpsc::channel::<(String, Decision)>(LOG_QUEUE);
+        let shared = Arc::new(Shared {
+            engine,
+            settings,
+            policies: RwLock::default(),
+            members: Default::default(),
+            listening: RwLock::default(),
+            log,
+            followers: broadcast::channel(1024).0,
+        });
+        let followers = shared.followers.clone();
+        let writer_store = Arc::clone(&store);
+        let writer = tokio::spawn(async move {
+            while let Some((sandbox, decision)) = queued.recv().await {
+                let Ok(line) = serde_json::to_string(&decision) else {
+                    continue;
+                };
+                let store = Arc::clone(&writer_store);
+                let (name, text) = (sandbox.clone(), line.clone());
+                let _ =
+                    tokio::task::spawn_blocking(move || store.egress_log().append(&name, &text))
+                        .await;
+                let _ = followers.send(Arc::new((sandbox, line)));
+            }
+        });
+        Gateway {
+            shared,
+            store,
+            tasks: std::sync::Mutex::new(vec![writer]),
+            binding: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Whether the gateway listens anywhere yet.
+    pub fn is_listening(&self) -> bool {
+        !read(&self.shared.listening).is_empty()
+    }
+
+    /// Whether the gateway listens on `address` already.
+    pub fn is_listening_on(&self, address: IpAddr) -> bool {
+        read(&self.shared.listening).contains(&address)
+    }
+
+    /// Starts the DNS server (UDP and TCP 53) and the proxy ([`PROXY_PORT`]) on `address`, the
+    /// host's address on the internal network, unless they run there already.
+    pub async fn listen_on(&self, address: IpAddr) -> std::io::Result<()> {
+        let _one_at_a_time = self.binding.lock().await;
+        if self.is_listening_on(address) {
+            return Ok(());
+        }
+        let udp = tokio::net::UdpSocket::bind((address, 53)).await?;
+        let dns_tcp = tokio::net::TcpListener::bind((address, 53)).await?;
+        let proxy = tokio::net::TcpListener::bind((address, PROXY_PORT)).await?;
+        let shared = &self.shared;
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        tasks.push(tokio::spawn(super::dns::serve_udp(Arc::clone(shared), udp)));
+        tasks.push(tokio::spawn(super::dns::serve_tcp(
+            Arc::clone(shared),
+            dns_tcp,
+        )));
+        tasks.push(tokio::spawn(super::proxy::serve(Arc::clone(shared), proxy)));
+        write(&shared.listening).insert(address);
+        tracing::info!(%address, "egress gateway listening (dns 53, proxy {PROXY_PORT})");
+        Ok(())
+    }
+
+    /// The environment a policed sandbox gets so that its clients use the proxy at `address`.
+    pub fn proxy_env(address: IpAddr) -> Vec<(String, String)> {
+        let url = format!("http://{}", std::net::SocketAddr::new(address, PROXY_PORT));
+        let mut env = Vec::new();
+        for key in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            env.push((key.to_string(), url.clone()));
+        }
+        for key in ["NO_PROXY", "no_proxy"] {
+            env.push((key.to_string(), "localhost,127.0.0.1".to_string()));
+        }
+        env
+    }
+
+    /// The proxy variables commands in `sandbox` get, when it is policed and the gateway
+    /// listens (commands do not inherit the container's environment; the API adds these).
+    pub fn sandbox_env(&self, sandbox: &str) -> Vec<(String, String)> {
+        if !read(&self.shared.policies).contains_key(sandbox) {
+            return Vec::new();
+        }
+        let address = read(&self.shared.listening).iter().next().copied();
+        address.map(Gateway::proxy_env).unwrap_or_default()
+    }
+
+    /// Sets (or replaces) the list of `sandbox`, whose container is `container`: the next
+    /// lookup or connection is decided by it.
+    pub fn set_policy(&self, sandbox: &str, container: &str, rules: Vec<AllowRule>) {
+        let mut policies = write(&self.shared.policies);
+        if let Some(current) = policies.get(sandbox) {
+            if current.container == container && *current.rules == rules {
+                return;
+            }
+        }
+        let moved = policies
+            .get(sandbox)
+            .is_none_or(|current| current.container != container);
+        policies.insert(
+            sandbox.to_string(),
+            Policy {
+                container: container.to_string(),
+                rules: Arc::new(rules),
+            },
+        );
+        drop(policies);
+        if moved {
+            if let Ok(mut members) = self.shared.members.try_lock() {
+                members.stale = true;
+            } else {
+                let shared = Arc::clone(&self.shared);
+                tokio::spawn(async move { shared.members.lock().await.stale = true });
+            }
+        }
+    }
+
+    /// Forgets `sandbox`'s list: it is no longer policed.
+    pub fn forget(&self, sandbox: &str) {
+        write(&self.shared.policies).remove(sandbox);
+    }
+
+    /// Forgets a deleted sandbox: its list and its decision log (a new sandbox of the name
+    /// starts afresh).
+    pub fn forget_deleted(&self, sandbox: &str) {
+        self.forget(sandbox);
+        self.store.egress_log().remove(sandbox);
+    }
+
+    /// The kept decision lines of `sandbox`, oldest first.
+    pub fn decisions(&self, sandbox: &str) -> Vec<String> {
+        self.store.egress_log().read(sandbox)
+    }
+
+    /// New decision lines as they are written: `(sandbox, line)`.
+    pub fn follow(&self) -> broadcast::Receiver<Arc<(String, String)>> {
+        self.shared.followers.subscribe()
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// The policed sandbox speaking from `source`, if any.
+    pub(super) async fn tenant(&self, source: IpAddr) -> Option<Tenant> {
+        let source = crate::resource::canonical(source);
+        let mut members = self.members.lock().await;
+        let fresh_enough = members
+            .refreshed
+            .is_some_and(|at| at.elapsed() < MEMBERS_REFRESH);
+        if let (false, Some(tenant)) = (members.stale, self.tenant_of(&members, source)) {
+            return Some(tenant);
+        }
+        if fresh_enough && !members.stale {
+            return None;
+        }
+        match self.engine.network_members(&self.settings.network).await {
+            Ok(list) => {
+                members.by_address = list
+                    .into_iter()
+                    .map(|(container, address)| (crate::resource::canonical(address), container))
+                    .collect();
+                members.stale = false;
+            }
+            Err(error) => tracing::warn!(%error, "egress: cannot list the policed sandboxes"),
+        }
+        members.refreshed = Some(Instant::now());
+        self.tenant_of(&members, source)
+    }
+
+    fn tenant_of(&self, members: &Members, source: IpAddr) -> Option<Tenant> {
+        let container = members.by_address.get(&source)?;
+        let policies = read(&self.policies);
+        policies
+            .iter()
+            .find(|(sandbox, _)| container_name(sandbox) == *container)
+            .map(|(sandbox, policy)| Tenant {
+                sandbox: sandbox.clone(),
+                rules: Arc::clone(&policy.rules),
+            })
+    }
+
+    /// What no sandbox reaches unless told so; the gateway's own addresses included.
+    pub(super) fn protected(&self) -> Protected {
+        Protected {
+            private_allow: self.settings.private_allow.clone(),
+            host_addresses: read(&self.listening).iter().copied().collect(),
+        }
+    }
+
+    /// The addresses `name` resolves to: the hosts file first, then the host's resolver.
+    pub(super) async fn resolve(&self, name: &str) -> Vec<IpAddr> {
+        if let Some(path) = &self.settings.hosts_file {
+            match tokio::fs::read_to_string(path).await {
+                Ok(text) => {
+                    let found = super::resolve::from_hosts(&text, name);
+                    if !found.is_empty() {
+                        return found;
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "egress: cannot read the hosts file"),
+            }
+        }
+        let lookup = tokio::net::lookup_host((name, 0));
+        match tokio::time::timeout(RESOLVE_TIMEOUT, lookup).await {
+            Ok(Ok(found)) => {
+                let mut addresses: Vec<IpAddr> = found.map(|a| a.ip()).collect();
+                addresses.dedup();
+                addresses
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Answers a lookup of `name` by the sandbox at `source`: its addresses, when the list allows
+    /// the name and none of them is protected; `None` (NXDOMAIN) otherwise. Nothing is resolved
+    /// for a name the list does not allow.
+    pub(super) async fn lookup(&self, source: IpAddr, name: &str) -> Option<Vec<IpAddr>> {
+        let tenant = self.tenant(source).await?;
+        let Some(rule) = policy::rule_for_lookup(&tenant.rules, name) else {
+            self.record(
+                &tenant.sandbox,
+                Decision::new(
+                    "dns",
+                    name,
+                    None,
+                    None,
+                    false,
+                    format!("no entry allows {name}"),
+                ),
+            );
+            return None;
+        };
+        let addresses = self.resolve(name).await;
+        let verdict = answerable(&tenant.rules, &self.protected(), rule, name, &addresses);
+        self.record(
+            &tenant.sandbox,
+            Decision::new(
+                "dns",
+                name,
+                addresses.first().copied(),
+                None,
+                verdict.allowed,
+                verdict.rule,
+            ),
+        );
+        verdict.allowed.then_some(addresses)
+    }
+
+    /// Appends `decision` to `sandbox`'s log (dropped, with a warning, when the writer is
+    /// flooded: the gateway never waits on its log).
+    pub(super) fn record(&self, sandbox: &str, decision: Decision) {
+        if self.log.try_send((sandbox.to_string(), decision)).is_err() {
+            tracing::warn!(
+                sandbox,
+                "egress decision log is behind; a decision was not logged"
+            );
+        }
+    }
+}
+
+/// Whether a lookup of `name`, allowed by `rule`, may be answered with `addresses`: only if
+/// every one of them passes the protection check (at the entry's port, if it names one).
+fn answerable(
+    rules: &[AllowRule],
+    protected: &Protected,
+    rule: &AllowRule,
+    name: &str,
+    addresses: &[IpAddr],
+) -> Verdict {
+    if addresses.is_empty() {
+        return Verdict {
+            allowed: false,
+            rule: format!("{name} does not resolve"),
+        };
+    }
+    let port = rule.port.unwrap_or(0);
+    for address in addresses {
+        let verdict = policy::decide_address(rules, protected, *address, port, Some(rule));
+        if !verdict.allowed {
+            return Verdict {
+                allowed: false,
+                rule: format!("{name} resolves to a {}", verdict.rule),
+            };
+        }
+    }
+    Verdict {
+        allowed: true,
+        rule: rule.text.clone(),
+    }
+}
+
+impl Decision {
+    pub(super) fn new(
+        protocol: &'static str,
+        host: &str,
+        address: Option<IpAddr>,
+        port: Option<u16>,
+        allowed: bool,
+        rule: String,
+    ) -> Decision {
+        Decision {
+            time: chrono::Utc::now(),
+            protocol: protocol.to_string(),
+            host: host.to_string(),
+            address,
+            port,
+            allowed,
+            rule,
+            bytes_out: 0,
+            bytes_in: 0,
+        }
+    }
+}

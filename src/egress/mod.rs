@@ -1,0 +1,16 @@
+//! Egress policy: what a sandbox with `spec.egress` (or the server's default list) may reach.
+//! Such sandboxes sit on an internal Docker network with no route out of the host (the
+//! controller puts them there); this module owns the decisions on their lookups and connections
+//! and the gateway that carries out the allowed ones: a DNS server and an HTTP proxy on the
+//! host's address of that network. The controller tells the gateway each sandbox's list; the
+//! gateway asks the `docker` module who holds a source address and writes its decisions through
+//! the `store`. It never touches Docker or the data directory itself.
+
+mod dns;
+mod gateway;
+pub mod policy;
+mod proxy;
+mod resolve;
+
+pub use gateway::{Decision, Gateway, GatewaySettings, PROXY_PORT};
+pub use policy::{decide_address, decide_name, protected_block, Protected, Verdict};
