@@ -1,7 +1,8 @@
 //! The gateway's shared state: who is speaking (a policed sandbox, by its source address on the
 //! internal network), what its list allows (set by the controller, replaced live on edits), how
 //! names resolve (the hosts file first, then the host's resolver), and where decisions go (the
-//! store's per-sandbox log, and live followers). The listeners live in `dns` and `proxy`.
+//! store's per-sandbox log, and live followers). The listeners live in `dns` and `proxy`, and
+//! `listen.rs` starts them, so that they depend on this state and not the other way round.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -83,7 +84,7 @@ pub(super) struct Shared {
     policies: RwLock<HashMap<String, Policy>>,
     members: tokio::sync::Mutex<Members>,
     /// The addresses the gateway listens on: the host's, so protected.
-    listening: RwLock<HashSet<IpAddr>>,
+    pub(super) listening: RwLock<HashSet<IpAddr>>,
     log: mpsc::Sender<(String, Decision)>,
     followers: broadcast::Sender<Arc<(String, String)>>,
 }
@@ -91,11 +92,11 @@ pub(super) struct Shared {
 /// The egress gateway: a DNS server and an HTTP proxy on the host's address of the internal
 /// network, deciding each lookup and connection of a policed sandbox against its list.
 pub struct Gateway {
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     store: Arc<Store>,
-    tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    pub(super) tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
     /// Serializes `listen_on`.
-    binding: tokio::sync::Mutex<()>,
+    pub(super) binding: tokio::sync::Mutex<()>,
 }
 
 impl Drop for Gateway {
@@ -150,29 +151,6 @@ impl Gateway {
     /// Whether the gateway listens on `address` already.
     pub fn is_listening_on(&self, address: IpAddr) -> bool {
         read(&self.shared.listening).contains(&address)
-    }
-
-    /// Starts the DNS server (UDP and TCP 53) and the proxy ([`PROXY_PORT`]) on `address`, the
-    /// host's address on the internal network, unless they run there already.
-    pub async fn listen_on(&self, address: IpAddr) -> std::io::Result<()> {
-        let _one_at_a_time = self.binding.lock().await;
-        if self.is_listening_on(address) {
-            return Ok(());
-        }
-        let udp = tokio::net::UdpSocket::bind((address, 53)).await?;
-        let dns_tcp = tokio::net::TcpListener::bind((address, 53)).await?;
-        let proxy = tokio::net::TcpListener::bind((address, PROXY_PORT)).await?;
-        let shared = &self.shared;
-        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
-        tasks.push(tokio::spawn(super::dns::serve_udp(Arc::clone(shared), udp)));
-        tasks.push(tokio::spawn(super::dns::serve_tcp(
-            Arc::clone(shared),
-            dns_tcp,
-        )));
-        tasks.push(tokio::spawn(super::proxy::serve(Arc::clone(shared), proxy)));
-        write(&shared.listening).insert(address);
-        tracing::info!(%address, "egress gateway listening (dns 53, proxy {PROXY_PORT})");
-        Ok(())
     }
 
     /// The environment a policed sandbox gets so that its clients use the proxy at `address`.
@@ -255,7 +233,7 @@ fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(|e| e.into_inner())
 }
 
-fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+pub(super) fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(|e| e.into_inner())
 }
 

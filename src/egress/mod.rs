@@ -8,6 +8,7 @@
 
 mod dns;
 mod gateway;
+mod listen;
 pub mod policy;
 mod proxy;
 mod resolve;

@@ -6,6 +6,7 @@
 
 mod egress;
 mod event;
+mod field_error;
 mod fork;
 mod meta;
 mod pool;

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::schema::FieldError;
+use super::field_error::FieldError;
 
 /// One service: a command started as a process of the sandbox (so `logs` and `attach` work on
 /// it) and started again per its `restartPolicy`.
