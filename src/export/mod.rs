@@ -385,6 +385,19 @@ fn sandbox(
             ),
         });
     }
+    if !spec.services.is_empty() {
+        let names: Vec<&str> = spec.services.iter().map(|s| s.name.as_str()).collect();
+        gaps.push(Gap {
+            object: object.to_string(),
+            field: Some("spec.services".into()),
+            kind: GapKind::NotExpressed,
+            reason: format!(
+                "{}: the server keeps these running inside the sandbox; a pod would run each \
+                 as a container of its own, which is not exported",
+                names.join(", ")
+            ),
+        });
+    }
     if let Some(auto_resume) = spec.auto_resume {
         gaps.push(Gap {
             object: object.to_string(),
@@ -445,7 +458,7 @@ fn sandbox(
         "metadata": metadata(name, options, &labels, &annotations),
         "spec": k8s_spec,
     });
-    let egress = Egress::from_network(effective.network);
+    let egress = Egress::from_spec(effective.network, spec.egress.as_ref());
     let policy = network::network_policy(
         &format!("{name}-network"),
         options.namespace.as_deref(),

@@ -10,6 +10,7 @@
 use serde_json::{json, Value};
 
 use super::{Gap, GapKind};
+use crate::resource::{AllowRule, EgressSpec, Target};
 
 /// The label every exported sandbox pod carries, which its NetworkPolicy selects.
 pub const SANDBOX_LABEL: &str = "agent-sandbox.io/sandbox";
@@ -64,7 +65,7 @@ impl Protocol {
 }
 
 impl Egress {
-    /// The egress of a sandbox or pool as our spec states it today.
+    /// The egress of a pool, or of a sandbox without an allow-list.
     pub fn from_network(network: bool) -> Egress {
         if network {
             Egress::Open
@@ -72,6 +73,39 @@ impl Egress {
             Egress::Denied
         }
     }
+
+    /// The egress of a sandbox: its `spec.egress` allow-list when it has one (on the network),
+    /// else what `network` says. A list that does not parse (refused on every write, so only a
+    /// hand-made object) allows nothing rather than everything.
+    pub fn from_spec(network: bool, egress: Option<&EgressSpec>) -> Egress {
+        let Some(egress) = egress.filter(|_| network) else {
+            return Egress::from_network(network);
+        };
+        match egress.rules() {
+            Ok(rules) => Egress::AllowList(rules.iter().map(allow_rule).collect()),
+            Err(_) => Egress::Denied,
+        }
+    }
+}
+
+/// One entry of an allow-list as a destination: a CIDR is an IP block, a name (or `*.suffix`)
+/// stays a name, which NetworkPolicy cannot select and `egress_rules` reports.
+fn allow_rule(rule: &AllowRule) -> EgressRule {
+    let to = match &rule.target {
+        Target::Cidr(cidr) => EgressTarget::Cidr(format!("{}/{}", cidr.network, cidr.prefix)),
+        Target::Host(host) => EgressTarget::Host(host.clone()),
+        Target::Suffix(suffix) => EgressTarget::Host(format!("*.{suffix}")),
+    };
+    let ports = rule
+        .port
+        .map(|port| {
+            vec![EgressPort {
+                protocol: Protocol::Tcp,
+                port,
+            }]
+        })
+        .unwrap_or_default();
+    EgressRule { to, ports }
 }
 
 /// The NetworkPolicy egress rules for `egress`: `None` when egress is not restricted at all.
