@@ -446,6 +446,10 @@ fn read_u64(path: &std::path::Path) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
+/// Processes of the server's own `docker exec`s that may join a sandbox's cgroup while a fork
+/// bomb holds it at its pids limit: one exec's runc init, helper and child, twice over.
+const EXEC_JOINERS: u64 = 6;
+
 #[test]
 fn pids_limit_contains_a_fork_bomb() {
     let server = Server::start();
@@ -493,9 +497,12 @@ fn pids_limit_contains_a_fork_bomb() {
         assert_eq!((code, out.as_str()), (0, "calm\n"));
         std::thread::sleep(Duration::from_millis(300));
     }
+    // The pids controller refuses forks past the limit, not processes that join the cgroup: a
+    // `docker exec` the server makes meanwhile (e.g. reading the listening ports) adds its few
+    // processes on top of a full cgroup.
     assert!(
-        max_seen <= host_limit,
-        "{max_seen} pids > limit {host_limit}"
+        max_seen <= host_limit + EXEC_JOINERS,
+        "{max_seen} pids > limit {host_limit} (+{EXEC_JOINERS} for the server's own execs)"
     );
     if pids_current.is_some() && !gvisor() {
         // The bomb really ran into the limit (gVisor's kernel dies first: its own threads count).
