@@ -21,6 +21,10 @@ pub struct Settings {
         hide_env_values = true
     )]
     pub api_keys: Vec<String>,
+    /// A YAML file of scoped API keys (`{name, sha256, namespaces, role}`, managed with
+    /// `agent-sandbox keys`), reloaded when it changes. The keys above stay admin keys.
+    #[arg(long, env = "AGENT_SANDBOX_KEYS_FILE")]
+    pub keys_file: Option<PathBuf>,
     /// Turn authentication off entirely (only for local experiments).
     #[arg(long, env = "AGENT_SANDBOX_INSECURE_NO_AUTH", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub insecure_no_auth: bool,
@@ -189,6 +193,12 @@ pub struct Settings {
     /// `host_workspace_access` and root); `false` copies every restore's content.
     #[arg(long, env = "AGENT_SANDBOX_COPY_ON_WRITE", default_value = "true", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub copy_on_write: bool,
+    /// Reach a runc sandbox's ports (proxy, previews, port-forward) by connecting from this host
+    /// inside its network namespace (needs root with CAP_SYS_ADMIN and a daemon on this host);
+    /// `false`, or where that is not possible (gVisor, a remote daemon), every connection is
+    /// relayed by the in-sandbox helper over a `docker exec`.
+    #[arg(long, env = "AGENT_SANDBOX_DIRECT_PORTS", default_value = "true", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub direct_ports: bool,
     /// Preview hosts: requests with `Host: {port}-{name}.{domain}` go to that sandbox's port
     /// (with the API key or a preview token). Unset: no preview hosts.
     #[arg(long, env = "AGENT_SANDBOX_PREVIEW_DOMAIN")]

@@ -13,6 +13,7 @@ use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::header;
 use axum::response::Response;
+use axum::Extension;
 use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -131,6 +132,7 @@ pub fn routes() -> ApiRouter<AppState> {
 
 async fn portforward(
     State(state): State<AppState>,
+    Extension(principal): Extension<crate::authz::Principal>,
     Path(name): Path<String>,
     Query(query): Query<Vec<(String, String)>>,
     ws: WebSocketUpgrade,
@@ -158,7 +160,9 @@ async fn portforward(
         .protocols([PORTFORWARD_PROTOCOL])
         .max_message_size(MAX_FORWARD_MESSAGE)
         .max_frame_size(MAX_FORWARD_MESSAGE)
-        .on_upgrade(move |socket| pump(socket, tunnel)))
+        .on_upgrade(move |socket| async move {
+            principal.while_valid(pump(socket, tunnel)).await;
+        }))
 }
 
 /// Copies the socket's binary messages into the tunnel and the tunnel's bytes out as binary
@@ -211,6 +215,10 @@ fn split_proxy_path(path: &str) -> Option<(&str, &str, &str, &str)> {
 }
 
 async fn proxy(State(state): State<AppState>, request: Request) -> Result<Response, ApiError> {
+    let stop = request
+        .extensions()
+        .get::<crate::authz::Principal>()
+        .and_then(|p| p.revocation());
     let path = request.uri().path().to_string();
     let (name, port, rest, prefix) =
         split_proxy_path(&path).ok_or_else(|| ApiError::NotFound("Not Found".into()))?;
@@ -239,6 +247,7 @@ async fn proxy(State(state): State<AppState>, request: Request) -> Result<Respon
             super::session::KEY_COOKIE.to_string(),
             super::session::CSRF_COOKIE.to_string(),
         ],
+        stop,
     };
     state
         .ports

@@ -1,5 +1,6 @@
-//! Reaching what listens inside a sandbox: TCP connections to `127.0.0.1:PORT` in its container
-//! through the in-sandbox helper (`tunnel.rs`, so it works with `network: false`), HTTP requests
+//! Reaching what listens inside a sandbox: TCP connections to `127.0.0.1:PORT` in its container,
+//! made from this host inside a runc container's network namespace (`direct.rs`) or relayed by
+//! the in-sandbox helper (`tunnel.rs`; both work with `network: false`), HTTP requests
 //! forwarded over them with streaming bodies and upgrades (`proxy.rs`), and signed preview
 //! tokens (`preview.rs`).
 //!
@@ -9,20 +10,23 @@
 //! (the tunnel goes through the [`Engine`]) and never touches the data directory itself (the
 //! preview secret and revocations go through `store`).
 
+mod direct;
 pub mod preview;
 pub mod proxy;
 mod tunnel;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
+pub use direct::{read_net_table, DirectError};
 pub use proxy::Forwarded;
 pub use tunnel::Tunnel;
 
 use crate::config::Settings;
-use crate::docker::{Engine, EngineError};
+use crate::docker::{is_gvisor, Engine, EngineError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PortError {
@@ -75,6 +79,9 @@ pub struct Ports {
     engine: Arc<dyn Engine>,
     user: String,
     previews: Option<preview::Previews>,
+    /// Whether connections may be made from this host in the container's network namespace;
+    /// turned off for good the first time the host refuses it (no privilege for it).
+    direct: AtomicBool,
     /// Kept-alive HTTP connections by (container, port), so that a request need not start a
     /// relay (one `docker exec`) when the sandbox's server keeps connections open.
     idle: Arc<Mutex<IdleConnections>>,
@@ -86,6 +93,7 @@ impl Ports {
             engine,
             user: settings.sandbox_user.clone(),
             previews: None,
+            direct: AtomicBool::new(settings.direct_ports),
             idle: Arc::default(),
         }
     }
@@ -101,9 +109,59 @@ impl Ports {
         self.previews.as_ref()
     }
 
-    /// One TCP connection to `127.0.0.1:port` in `container`.
+    /// One TCP connection to `127.0.0.1:port` in `container`: made directly where it can be,
+    /// relayed by the helper otherwise.
     pub async fn connect(&self, container: &str, port: u16) -> Result<Tunnel, PortError> {
-        Tunnel::open(&self.engine, container, &self.user, port).await
+        if port == 0 {
+            return Err(PortError::BadPort(port.to_string()));
+        }
+        if self.direct.load(Ordering::Relaxed) {
+            if let Some(tunnel) = self.connect_direct(container, port).await? {
+                return Ok(tunnel);
+            }
+        }
+        Tunnel::relay(&self.engine, container, &self.user, port).await
+    }
+
+    /// A connection made from this host, `None` where that is not possible for this container.
+    async fn connect_direct(
+        &self,
+        container: &str,
+        port: u16,
+    ) -> Result<Option<Tunnel>, PortError> {
+        let Some(details) = self.engine.inspect_container(container).await? else {
+            return Ok(None);
+        };
+        if !details.running || details.paused || details.runtime.as_deref().is_none_or(is_gvisor) {
+            return Ok(None);
+        }
+        let (pid, id) = (details.pid, details.id.clone());
+        let made = tokio::task::spawn_blocking(move || direct::connect(pid, &id, port))
+            .await
+            .map_err(|e| PortError::Relay(e.to_string()))?;
+        match made.and_then(|stream| {
+            stream
+                .set_nodelay(true)
+                .and_then(|()| stream.set_nonblocking(true))
+                .and_then(|()| tokio::net::TcpStream::from_std(stream))
+                .map_err(|e| direct::DirectError::Unavailable(e.to_string()))
+        }) {
+            Ok(stream) => Ok(Some(Tunnel::direct(stream))),
+            Err(direct::DirectError::Refused) => Err(PortError::NotListening {
+                port,
+                why: "connection refused".into(),
+            }),
+            Err(direct::DirectError::Unavailable(why)) => {
+                if why.starts_with("setns") {
+                    // The host will not let this server join namespaces: relay from now on.
+                    self.direct.store(false, Ordering::Relaxed);
+                    tracing::info!("sandbox ports are relayed through docker exec: {why}");
+                } else {
+                    tracing::debug!(container, "no direct connection, relaying: {why}");
+                }
+                Ok(None)
+            }
+        }
     }
 
     fn idle(&self) -> std::sync::MutexGuard<'_, IdleConnections> {
@@ -166,7 +224,7 @@ impl Ports {
                 match sender.try_send_request(outgoing).await {
                     Ok(answer) => {
                         self.keep(key, sender);
-                        return proxy::finish(answer, None, port);
+                        return proxy::finish(answer, None, port, None);
                     }
                     // The connection closed before the request went out: try another.
                     Err(mut e) => match e.take_message() {
@@ -185,7 +243,7 @@ impl Ports {
         if client_upgrade.is_none() && answer.status() != StatusCode::SWITCHING_PROTOCOLS {
             self.keep(key, sender);
         }
-        proxy::finish(answer, client_upgrade, port)
+        proxy::finish(answer, client_upgrade, port, forwarded.stop.clone())
     }
 }
 

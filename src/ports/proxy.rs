@@ -32,6 +32,8 @@ pub struct Forwarded {
     pub path_and_query: String,
     /// Cookies that are this server's own (preview sessions): never forwarded.
     pub strip_cookies: Vec<String>,
+    /// Ends an upgraded connection's byte pipe when cancelled (the client's key was revoked).
+    pub stop: Option<tokio_util::sync::CancellationToken>,
 }
 
 /// Marks a response that came from a sandbox, so that nothing rewrites it on the way out.
@@ -212,6 +214,7 @@ pub fn finish(
     mut answer: hyper::Response<hyper::body::Incoming>,
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     port: u16,
+    stop: Option<tokio_util::sync::CancellationToken>,
 ) -> Result<Response, PortError> {
     let upstream = |why: String| PortError::Upstream { port, why };
     if answer.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -224,7 +227,11 @@ pub fn finish(
                 return;
             };
             let (mut client, mut sandbox) = (TokioIo::new(client), TokioIo::new(sandbox));
-            let _ = tokio::io::copy_bidirectional(&mut client, &mut sandbox).await;
+            let stop = stop.unwrap_or_default();
+            tokio::select! {
+                _ = tokio::io::copy_bidirectional(&mut client, &mut sandbox) => {}
+                _ = stop.cancelled() => {}
+            }
         });
         let (mut parts, _) = answer.into_parts();
         parts.extensions = Default::default();

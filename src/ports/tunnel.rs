@@ -1,6 +1,8 @@
-//! One TCP connection to `127.0.0.1:PORT` inside a sandbox: a `docker exec` of
-//! `agent-sandbox-helper relay PORT` (through the engine, like every Docker call) whose stdin and
-//! stdout carry the connection's bytes, so it works in a sandbox with no network at all.
+//! One TCP connection to `127.0.0.1:PORT` inside a sandbox: either a socket made in the
+//! container's network namespace from this host (`direct.rs`, runc on a local daemon), or a
+//! `docker exec` of `agent-sandbox-helper relay PORT` (through the engine, like every Docker
+//! call) whose stdin and stdout carry the connection's bytes. Both work in a sandbox with no
+//! network at all.
 //!
 //! A [`Tunnel`] is a plain byte stream ([`AsyncRead`] + [`AsyncWrite`]): shutting down its write
 //! side or dropping it ends the connection inside the sandbox (the helper exits when its stdin
@@ -29,7 +31,18 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 /// How much of the helper's stderr is kept for messages.
 const STDERR_KEEP: usize = 512;
 
+/// A connection into a sandbox, however it was made.
 pub struct Tunnel {
+    inner: Inner,
+}
+
+enum Inner {
+    Direct(tokio::net::TcpStream),
+    Relay(Relay),
+}
+
+/// The relayed kind: the helper's exec, its output read chunk by chunk.
+struct Relay {
     output: BoxStream<'static, EngineResult<ExecOutput>>,
     input: Pin<Box<dyn AsyncWrite + Send>>,
     /// Bytes read from the exec and not yet handed out.
@@ -38,16 +51,25 @@ pub struct Tunnel {
 }
 
 impl Tunnel {
-    /// Connects to `127.0.0.1:port` in `container`, as `user`.
-    pub async fn open(
+    /// A socket already connected inside the sandbox.
+    pub fn direct(stream: tokio::net::TcpStream) -> Tunnel {
+        Tunnel {
+            inner: Inner::Direct(stream),
+        }
+    }
+
+    /// Whether the bytes go through a relay in the sandbox (for logs and tests).
+    pub fn is_relayed(&self) -> bool {
+        matches!(self.inner, Inner::Relay(_))
+    }
+
+    /// Connects to `127.0.0.1:port` in `container`, as `user`, through the in-sandbox relay.
+    pub async fn relay(
         engine: &Arc<dyn Engine>,
         container: &str,
         user: &str,
         port: u16,
     ) -> Result<Tunnel, PortError> {
-        if port == 0 {
-            return Err(PortError::BadPort(port.to_string()));
-        }
         let plan = ExecPlan {
             argv: vec![
                 format!("{HELPER_MOUNT}/{HELPER_BINARY}"),
@@ -90,15 +112,57 @@ impl Tunnel {
             ));
         }
         Ok(Tunnel {
-            output,
-            input,
-            pending: connected.slice(1..),
-            ended: false,
+            inner: Inner::Relay(Relay {
+                output,
+                input,
+                pending: connected.slice(1..),
+                ended: false,
+            }),
         })
     }
 }
 
 impl AsyncRead for Tunnel {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match &mut self.inner {
+            Inner::Direct(stream) => Pin::new(stream).poll_read(cx, buf),
+            Inner::Relay(relay) => Pin::new(relay).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Tunnel {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match &mut self.inner {
+            Inner::Direct(stream) => Pin::new(stream).poll_write(cx, buf),
+            Inner::Relay(relay) => Pin::new(relay).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.inner {
+            Inner::Direct(stream) => Pin::new(stream).poll_flush(cx),
+            Inner::Relay(relay) => Pin::new(relay).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.inner {
+            Inner::Direct(stream) => Pin::new(stream).poll_shutdown(cx),
+            Inner::Relay(relay) => Pin::new(relay).poll_shutdown(cx),
+        }
+    }
+}
+
+impl AsyncRead for Relay {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -129,7 +193,7 @@ impl AsyncRead for Tunnel {
     }
 }
 
-impl AsyncWrite for Tunnel {
+impl AsyncWrite for Relay {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -258,7 +258,18 @@ mod tests {
             }),
             http_get: None,
         });
-        let errors = check_services(&[service("a"), both, neither, two_checks, service("a")]);
+        let mut same_port = service("e");
+        same_port.ports = [8000, 8001, 8000]
+            .map(|port| ServicePort { port, name: None })
+            .to_vec();
+        let errors = check_services(&[
+            service("a"),
+            both,
+            neither,
+            two_checks,
+            service("a"),
+            same_port,
+        ]);
         let fields: Vec<String> = errors.iter().map(FieldError::field).collect();
         assert_eq!(
             fields,
@@ -266,7 +277,8 @@ mod tests {
                 "spec.services[1].argv",
                 "spec.services[2].command",
                 "spec.services[3].readiness",
-                "spec.services[4].name"
+                "spec.services[4].name",
+                "spec.services[5].ports[2].port"
             ]
         );
         assert!(check_services(&[service("a"), service("b")]).is_empty());

@@ -1,5 +1,6 @@
 //! The TCP ports something listens on inside a sandbox, read from its `/proc/net/tcp` and
-//! `/proc/net/tcp6` by the helper's `read-file` (two short `docker exec`s), so a client can find
+//! `/proc/net/tcp6` (from this host for runc, without entering the container; otherwise by the
+//! helper's `read-file`, two short `docker exec`s; never in a frozen one), so a client can find
 //! the dev server an agent started. Read only while someone reads the sandbox: every
 //! [`REFRESH`] for [`KEEP`] after the last time somebody asked, never for sandboxes nobody looks
 //! at.
@@ -11,7 +12,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 
 use super::{lock, Running, Shared};
-use crate::docker::{ExecOutput, ExecPlan, HELPER_BINARY, HELPER_MOUNT};
+use crate::docker::{is_gvisor, ExecOutput, ExecPlan, HELPER_BINARY, HELPER_MOUNT};
+use crate::ports::read_net_table;
 
 /// How often the ports of a sandbox someone reads are read again.
 const REFRESH: Duration = Duration::from_secs(3);
@@ -127,6 +129,30 @@ async fn refresh(
 }
 
 async fn read_ports(shared: &Shared, container: &str) -> Result<Vec<u16>, String> {
+    let details = shared
+        .engine
+        .inspect_container(container)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("the container is gone")?;
+    // An exec into a frozen container waits, holding Docker's lock on it, until it is thawed.
+    if !details.running || details.paused {
+        return Err("the container is not running".into());
+    }
+    if details.runtime.as_deref().is_some_and(|r| !is_gvisor(r)) {
+        // runc: the namespace's socket tables are readable from this host, no exec needed.
+        let (pid, id) = (details.pid, details.id.clone());
+        let host = tokio::task::spawn_blocking(move || {
+            let v4 = read_net_table(pid, &id, "tcp", MAX_BYTES)?;
+            Ok::<_, crate::ports::DirectError>((v4, read_net_table(pid, &id, "tcp6", MAX_BYTES)))
+        })
+        .await;
+        if let Ok(Ok((v4, v6))) = host {
+            let mut ports = parse_proc_net_tcp(&v4);
+            ports.extend(parse_proc_net_tcp(&v6.unwrap_or_default()));
+            return Ok(ports.into_iter().collect());
+        }
+    }
     let (v4, v6) = tokio::join!(
         read(shared, container, "/proc/net/tcp"),
         read(shared, container, "/proc/net/tcp6")

@@ -76,7 +76,7 @@ async fn check(
     }
     if let Some(tcp) = &readiness.tcp_socket {
         let user = &shared.settings.sandbox_user;
-        crate::ports::Tunnel::open(&shared.engine, &target.container_id, user, tcp.port)
+        crate::ports::Tunnel::relay(&shared.engine, &target.container_id, user, tcp.port)
             .await
             .map(drop)
             .map_err(|e| e.to_string())?;
@@ -90,7 +90,7 @@ async fn check(
 
 async fn http_get(shared: &Shared, container: &str, port: u16, path: &str) -> Result<(), String> {
     let user = &shared.settings.sandbox_user;
-    let tunnel = crate::ports::Tunnel::open(&shared.engine, container, user, port)
+    let tunnel = crate::ports::Tunnel::relay(&shared.engine, container, user, port)
         .await
         .map_err(|e| e.to_string())?;
     let mut sender = crate::ports::proxy::handshake(tunnel, port)

@@ -42,7 +42,6 @@ impl Drop for Forwarder {
 #[test]
 fn port_forward_carries_http_and_raw_tcp() {
     use tungstenite::client::IntoClientRequest;
-    use tungstenite::Message;
     let server = Server::start();
     let Some(sb) = python_sandbox(&server, "the port-forward test") else {
         return;
@@ -100,25 +99,7 @@ fn port_forward_carries_http_and_raw_tcp() {
     assert_eq!(stream.read_to_end(&mut rest).unwrap(), 0);
 
     // The WebSocket itself: binary messages are the connection's bytes.
-    let url = format!(
-        "{}{API}/sandboxes/{sb}/portforward?port=9000",
-        server.url.replacen("http", "ws", 1)
-    );
-    let mut request = url.clone().into_client_request().unwrap();
-    request.headers_mut().insert(
-        "authorization",
-        format!("Bearer {}", server.key).parse().unwrap(),
-    );
-    let (mut socket, _) = tungstenite::connect(request).unwrap();
-    socket.send(Message::binary(b"ping".to_vec())).unwrap();
-    let mut got = Vec::new();
-    while got.len() < 4 {
-        match socket.read().unwrap() {
-            Message::Binary(b) => got.extend_from_slice(&b),
-            other => panic!("{other:?}"),
-        }
-    }
-    assert_eq!(got, b"ping");
+    let (url, mut socket) = ping_through_forward(&server, &sb);
     socket.close(None).unwrap();
 
     // Nothing listening: refused before the upgrade, naming the port; no key: 401.
@@ -146,4 +127,73 @@ fn port_forward_carries_http_and_raw_tcp() {
         }
     }
     server.request("DELETE", &format!("/v1/sandboxes/{sb}"), None);
+}
+
+/// How many in-sandbox relays (`agent-sandbox-helper relay`) run in `sb` now.
+fn relays(server: &Server, sb: &str) -> usize {
+    let count = "python3 -c 'import glob\nn = 0\nfor f in glob.glob(\"/proc/[0-9]*/cmdline\"):\n    try:\n        a = open(f, \"rb\").read().split(b\"\\0\")\n    except OSError:\n        continue\n    n += len(a) > 1 and a[0].endswith(b\"agent-sandbox-helper\") and a[1] == b\"relay\"\nprint(n)'";
+    let (code, out) = server.exec(sb, count);
+    assert_eq!(code, 0, "{out}");
+    out.trim().parse().unwrap_or_else(|_| panic!("{out:?}"))
+}
+
+type Socket = tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>>;
+
+/// A port-forward WebSocket to port 9000 of `sb` (its URL, and the socket still open) that has
+/// carried a "ping" there and back.
+fn ping_through_forward(server: &Server, sb: &str) -> (String, Socket) {
+    use tungstenite::client::IntoClientRequest;
+    use tungstenite::Message;
+    let url = format!(
+        "{}{API}/sandboxes/{sb}/portforward?port=9000",
+        server.url.replacen("http", "ws", 1)
+    );
+    let mut request = url.clone().into_client_request().unwrap();
+    request.headers_mut().insert(
+        "authorization",
+        format!("Bearer {}", server.key).parse().unwrap(),
+    );
+    let (mut socket, _) = tungstenite::connect(request).unwrap();
+    socket.send(Message::binary(b"ping".to_vec())).unwrap();
+    let mut got = Vec::new();
+    while got.len() < 4 {
+        match socket.read().unwrap() {
+            Message::Binary(b) => got.extend_from_slice(&b),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(got, b"ping");
+    (url, socket)
+}
+
+/// The relays running in `sb` while a port-forward connection is open.
+fn echo_and_count_relays(server: &Server, sb: &str) -> usize {
+    let (_, mut socket) = ping_through_forward(server, sb);
+    let running = relays(server, sb);
+    socket.close(None).unwrap();
+    running
+}
+
+/// Under runc with a daemon on this host the server connects inside the container's network
+/// namespace itself: no relay runs in the sandbox. Under gVisor (its own network stack), or with
+/// `AGENT_SANDBOX_DIRECT_PORTS=false`, every connection is relayed by the helper. Both carry
+/// the same bytes.
+#[test]
+fn connections_are_direct_under_runc_and_relayed_otherwise() {
+    for direct in ["true", "false"] {
+        let server = Server::start_with(&[("AGENT_SANDBOX_DIRECT_PORTS", direct)]);
+        let Some(sb) = python_sandbox(&server, "the direct connection test") else {
+            return;
+        };
+        start_echo(&server, &sb, 9000);
+        let relayed = direct == "false" || gvisor();
+        assert_eq!(
+            echo_and_count_relays(&server, &sb),
+            usize::from(relayed),
+            "direct ports {direct}, runtime {:?}\n{}",
+            test_runtime(),
+            server.log()
+        );
+        server.request("DELETE", &format!("/v1/sandboxes/{sb}"), None);
+    }
 }
