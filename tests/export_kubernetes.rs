@@ -411,7 +411,7 @@ fn full_documents() -> Vec<Value> {
         }),
         json!({
             "apiVersion": "agent-sandbox.io/v1", "kind": "Snapshot", "metadata": meta("snap"),
-            "spec": { "sandbox": "full", "displayName": "before" },
+            "spec": { "sandbox": "full", "displayName": "before", "scope": "Full" },
         }),
         json!({
             "apiVersion": "agent-sandbox.io/v1", "kind": "Fork", "metadata": meta("tries"),

@@ -558,6 +558,7 @@ mod tests {
             crate::resource::SnapshotSpec {
                 sandbox: "a".into(),
                 display_name: None,
+                scope: None,
             },
         ));
         let server = server_of(&snap, json!({}));
@@ -566,6 +567,7 @@ mod tests {
             crate::resource::SnapshotSpec {
                 sandbox: "b".into(),
                 display_name: None,
+                scope: None,
             },
         ));
         assert_eq!(

@@ -120,6 +120,10 @@ pub struct SnapshotArgs {
     /// A label for people (at most 128 characters).
     #[arg(long)]
     pub name: Option<String>,
+    /// Also keep the root filesystem's changes (a Full snapshot; the sandbox needs
+    /// readOnlyRootfs: false).
+    #[arg(long)]
+    pub full: bool,
     /// Print only the new snapshot's ID.
     #[arg(short, long)]
     pub quiet: bool,
@@ -136,7 +140,10 @@ pub async fn snapshot(args: SnapshotArgs) -> Result<ExitCode, CliError> {
         .ok_or_else(|| CliError::Usage("snapshot: name the sandbox to save".into()))?;
     let client = Client::new(&args.connection)?;
     let path = Client::sandbox_path(&sandbox, "/snapshots");
-    let body = json!({ "name": args.name });
+    let mut body = json!({ "name": args.name });
+    if args.full {
+        body["scope"] = json!("Full");
+    }
     let snap = client
         .json(client.request(Method::POST, &path).json(&body))
         .await?;
@@ -146,7 +153,12 @@ pub async fn snapshot(args: SnapshotArgs) -> Result<ExitCode, CliError> {
     } else {
         let size = snap["size_bytes"].as_u64().map(bytes).unwrap_or_default();
         emit(&format!(
-            "snapshot/{id} created ({size} of sandbox/{sandbox}'s /workspace)\n"
+            "snapshot/{id} created ({size} of sandbox/{sandbox}'s /workspace{})\n",
+            if args.full {
+                " and its root filesystem changes"
+            } else {
+                ""
+            }
         ));
     }
     Ok(ExitCode::SUCCESS)

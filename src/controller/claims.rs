@@ -34,6 +34,8 @@ impl Claimed {
         status.claimed_from = Some(self.pool);
         status.container_hash = Some(effective.container_hash());
         status.started_at = Some(Utc::now());
+        // A member runs the plain image.
+        status.rootfs = None;
     }
 }
 

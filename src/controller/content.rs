@@ -21,6 +21,16 @@ pub struct Validated {
     /// The snapshot's `metadata.uid`: with the owner a restore forces, it names the snapshot's
     /// tree (see `views.rs`).
     pub(super) uid: Option<String>,
+    /// A `Full` snapshot's root filesystem: the image a restore starts its container from.
+    pub(super) rootfs: Option<RootfsImage>,
+}
+
+/// The image holding a `Full` snapshot's root filesystem changes, and the image they were made
+/// on top of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct RootfsImage {
+    pub(super) image: String,
+    pub(super) base: String,
 }
 
 /// Finds a Ready snapshot's data and validates all of it (once per unchanged file, as `files`
@@ -43,6 +53,10 @@ pub(super) async fn validated(
     }
     let uid = snapshot.metadata.uid.clone();
     let status = snapshot.status.clone().unwrap_or_default();
+    let rootfs = status.rootfs_image.clone().map(|image| RootfsImage {
+        image,
+        base: status.image.clone().unwrap_or_default(),
+    });
     match status.phase {
         SnapshotPhase::Pending => return Err(ReconcileError::SnapshotNotReady(name.to_string())),
         SnapshotPhase::Failed => {
@@ -65,6 +79,7 @@ pub(super) async fn validated(
             name: name.to_string(),
             path,
             uid,
+            rootfs,
         });
     }
     let policy = restore_policy(settings)?;
@@ -87,6 +102,7 @@ pub(super) async fn validated(
         name: name.to_string(),
         path,
         uid,
+        rootfs,
     })
 }
 

@@ -94,6 +94,22 @@ pub enum ReconcileError {
         request: String,
         error: Box<ReconcileError>,
     },
+    /// A `Full` snapshot's root filesystem is made on another image than the sandbox asks for.
+    #[error(
+        "snapshot {snapshot:?} is a Full snapshot taken on image {base}, and its root filesystem \
+         cannot be put on spec.image {image}: leave spec.image unset or set it to {base}"
+    )]
+    RootfsImageMismatch {
+        snapshot: String,
+        base: String,
+        image: String,
+    },
+    /// The image holding a `Full` snapshot's root filesystem is gone from the Docker host.
+    #[error(
+        "the root filesystem of snapshot {snapshot:?} (image {image}) is no longer on the docker \
+         host (was it removed by hand?); take the snapshot again"
+    )]
+    RootfsImageMissing { snapshot: String, image: String },
     /// A file of a snapshot's data could not be removed.
     #[error("removing {path}: {error}")]
     DataNotRemoved { path: String, error: std::io::Error },
@@ -109,6 +125,8 @@ impl ReconcileError {
             ReconcileError::SnapshotFailed { .. } => "SnapshotFailed",
             ReconcileError::DataMissing { .. } => "SnapshotDataMissing",
             ReconcileError::Refused { .. } => "SnapshotRefused",
+            ReconcileError::RootfsImageMismatch { .. } => "RootfsImageMismatch",
+            ReconcileError::RootfsImageMissing { .. } => "SnapshotDataMissing",
             ReconcileError::Engine(EngineError::ImageMissing(_)) => "ImageMissing",
             _ => "RestoreFailed",
         }

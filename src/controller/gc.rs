@@ -14,6 +14,9 @@
 //! volume Docker no longer lists, and snapshot trees that neither a snapshot (by uid) nor a
 //! volume's [`LABEL_TREE`] refers to, sparing what was made after Docker was listed.
 //!
+//! Images of Full snapshots (see `snapshot/rootfs.rs`) go when their snapshot is gone, no
+//! sandbox's status names them and no container uses them.
+//!
 //! A deleted sandbox's containers (killed, renamed to a deleted name that is no live sandbox's) and
 //! its workspaces (labeled with a uid no live sandbox has) are finished off by a background task
 //! right after the deletion; whatever that task did not finish, a crash included, falls under
@@ -25,7 +28,7 @@ use super::context::GcContext;
 use super::error::ReconcileError;
 use super::names::{container_name, is_member, pool_of_member, sandbox_of, staging_of};
 use super::views::snapshot_of_tree;
-use crate::docker::{LABEL_ROLE, LABEL_TREE, LABEL_UID};
+use crate::docker::{LABEL_ROLE, LABEL_SNAPSHOT, LABEL_TREE, LABEL_UID};
 use crate::resource::{Kind, SandboxPhase};
 
 pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, ReconcileError> {
@@ -38,6 +41,13 @@ pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, Reconc
     let listed = std::time::Instant::now();
     let containers = ctl.engine.list_containers().await?;
     let volumes = ctl.engine.list_volumes().await?;
+    let images = match ctl.engine.list_images_with_label(LABEL_SNAPSHOT).await {
+        Ok(images) => images,
+        Err(error) => {
+            tracing::warn!(%error, "cannot list snapshot images");
+            Vec::new()
+        }
+    };
     let sandboxes = ctl.store.list(Kind::Sandbox);
     let live: HashMap<String, Option<String>> = sandboxes
         .iter()
@@ -177,6 +187,7 @@ pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, Reconc
         .iter()
         .filter_map(|e| e.resource.metadata().uid.clone())
         .collect();
+    removed += collect_rootfs_images(ctl, images, &snapshots, &sandboxes, &ours).await;
     let keep_tree =
         move |key: &str| trees_in_use.contains(key) || snapshots.contains(snapshot_of_tree(key));
     removed += ctl
@@ -184,4 +195,41 @@ pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, Reconc
         .collect_views_and_trees(listed, present, keep_tree)
         .await;
     Ok(removed)
+}
+
+/// Images of Full snapshots (this server's, by [`LABEL_SNAPSHOT`]) whose snapshot is gone and
+/// that no sandbox's status names: removed once no container uses them (Docker refuses while
+/// one does, and the next pass judges again).
+async fn collect_rootfs_images(
+    ctl: &GcContext<'_>,
+    images: Vec<crate::docker::LabeledImage>,
+    snapshots: &HashSet<String>,
+    sandboxes: &[crate::store::Entry],
+    ours: &impl Fn(&BTreeMap<String, String>) -> bool,
+) -> usize {
+    let named: HashSet<String> = sandboxes
+        .iter()
+        .filter_map(|e| e.resource.as_sandbox()?.status.as_ref()?.rootfs.clone())
+        .map(|rootfs| rootfs.image)
+        .collect();
+    let mut removed = 0;
+    for image in images {
+        // Judged by its label, never by its tag: a commit in progress is untagged for a moment.
+        let live = image
+            .labels
+            .get(LABEL_SNAPSHOT)
+            .is_some_and(|uid| snapshots.contains(uid));
+        if live || !ours(&image.labels) || image.tags.iter().any(|t| named.contains(t)) {
+            continue;
+        }
+        let reference = image.tags.first().cloned().unwrap_or(image.id.clone());
+        match ctl.engine.remove_image(&reference).await {
+            Ok(()) => {
+                tracing::info!(image = %reference, "removed the image of a deleted snapshot");
+                removed += 1;
+            }
+            Err(error) => tracing::debug!(image = %reference, %error, "snapshot image kept"),
+        }
+    }
+    removed
 }

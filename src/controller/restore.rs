@@ -25,11 +25,42 @@ use super::names::{self, container_name, staging_container_name};
 use super::status::{clear_condition, note_immutable};
 use super::workspace::Prepare;
 use crate::docker::ContainerPlan;
-use crate::resource::{EffectiveSandbox, RollbackRecord, Sandbox, SandboxStatus};
+use crate::resource::{EffectiveSandbox, RollbackRecord, RootfsRecord, Sandbox, SandboxStatus};
 
 /// The snapshot `name`, validated, from the store.
 async fn validated(ctl: &SandboxContext<'_>, name: &str) -> Result<Validated, ReconcileError> {
     content::validated(ctl.store, ctl.settings, ctl.validated_files, name).await
+}
+
+/// The root filesystem a sandbox restored from `snapshot` runs on: a `Full` snapshot's image,
+/// checked to be there and to fit the sandbox's `spec.image`; `None` for a `Workspace` snapshot.
+async fn rootfs_of(
+    ctl: &SandboxContext<'_>,
+    sandbox: &Sandbox,
+    snapshot: &Validated,
+) -> Result<Option<RootfsRecord>, ReconcileError> {
+    let Some(rootfs) = &snapshot.rootfs else {
+        return Ok(None);
+    };
+    let record = RootfsRecord {
+        snapshot: snapshot.name.clone(),
+        image: rootfs.image.clone(),
+        base_image: rootfs.base.clone(),
+    };
+    if !record.applies_to(sandbox.spec.image.as_deref()) {
+        return Err(ReconcileError::RootfsImageMismatch {
+            snapshot: snapshot.name.clone(),
+            base: rootfs.base.clone(),
+            image: sandbox.spec.image.clone().unwrap_or_default(),
+        });
+    }
+    if !ctl.engine.image_exists(&rootfs.image).await? {
+        return Err(ReconcileError::RootfsImageMissing {
+            snapshot: snapshot.name.clone(),
+            image: rootfs.image.clone(),
+        });
+    }
+    Ok(Some(record))
 }
 
 /// Makes `plan.workspace_volume` a new volume holding the snapshot (a copy-on-write view of it
@@ -88,16 +119,23 @@ pub(super) async fn ensure_source(
         return Ok(false);
     }
     let snapshot = validated(ctl, &source.snapshot).await?;
-    if let Some(claimed) =
-        claim_filled(ctl, sandbox, effective, &container_name(name), &snapshot).await?
-    {
-        claimed.record(status, effective);
-        status.source_snapshot = Some(source.snapshot.clone());
-        return Ok(true);
+    let rootfs = rootfs_of(ctl, sandbox, &snapshot).await?;
+    // Warm pool members run the plain image: they serve Workspace snapshots only.
+    if rootfs.is_none() {
+        if let Some(claimed) =
+            claim_filled(ctl, sandbox, effective, &container_name(name), &snapshot).await?
+        {
+            claimed.record(status, effective);
+            status.source_snapshot = Some(source.snapshot.clone());
+            return Ok(true);
+        }
     }
     let uid = sandbox.metadata.uid.as_deref().unwrap_or_default();
     let volume = ctl.containers.fresh_workspace(name, uid).await?;
-    let plan = ctl.containers.plan_for(sandbox, effective, &volume).await?;
+    let mut plan = ctl.containers.plan_for(sandbox, effective, &volume).await?;
+    if let Some(rootfs) = &rootfs {
+        plan.image = rootfs.image.clone();
+    }
     ctl.engine.remove_container(&container_name(name)).await?;
     let id = populate_volume(ctl, &plan, &snapshot).await?;
     status.workspace_volume = Some(volume);
@@ -105,6 +143,7 @@ pub(super) async fn ensure_source(
     status.started_at = Some(Utc::now());
     status.applied_limits = Some(limits_of(&plan));
     status.source_snapshot = Some(source.snapshot.clone());
+    status.rootfs = rootfs;
     Ok(true)
 }
 
@@ -156,31 +195,41 @@ pub(super) async fn ensure_rollback(
     // A snapshot of this sandbox in progress finishes first.
     let _lock = ctl.snapshots.lock(name).await;
     let snapshot = validated(ctl, &request.snapshot).await?;
+    // A rollback makes a new container: on a Full snapshot's root filesystem, or on the plain
+    // image (whose warm pool members may serve it).
+    let rootfs = rootfs_of(ctl, sandbox, &snapshot).await?;
     let staging = staging_container_name(name);
     let old_volume = status.workspace_volume.clone();
-    let replaced =
-        if let Some(claimed) = claim_filled(ctl, sandbox, effective, &staging, &snapshot).await? {
-            let replaced = ctl.containers.swap_in(name, &claimed.container_id).await?;
-            claimed.record(status, effective);
-            replaced
-        } else {
-            // A new volume per attempt: one left by an interrupted attempt may still be mounted by
-            // its container, and the stray-volume cleanup removes it after the rollback.
-            let volume = names::attempt_volume_name(name);
-            let mut plan = ctl.containers.plan_for(sandbox, effective, &volume).await?;
-            plan.name = Some(staging.clone());
-            ctl.engine.remove_container(&staging).await?;
-            let id = populate_volume(ctl, &plan, &snapshot).await?;
-            let replaced = ctl.containers.swap_in(name, &id).await?;
-            status.workspace_volume = Some(volume);
-            status.container_id = Some(id);
-            status.started_at = Some(Utc::now());
-            status.applied_limits = Some(limits_of(&plan));
-            status.claimed_from = None;
-            status.container_hash = None;
-            replaced
-        };
+    let claimed = match rootfs {
+        Some(_) => None,
+        None => claim_filled(ctl, sandbox, effective, &staging, &snapshot).await?,
+    };
+    let replaced = if let Some(claimed) = claimed {
+        let replaced = ctl.containers.swap_in(name, &claimed.container_id).await?;
+        claimed.record(status, effective);
+        replaced
+    } else {
+        // A new volume per attempt: one left by an interrupted attempt may still be mounted by
+        // its container, and the stray-volume cleanup removes it after the rollback.
+        let volume = names::attempt_volume_name(name);
+        let mut plan = ctl.containers.plan_for(sandbox, effective, &volume).await?;
+        plan.name = Some(staging.clone());
+        if let Some(rootfs) = &rootfs {
+            plan.image = rootfs.image.clone();
+        }
+        ctl.engine.remove_container(&staging).await?;
+        let id = populate_volume(ctl, &plan, &snapshot).await?;
+        let replaced = ctl.containers.swap_in(name, &id).await?;
+        status.workspace_volume = Some(volume);
+        status.container_id = Some(id);
+        status.started_at = Some(Utc::now());
+        status.applied_limits = Some(limits_of(&plan));
+        status.claimed_from = None;
+        status.container_hash = None;
+        replaced
+    };
     status.source_snapshot = Some(request.snapshot.clone());
+    status.rootfs = rootfs;
     status.last_rollback = Some(RollbackRecord {
         request_id: request.request_id.clone(),
         snapshot: request.snapshot.clone(),

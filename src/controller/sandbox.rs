@@ -142,6 +142,14 @@ pub(super) async fn reconcile(
             Err(error) => return Err(Failure::reported(error, &sandbox, status)),
         }
     }
+    // A command the OOM killer took in the running container.
+    if let Some(oom) = status
+        .container_id
+        .as_deref()
+        .and_then(|id| ctl.terminations.command_oom(id))
+    {
+        status.last_termination = Some(oom);
+    }
     if matches!(was, SandboxPhase::Paused | SandboxPhase::Stopped) {
         power::note_resumed(ctl, name, &mut status);
     }
@@ -347,7 +355,14 @@ async fn ensure_running(
                 Some(_) => Some(ctl.snapshots.lock(name).await),
                 None => None,
             };
-            if let Some(old) = &occupant {
+            // A sandbox restored from a Full snapshot keeps that root filesystem in every new
+            // container while its spec.image allows (pool members run the plain image).
+            if let Some(rootfs) = &status.rootfs {
+                if !rootfs.applies_to(sandbox.spec.image.as_deref()) {
+                    status.rootfs = None;
+                }
+            }
+            if let (Some(old), None) = (&occupant, &status.rootfs) {
                 if let Some(replaced) =
                     replace::from_pool(ctl, name, effective, old, status).await?
                 {
@@ -357,6 +372,9 @@ async fn ensure_running(
             // The create makes the workspace volume, labeled, if it does not exist (a new
             // sandbox, or a volume removed by hand).
             let mut plan = ctl.containers.plan_for(sandbox, effective, &volume).await?;
+            if let Some(rootfs) = &status.rootfs {
+                plan.image = rootfs.image.clone();
+            }
             let id = match &occupant {
                 Some(old) => {
                     let (id, old) = replace::with_new(ctl, name, &mut plan, &old.id).await?;
@@ -391,6 +409,10 @@ async fn ensure_running(
         ctl.engine.unpause(&details.id).await?;
     }
     if !details.running {
+        // It ran and stopped while the sandbox was reported running: say why.
+        if status.phase == SandboxPhase::Running && details.started_at.is_some() {
+            status.last_termination = Some(ctl.terminations.stopped(&details));
+        }
         // A snapshot reading the stopped sandbox's workspace finishes first.
         let _snapshots_wait = ctl.snapshots.lock(name).await;
         ctl.engine.start_container(&details.id).await?;

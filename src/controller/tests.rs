@@ -382,6 +382,7 @@ async fn a_restore_into_a_directory_that_fails_the_proof_fails_and_gives_up_the_
         name: "s".into(),
         path: tar_path,
         uid: None,
+        rootfs: None,
     };
     let sandbox = Sandbox::new(
         "a",

@@ -18,6 +18,7 @@
 //! copy of the volume is verifiably the container's, the controller sets the owner there itself
 //! and needs no archive call at all.)
 
+mod commit;
 mod daemon;
 mod dataplane;
 mod events;
@@ -200,6 +201,7 @@ fn to_btree(labels: Option<HashMap<String, String>>) -> BTreeMap<String, String>
     labels.unwrap_or_default().into_iter().collect()
 }
 
+/// A time Docker reports (`StartedAt`, `FinishedAt`), or `None` for its zero time.
 fn started_at(value: Option<&str>) -> Option<chrono::DateTime<chrono::Utc>> {
     let parsed = chrono::DateTime::parse_from_rfc3339(value?).ok()?;
     // Docker reports the zero time for containers that never started.
@@ -442,6 +444,11 @@ impl Engine for BollardEngine {
         let frozen_here = freezer::of_inspected(&inspected)
             .is_some_and(|freezer| freezer.is_frozen().unwrap_or(false));
         let state = inspected.state.unwrap_or_default();
+        let helper_main = inspected
+            .config
+            .as_ref()
+            .and_then(|c| c.entrypoint.as_ref()?.first().cloned())
+            .is_some_and(|main| main == format!("{HELPER_MOUNT}/{HELPER_BINARY}"));
         let workspace_source = inspected
             .mounts
             .unwrap_or_default()
@@ -464,9 +471,16 @@ impl Engine for BollardEngine {
             paused: state.paused.unwrap_or(false) || frozen_here,
             exit_code: state.exit_code,
             oom_killed: state.oom_killed.unwrap_or(false),
+            finished_at: started_at(state.finished_at.as_deref()),
+            helper_main,
             error: state.error.unwrap_or_default(),
             started_at: started_at(state.started_at.as_deref()),
             pid: state.pid.unwrap_or(0),
+            runtime: inspected
+                .host_config
+                .and_then(|h| h.runtime)
+                .filter(|r| !r.is_empty())
+                .or_else(|| self.default_runtime.clone()),
             labels: to_btree(inspected.config.and_then(|c| c.labels)),
             workspace_source,
         }))
@@ -613,6 +627,24 @@ impl Engine for BollardEngine {
             Err(e) if is_status(&e, 404) => Ok(false),
             Err(e) => Err(map_err("inspect", &format!("image {image}"))(e)),
         }
+    }
+
+    async fn commit_rootfs(
+        &self,
+        container: &str,
+        reference: &str,
+        labels: &BTreeMap<String, String>,
+        pause: bool,
+    ) -> EngineResult<CommittedRootfs> {
+        self.commit(container, reference, labels, pause).await
+    }
+
+    async fn list_images_with_label(&self, key: &str) -> EngineResult<Vec<LabeledImage>> {
+        self.images_with_label(key).await
+    }
+
+    async fn remove_image(&self, reference: &str) -> EngineResult<()> {
+        self.delete_image(reference).await
     }
 
     fn events(&self) -> BoxStream<'static, EngineResult<EngineEvent>> {

@@ -480,6 +480,8 @@ impl Engine for FakeEngine {
             paused: c.state == "paused",
             exit_code: c.exit_code,
             oom_killed: false,
+            finished_at: None,
+            helper_main: false,
             error: String::new(),
             started_at: None,
             pid: match (&host, c.state == "running") {
@@ -487,6 +489,7 @@ impl Engine for FakeEngine {
                 (Some((_, pid)), true) => *pid,
                 (None, true) => 4242,
             },
+            runtime: None,
             labels: c.labels(),
             // Nothing of the fake lives on this host, unless a test says so.
             workspace_source: host.map(|(dir, _)| dir),
@@ -551,6 +554,47 @@ impl Engine for FakeEngine {
     async fn image_exists(&self, image: &str) -> EngineResult<bool> {
         let state = self.enter("image_exists", image)?;
         Ok(state.images.as_ref().is_none_or(|i| i.contains(image)))
+    }
+
+    async fn commit_rootfs(
+        &self,
+        container: &str,
+        reference: &str,
+        _labels: &BTreeMap<String, String>,
+        _pause: bool,
+    ) -> EngineResult<CommittedRootfs> {
+        let mut state = self.enter("commit_rootfs", container)?;
+        if !state.containers.contains_key(container)
+            && !state
+                .containers
+                .values()
+                .any(|c| c.docker_name == container)
+        {
+            return Err(EngineError::NotFound {
+                what: format!("container {container}"),
+            });
+        }
+        if let Some(images) = state.images.as_mut() {
+            images.insert(reference.to_string());
+        }
+        Ok(CommittedRootfs {
+            image_id: format!("sha256:fake-{reference}"),
+            layer_digest: format!("sha256:fake-layer-{reference}"),
+            layer_bytes: 0,
+        })
+    }
+
+    async fn list_images_with_label(&self, key: &str) -> EngineResult<Vec<LabeledImage>> {
+        let _state = self.enter("list_images_with_label", key)?;
+        Ok(Vec::new())
+    }
+
+    async fn remove_image(&self, reference: &str) -> EngineResult<()> {
+        let mut state = self.enter("remove_image", reference)?;
+        if let Some(images) = state.images.as_mut() {
+            images.remove(reference);
+        }
+        Ok(())
     }
 
     fn events(&self) -> BoxStream<'static, EngineResult<EngineEvent>> {
@@ -751,7 +795,7 @@ mod tests {
             object: "container".into(),
             action: "die".into(),
             sandbox: Some("a".into()),
-            server: None,
+            ..Default::default()
         };
         engine.emit(event.clone());
         assert_eq!(events.next().await.unwrap().unwrap(), event);

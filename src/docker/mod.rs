@@ -45,6 +45,8 @@ pub const LABEL_SERVER: &str = "io.agent-sandbox.server";
 /// Label on a copy-on-write workspace volume naming the snapshot tree it is a view of (a key of
 /// the store's trees): the tree stays while any volume names it.
 pub const LABEL_TREE: &str = "io.agent-sandbox.tree";
+/// Label on the image of a `Full` snapshot's root filesystem, naming the snapshot's uid.
+pub const LABEL_SNAPSHOT: &str = "io.agent-sandbox.snapshot";
 /// Label on shared, server-owned objects that belong to no sandbox (the helper volume).
 pub const LABEL_ROLE: &str = "io.agent-sandbox.role";
 
@@ -276,12 +278,21 @@ pub struct ContainerDetails {
     pub running: bool,
     pub paused: bool,
     pub exit_code: Option<i64>,
+    /// Docker's `State.OOMKilled`: the container's main process was killed for want of memory
+    /// (a command killed inside a running container leaves it false; see [`EngineEvent`]).
     pub oom_killed: bool,
+    /// When the container last stopped (none while it never has).
+    pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Whether the container's main process is the in-sandbox helper (its supervisor).
+    pub helper_main: bool,
     /// Docker's own error when the container failed to start.
     pub error: String,
     pub started_at: Option<chrono::DateTime<chrono::Utc>>,
     /// Host PID of the container's PID 1 (0 when not running).
     pub pid: i64,
+    /// The Docker runtime the container was made with (`HostConfig.Runtime`), e.g. `runc` or
+    /// `runsc`; `None` when Docker does not say.
+    pub runtime: Option<String>,
     pub labels: BTreeMap<String, String>,
     /// Where the volume mounted at `/workspace` lives on the daemon's host (Docker's
     /// `Mounts[].Source`), when there is one. Only a hint: a remote daemon's path means nothing
@@ -289,8 +300,28 @@ pub struct ContainerDetails {
     pub workspace_source: Option<std::path::PathBuf>,
 }
 
-/// Something happened to a managed object; the controller turns it into a reconcile.
+/// An image listed by [`Engine::list_images_with_label`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabeledImage {
+    pub id: String,
+    /// Its `repository:tag` names.
+    pub tags: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What [`Engine::commit_rootfs`] made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommittedRootfs {
+    /// The image's ID (`sha256:…`).
+    pub image_id: String,
+    /// `sha256:…` of the uncompressed tar of the changes (the image's top layer).
+    pub layer_digest: String,
+    /// How many bytes the changes add to the base image.
+    pub layer_bytes: u64,
+}
+
+/// Something happened to a managed object; the controller turns it into a reconcile.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EngineEvent {
     /// `container` or `volume`.
     pub object: String,
@@ -302,6 +333,14 @@ pub struct EngineEvent {
     /// events name the volume and nothing else) this is `None`, so a server sharing the daemon
     /// must not treat a volume event as proof that the object is its own.
     pub server: Option<String>,
+    /// The container's ID (container events only).
+    pub container: Option<String>,
+    /// `die`: the main process's exit code.
+    pub exit_code: Option<i64>,
+    /// `kill`: the signal Docker was asked to send (someone stopped or killed the container).
+    pub signal: Option<i64>,
+    /// When Docker saw it.
+    pub at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// What a `docker exec` should run.
@@ -403,6 +442,22 @@ pub trait Engine: Send + Sync + 'static {
     /// how the egress gateway tells who is speaking.
     async fn network_members(&self, name: &str) -> EngineResult<Vec<(String, IpAddr)>>;
     async fn image_exists(&self, image: &str) -> EngineResult<bool>;
+    /// Commits the root filesystem changes of container `container` (running, paused or
+    /// stopped) as image `reference` carrying only `labels` and the base image's environment;
+    /// `pause` asks Docker to freeze the container meanwhile (pass false when the caller already
+    /// froze it). Volumes and tmpfs mounts are not part of it.
+    async fn commit_rootfs(
+        &self,
+        container: &str,
+        reference: &str,
+        labels: &BTreeMap<String, String>,
+        pause: bool,
+    ) -> EngineResult<CommittedRootfs>;
+    /// Every image carrying the label `key`, whatever its value.
+    async fn list_images_with_label(&self, key: &str) -> EngineResult<Vec<LabeledImage>>;
+    /// Removes image `reference` (never forced); a missing one is not an error,
+    /// [`EngineError::Conflict`] while a container uses it.
+    async fn remove_image(&self, reference: &str) -> EngineResult<()>;
     /// Events about managed objects, as they happen. The stream ends if the daemon goes away;
     /// callers re-subscribe.
     fn events(&self) -> BoxStream<'static, EngineResult<EngineEvent>>;

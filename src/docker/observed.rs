@@ -16,8 +16,9 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 
 use super::{
-    ContainerDetails, ContainerPlan, Engine, EngineCapabilities, EngineEvent, EngineResult,
-    ExecPlan, ExecSession, ExecState, ManagedContainer, ManagedVolume, NetworkKind, PullProgress,
+    CommittedRootfs, ContainerDetails, ContainerPlan, Engine, EngineCapabilities, EngineEvent,
+    EngineResult, ExecPlan, ExecSession, ExecState, LabeledImage, ManagedContainer, ManagedVolume,
+    NetworkKind, PullProgress,
 };
 
 /// Told about every Docker call: the operation's name (the [`Engine`] method's), whether it
@@ -170,6 +171,34 @@ impl Engine for ObservedEngine {
 
     async fn image_exists(&self, image: &str) -> EngineResult<bool> {
         self.timed("image_exists", self.inner.image_exists(image))
+            .await
+    }
+
+    async fn commit_rootfs(
+        &self,
+        container: &str,
+        reference: &str,
+        labels: &BTreeMap<String, String>,
+        pause: bool,
+    ) -> EngineResult<CommittedRootfs> {
+        self.timed(
+            "commit_rootfs",
+            self.inner
+                .commit_rootfs(container, reference, labels, pause),
+        )
+        .await
+    }
+
+    async fn list_images_with_label(&self, key: &str) -> EngineResult<Vec<LabeledImage>> {
+        self.timed(
+            "list_images_with_label",
+            self.inner.list_images_with_label(key),
+        )
+        .await
+    }
+
+    async fn remove_image(&self, reference: &str) -> EngineResult<()> {
+        self.timed("remove_image", self.inner.remove_image(reference))
             .await
     }
 

@@ -26,7 +26,7 @@ use crate::docker::Engine;
 use crate::resource::yaml::value_to_resource;
 use crate::resource::{
     is_valid_name, AnyResource, Condition, ConditionStatus, ImagePullPolicy, Kind, SnapshotPhase,
-    SnapshotStatus, API_VERSION,
+    SnapshotScope, SnapshotStatus, API_VERSION,
 };
 use crate::store::{Store, StoreError};
 
@@ -255,6 +255,11 @@ fn new_snapshot(
         }],
         size_bytes: Some(workspace.size_bytes),
         digest: Some(workspace.digest.clone()),
+        scope: Some(SnapshotScope::Workspace),
+        workspace_bytes: Some(workspace.size_bytes),
+        rootfs_bytes: None,
+        rootfs_digest: None,
+        rootfs_image: None,
         image: Some(manifest.base_image.clone()),
         sandbox_spec: source.status.sandbox_spec.clone(),
         ready_at: Some(now),

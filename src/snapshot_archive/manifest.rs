@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{Result, SnapshotArchiveError};
-use crate::resource::{Snapshot, SnapshotPhase, SnapshotSpec, SnapshotStatus};
+use crate::resource::{Snapshot, SnapshotPhase, SnapshotScope, SnapshotSpec, SnapshotStatus};
 
 /// The format version this server writes and reads.
 pub const FORMAT_VERSION: u64 = 1;
@@ -70,6 +70,13 @@ impl Manifest {
                  server can be exported"
             ))
         };
+        if snapshot.spec.scope() == SnapshotScope::Full || status.rootfs_image.is_some() {
+            return Err(SnapshotArchiveError::NotReady(format!(
+                "snapshot {name:?} is a Full snapshot: archive format version {FORMAT_VERSION} \
+                 carries a workspace only, and exporting root filesystem changes is not \
+                 supported yet; take a Workspace snapshot to move the workspace"
+            )));
+        }
         let digest = status.digest.clone().ok_or_else(|| missing("digest"))?;
         let base_image = status.image.clone().ok_or_else(|| missing("image"))?;
         Ok(Manifest {
@@ -168,6 +175,12 @@ impl Manifest {
         if status.image.as_deref() != Some(self.base_image.as_str()) || self.base_image.is_empty() {
             return Err(refused("snapshot.status.image differs from baseImage"));
         }
+        if self.snapshot.spec.scope() == SnapshotScope::Full || status.rootfs_image.is_some() {
+            return Err(refused(
+                "snapshot.spec.scope is Full, but this format version carries no root \
+                 filesystem changes",
+            ));
+        }
         if status.sandbox_spec.is_none() {
             return Err(refused(
                 "snapshot.status.sandboxSpec is missing: a sandbox made from the snapshot \
@@ -201,6 +214,7 @@ mod tests {
         let spec = SnapshotSpec {
             sandbox: "sb".into(),
             display_name: None,
+            scope: None,
         };
         let mut snapshot = Snapshot::new("s1", spec);
         snapshot.status = Some(SnapshotStatus {

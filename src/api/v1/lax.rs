@@ -70,6 +70,25 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// One of `choices`, spelled exactly.
+    pub fn opt_choice(
+        &mut self,
+        field: &'static str,
+        choices: &[&'static str],
+    ) -> Option<&'static str> {
+        let value = self.opt_str(field, None)?;
+        let found = choices.iter().find(|c| **c == value).copied();
+        if found.is_none() {
+            let list = choices
+                .iter()
+                .map(|c| format!("'{c}'"))
+                .collect::<Vec<_>>()
+                .join(" or ");
+            self.error(field, format!("Input should be {list}"));
+        }
+        found
+    }
+
     pub fn req_str(&mut self, field: &'static str) -> Option<String> {
         match self.take_raw(field) {
             None => {

@@ -158,6 +158,12 @@ pub fn snapshot_create() -> Value {
                 "maxLength": 128,
                 "description": "A label for people.",
             })),
+            "scope": nullable(json!({
+                "type": "string",
+                "enum": ["Workspace", "Full"],
+                "description": "Workspace (the default): /workspace only. Full: also the root \
+                    filesystem's changes of a sandbox with readOnlyRootfs false.",
+            })),
         },
     })
 }

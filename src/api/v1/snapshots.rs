@@ -21,9 +21,10 @@ use super::wire::{SandboxInfo, SnapshotInfo, SnapshotList};
 use super::{path_id, V1Options};
 use crate::api::error::ApiError;
 use crate::api::AppState;
+use crate::authz::{namespace_of, Principal};
 use crate::resource::{
     AnyResource, ConditionStatus, Kind, RollbackRequest, SandboxState, Snapshot, SnapshotPhase,
-    SnapshotSpec,
+    SnapshotScope, SnapshotSpec,
 };
 use crate::store::{StoreError, WriteOptions};
 
@@ -40,6 +41,12 @@ pub async fn create(
         .unwrap_or_default();
     let mut f = Fields::new(&obj);
     let name = f.opt_str("name", Some(128));
+    let scope = f
+        .opt_choice("scope", &["Workspace", "Full"])
+        .map(|scope| match scope {
+            "Full" => SnapshotScope::Full,
+            _ => SnapshotScope::Workspace,
+        });
     f.finish()?;
     // A paused or stopped sandbox is snapshotted as it is, and stays so (the controller reads
     // its workspace without waking it); the call still counts as the sandbox's activity.
@@ -50,6 +57,7 @@ pub async fn create(
     let spec = SnapshotSpec {
         sandbox: sandbox_id.clone(),
         display_name: name,
+        scope,
     };
     let created = create_with_new_id(&state.store, "snap_", move |id| {
         Snapshot::new(id, spec.clone()).into()
@@ -124,6 +132,8 @@ fn snapshot_ready(
             Some("SandboxNotRunning") => {
                 ApiError::InvalidRequest(format!("sandbox {sandbox_id} is not running"))
             }
+            // Asked for a Full snapshot of a sandbox whose root filesystem is read-only.
+            Some("ReadOnlyRootfs") => ApiError::InvalidRequest(message),
             _ => ApiError::Backend(message),
         });
     }
@@ -133,13 +143,18 @@ fn snapshot_ready(
     Poll::Pending(format!("phase {:?}", status.phase))
 }
 
-pub async fn list(State(state): State<AppState>, RawQuery(query): RawQuery) -> Json<SnapshotList> {
+pub async fn list(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    RawQuery(query): RawQuery,
+) -> Json<SnapshotList> {
     let filter = query_params(query.as_deref()).remove("sandbox_id");
     let mut snapshots: Vec<_> = state
         .store
         .list(Kind::Snapshot)
         .iter()
         .filter_map(|e| e.resource.as_snapshot())
+        .filter(|s| principal.reaches(namespace_of(&s.metadata)))
         .filter(|s| {
             s.metadata.deletion_timestamp.is_none()
                 && s.status

@@ -27,6 +27,7 @@
 //! published before it).
 
 mod export;
+pub(super) mod rootfs;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,8 +39,10 @@ use super::error::ReconcileError;
 use super::policy::{Failure, Outcome};
 use super::status::{clear_condition, generation, note_immutable, set_ready, write_status};
 use crate::archive::{self, ArchiveError};
+use crate::docker::EngineError;
 use crate::resource::{
-    ConditionStatus, Kind, SandboxPhase, SandboxSpec, Snapshot, SnapshotPhase, SnapshotStatus,
+    ConditionStatus, Kind, SandboxPhase, SandboxSpec, Snapshot, SnapshotPhase, SnapshotScope,
+    SnapshotStatus,
 };
 use export::{export, ExportError, PauseGuard};
 
@@ -61,6 +64,15 @@ pub(super) async fn reconcile(
     };
     if snapshot.metadata.deletion_timestamp.is_some() {
         ctl.store.remove_snapshot_data(name).await?;
+        // Its image too, unless containers still run on it (their sandboxes were restored from
+        // it): garbage collection removes it once they are gone.
+        let reference = snapshot
+            .status
+            .as_ref()
+            .and_then(|s| s.rootfs_image.clone());
+        if let Some(reference) = reference.or_else(|| rootfs::reference(&snapshot)) {
+            rootfs::remove(ctl.engine.as_ref(), &reference).await;
+        }
         let name = name.to_string();
         ctl.store
             .write(move |store| store.finalize(Kind::Snapshot, &name))
@@ -174,6 +186,25 @@ async fn take(
         return Ok(Outcome::done());
     };
 
+    let effective = sandbox.spec.effective(&ctl.containers.defaults());
+    let full = snapshot.spec.scope() == SnapshotScope::Full;
+    if full && effective.read_only_rootfs {
+        let message = format!(
+            "a Full snapshot captures the root filesystem's changes, and sandbox \
+             {sandbox_name:?} has a read-only root filesystem (readOnlyRootfs is not false), so \
+             it has none: take a Workspace snapshot"
+        );
+        fail(&mut status, snapshot, "ReadOnlyRootfs", &message);
+        write_status(ctl.store, ctl.events, snapshot, &status).await?;
+        return Ok(Outcome::done());
+    }
+    let rootfs_reference = rootfs::reference(snapshot);
+    if let Some(reference) = &rootfs_reference {
+        // An attempt interrupted after its commit left an image under this name; a new commit
+        // would only untag it.
+        rootfs::remove(ctl.engine.as_ref(), reference).await;
+    }
+
     let owner = ctl.settings.sandbox_uid_gid()?;
     let data = ctl.store.begin_snapshot(name);
 
@@ -203,6 +234,20 @@ async fn take(
             owner,
         )
         .await;
+        // The root filesystem, in the same frozen instant (Docker freezes it itself where this
+        // engine could not).
+        let committed = match (&exported, &rootfs_reference) {
+            (Ok(_), Some(reference)) => {
+                let docker_pauses = !freeze && details.running && !details.paused;
+                let labels = rootfs::labels(&ctl.containers.server_id, snapshot);
+                Some(
+                    ctl.engine
+                        .commit_rootfs(&details.id, reference, &labels, docker_pauses)
+                        .await,
+                )
+            }
+            _ => None,
+        };
         unpause.container = None;
         // Everything is read: the sandbox may run again while the data reaches the disk.
         let synced = async {
@@ -227,17 +272,42 @@ async fn take(
             tracing::warn!(sandbox = sandbox_name, %error, "unpause after snapshot failed");
             ctl.queue.add((Kind::Sandbox, sandbox_name.to_string()));
         }
-        exported
+        (exported, committed)
     };
+    let (exported, committed) = exported;
     if details.paused {
         // A resume asked for while the export held the sandbox frozen is carried out now.
         ctl.queue.add((Kind::Sandbox, sandbox_name.to_string()));
     }
 
+    let committed = match committed.transpose() {
+        Ok(committed) => committed,
+        Err(error) => {
+            data.discard().await;
+            if let Some(reference) = &rootfs_reference {
+                rootfs::remove(ctl.engine.as_ref(), reference).await;
+            }
+            if matches!(error, EngineError::Unreachable(_)) {
+                // Docker may come back: stay Pending and retry.
+                let error = ReconcileError::Export(error);
+                return Err(Failure::reported(error, snapshot, status));
+            }
+            let message = format!(
+                "committing the root filesystem of {sandbox_name:?} failed; nothing was \
+                 stored: {error}"
+            );
+            fail(&mut status, snapshot, "ExportFailed", &message);
+            write_status(ctl.store, ctl.events, snapshot, &status).await?;
+            return Ok(Outcome::done());
+        }
+    };
     let exported = match exported {
         Ok(exported) => exported,
         Err(error) => {
             data.discard().await;
+            if let Some(reference) = &rootfs_reference {
+                rootfs::remove(ctl.engine.as_ref(), reference).await;
+            }
             let (reason, message) = match error {
                 ExportError::Archive(ArchiveError::TooLarge { limit }) => (
                     "TooLarge",
@@ -259,16 +329,25 @@ async fn take(
         }
     };
     if let Err(error) = data.publish().await {
+        if let Some(reference) = &rootfs_reference {
+            rootfs::remove(ctl.engine.as_ref(), reference).await;
+        }
         let message = format!("storing the snapshot failed: {error}");
         fail(&mut status, snapshot, "ExportFailed", &message);
         write_status(ctl.store, ctl.events, snapshot, &status).await?;
         return Ok(Outcome::done());
     }
 
-    let effective = sandbox.spec.effective(&ctl.containers.defaults());
     status.phase = SnapshotPhase::Ready;
     status.size_bytes = Some(exported.size);
     status.digest = Some(exported.digest);
+    status.scope = Some(snapshot.spec.scope());
+    status.workspace_bytes = Some(exported.size);
+    if let (Some(committed), Some(reference)) = (committed, rootfs_reference) {
+        status.rootfs_bytes = Some(committed.layer_bytes);
+        status.rootfs_digest = Some(committed.layer_digest);
+        status.rootfs_image = Some(reference);
+    }
     status.image = Some(effective.image.clone());
     status.sandbox_spec = Some(SandboxSpec {
         image: Some(effective.image),

@@ -69,11 +69,16 @@ pub fn to_engine_event(message: &EventMessage) -> Option<EngineEvent> {
             if attributes.get(LABEL_MANAGED).map(String::as_str) != Some("true") {
                 return None;
             }
+            let number = |key: &str| attributes.get(key).and_then(|v| v.parse::<i64>().ok());
             Some(EngineEvent {
                 object: "container".into(),
-                action,
                 sandbox: attributes.get(LABEL_ID).cloned(),
                 server: attributes.get(LABEL_SERVER).cloned(),
+                container: actor.id.clone(),
+                exit_code: number("exitCode").filter(|_| action == "die"),
+                signal: signal(attributes.get("signal")).filter(|_| action == "kill"),
+                at: at(message),
+                action,
             })
         }
         EventMessageTypeEnum::VOLUME => {
@@ -87,10 +92,39 @@ pub fn to_engine_event(message: &EventMessage) -> Option<EngineEvent> {
                 object: "volume".into(),
                 action,
                 sandbox,
-                server: None,
+                at: at(message),
+                ..Default::default()
             })
         }
         _ => None,
+    }
+}
+
+/// A `kill` event's signal: a number, or a name such as `SIGTERM` or `KILL` (`docker kill -s`).
+fn signal(value: Option<&String>) -> Option<i64> {
+    let value = value?.trim();
+    if let Ok(n) = value.parse::<i64>() {
+        return Some(n);
+    }
+    let name = value.strip_prefix("SIG").unwrap_or(value);
+    let n = match name {
+        "HUP" => 1,
+        "INT" => 2,
+        "QUIT" => 3,
+        "ABRT" => 6,
+        "KILL" => 9,
+        "USR1" => 10,
+        "USR2" => 12,
+        "TERM" => 15,
+        _ => return None,
+    };
+    Some(n)
+}
+
+fn at(message: &EventMessage) -> Option<chrono::DateTime<chrono::Utc>> {
+    match message.time_nano {
+        Some(nanos) => Some(chrono::DateTime::from_timestamp_nanos(nanos)),
+        None => chrono::DateTime::from_timestamp(message.time?, 0),
     }
 }
 
@@ -134,6 +168,8 @@ mod tests {
                 action: "destroy".into(),
                 sandbox: Some("demo".into()),
                 server: Some("s1".into()),
+                container: Some("abc".into()),
+                ..Default::default()
             })
         );
         let m = message(
@@ -142,6 +178,30 @@ mod tests {
             &[(LABEL_ID, "demo")],
         );
         assert_eq!(to_engine_event(&m), None);
+    }
+
+    #[test]
+    fn deaths_and_kills_carry_their_numbers() {
+        let mut m = message(
+            EventMessageTypeEnum::CONTAINER,
+            "abc",
+            &[
+                (LABEL_MANAGED, "true"),
+                ("exitCode", "137"),
+                ("signal", "KILL"),
+            ],
+        );
+        m.action = Some("die".into());
+        m.time = Some(1_700_000_000);
+        let die = to_engine_event(&m).unwrap();
+        assert_eq!((die.exit_code, die.signal), (Some(137), None));
+        assert_eq!(die.at.unwrap().timestamp(), 1_700_000_000);
+        m.action = Some("kill".into());
+        let kill = to_engine_event(&m).unwrap();
+        assert_eq!((kill.exit_code, kill.signal), (None, Some(9)));
+        assert_eq!(signal(Some(&"SIGTERM".to_string())), Some(15));
+        assert_eq!(signal(Some(&"15".to_string())), Some(15));
+        assert_eq!(signal(Some(&"bogus".to_string())), None);
     }
 
     #[test]

@@ -1,0 +1,353 @@
+//! Full snapshots against the real Docker daemon (runc, or runsc with
+//! `AGENT_SANDBOX_TEST_RUNTIME=runsc`): a sandbox with a writable root filesystem installs a
+//! file under `/usr/local/bin`, changes `/etc/motd`, deletes a file of the image and writes to
+//! `/workspace`; a Full snapshot of it forked three times shows all four changes in every child
+//! and a rollback brings them back, a Workspace snapshot of the same sandbox shows only the
+//! workspace, a read-only-root sandbox is refused, the export says it cannot carry the root
+//! filesystem yet, and deleting the snapshot removes its image (at once, or once the last
+//! container made from it is gone).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+const LONG: Duration = Duration::from_secs(120);
+
+fn create(server: &Server, plural: &str, kind: &str, name: &str, spec: Value) {
+    let body = json!({
+        "apiVersion": "agent-sandbox.io/v1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": spec,
+    });
+    let (status, answer) = server.request("POST", &format!("{API}/{plural}"), Some(&body));
+    assert_eq!(status, 201, "{answer}");
+}
+
+fn delete(server: &Server, plural: &str, name: &str) {
+    let (status, answer) = server.request("DELETE", &format!("{API}/{plural}/{name}"), None);
+    assert!(status == 200 || status == 202, "{status} {answer}");
+}
+
+fn snapshot(server: &Server, name: &str, of: &str, scope: &str) -> Value {
+    create(
+        server,
+        "snapshots",
+        "Snapshot",
+        name,
+        json!({"sandbox": of, "scope": scope}),
+    );
+    server
+        .wait_for("snapshots", name, "settled", LONG, |r| {
+            r.is_some_and(|r| r["status"]["phase"] == "Ready" || r["status"]["phase"] == "Failed")
+        })
+        .unwrap()
+}
+
+/// Runs `script` as root (without capabilities, as the server's own execs do) in the sandbox.
+fn as_root(name: &str, script: &str) -> String {
+    let out = std::process::Command::new("docker")
+        .args([
+            "exec",
+            "-u",
+            "0",
+            &format!("agent-sandbox-{name}"),
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .expect("docker exec");
+    assert!(out.status.success(), "{script}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The four changes: a tool installed (with a symlink to it), motd written, an image file
+/// deleted, a workspace file.
+const CHANGES: &str = r#"
+set -e
+printf '#!/bin/sh\necho tool-ran\n' > /usr/local/bin/tool
+chmod 750 /usr/local/bin/tool
+ln -s tool /usr/local/bin/tool-link
+echo 'welcome, agent' > /etc/motd
+chmod 600 /etc/motd
+rm /bin/vi
+"#;
+
+/// What a machine shows of the four changes, one line each.
+const LOOK: &str = r#"
+stat -c '%n %a %u:%g' /usr/local/bin/tool 2>&1
+readlink /usr/local/bin/tool-link 2>&1 || echo no-link
+cat /etc/motd 2>&1; stat -c '%a' /etc/motd 2>&1
+test -e /bin/vi && echo vi-present || echo vi-absent
+cat /workspace/note 2>&1
+true
+"#;
+
+fn look(name: &str) -> String {
+    as_root(name, LOOK)
+}
+
+fn image_present(reference: &str) -> bool {
+    docker_status(&["image", "inspect", reference])
+}
+
+#[test]
+fn a_full_snapshot_carries_the_root_filesystem_into_forks_and_rollbacks() {
+    let server = Server::start_with(&[("AGENT_SANDBOX_RESYNC_SECONDS", "1")]);
+    let name = unique("full");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &name,
+        json!({"image": TEST_IMAGE, "readOnlyRootfs": false}),
+    );
+    server.wait_running(&name);
+    let pristine = look(&name);
+    assert!(pristine.contains("vi-present"), "{pristine}");
+    as_root(&name, CHANGES);
+    let (code, _) = docker_exec(&name, "echo 'from the workspace' > /workspace/note");
+    assert_eq!(code, 0);
+    let changed = look(&name);
+    for expected in [
+        "/usr/local/bin/tool 750 0:0",
+        "tool\n",
+        "welcome, agent\n600",
+        "vi-absent",
+        "from the workspace",
+    ] {
+        assert!(changed.contains(expected), "{expected:?} in {changed}");
+    }
+
+    // Full: workspace and root filesystem, sized and digested.
+    let full = unique("sf");
+    let taken = snapshot(&server, &full, &name, "Full");
+    assert_eq!(
+        taken["status"]["phase"],
+        "Ready",
+        "{taken:#}\n{}",
+        server.log()
+    );
+    let status = &taken["status"];
+    assert_eq!(status["scope"], "Full");
+    assert_eq!(status["workspaceBytes"], status["sizeBytes"]);
+    assert!(status["rootfsBytes"].as_u64().unwrap() > 0, "{status:#}");
+    let rootfs_digest = status["rootfsDigest"].as_str().unwrap();
+    assert!(rootfs_digest.starts_with("sha256:") && rootfs_digest.len() == 71);
+    let image = status["rootfsImage"].as_str().unwrap().to_string();
+    assert!(image_present(&image), "{image}");
+    // The layer Docker holds is the one the status names.
+    let layers = inspect(&["--type", "image", &image]).unwrap()["RootFS"]["Layers"].clone();
+    assert_eq!(layers.as_array().unwrap().last().unwrap(), rootfs_digest);
+    // Nothing the server put into the container's environment is in the image.
+    let env = inspect(&["--type", "image", &image]).unwrap()["Config"]["Env"].clone();
+    assert!(
+        !env.to_string().contains("/workspace"),
+        "the image has no HOME of the sandbox: {env}"
+    );
+    // The sandbox runs on, unpaused.
+    let c = container(&name).unwrap();
+    assert_eq!(c["State"]["Running"], true);
+    assert_eq!(c["State"]["Paused"], false);
+
+    // Workspace only: the root filesystem is not part of it.
+    let ws = unique("sw");
+    let taken = snapshot(&server, &ws, &name, "Workspace");
+    assert_eq!(taken["status"]["phase"], "Ready", "{taken:#}");
+    assert_eq!(taken["status"]["scope"], "Workspace");
+    assert!(taken["status"].get("rootfsImage").is_none());
+    assert!(taken["status"].get("rootfsBytes").is_none());
+
+    // Three forks of the Full snapshot, each with all four changes.
+    let fork = unique("ff");
+    create(
+        &server,
+        "forks",
+        "Fork",
+        &fork,
+        json!({"snapshot": full, "replicas": 3}),
+    );
+    server
+        .wait_for("forks", &fork, "3 ready", LONG, |r| {
+            r.is_some_and(|r| r["status"]["readyReplicas"] == 3)
+        })
+        .unwrap();
+    for i in 0..3 {
+        let child = format!("{fork}-{i}");
+        assert_eq!(look(&child), changed, "fork child {child}");
+        assert_eq!(as_root(&child, "/usr/local/bin/tool-link"), "tool-ran\n");
+        let sb = server.get("sandboxes", &child).unwrap();
+        assert_eq!(sb["status"]["rootfs"]["image"], image.as_str(), "{sb:#}");
+        assert_eq!(sb["status"]["rootfs"]["snapshot"], full.as_str());
+    }
+    // Children are independent machines.
+    as_root(&format!("{fork}-0"), "rm /usr/local/bin/tool");
+    assert!(look(&format!("{fork}-1")).contains("/usr/local/bin/tool 750"));
+
+    // A sandbox from the Workspace snapshot has the workspace and the plain image.
+    let plain = unique("fromws");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &plain,
+        json!({"image": TEST_IMAGE, "readOnlyRootfs": false, "source": {"snapshot": ws}}),
+    );
+    server.wait_running(&plain);
+    let shown = look(&plain);
+    assert!(shown.contains("from the workspace"), "{shown}");
+    assert!(shown.contains("vi-present"), "{shown}");
+    assert!(!shown.contains("welcome, agent"), "{shown}");
+    assert!(!shown.contains("/usr/local/bin/tool 750"), "{shown}");
+
+    // A rollback to the Full snapshot brings the root filesystem back too.
+    as_root(&name, "rm /usr/local/bin/tool /etc/motd && touch /bin/vi");
+    let (code, _) = docker_exec(&name, "rm /workspace/note");
+    assert_eq!(code, 0);
+    let body = json!({
+        "apiVersion": "agent-sandbox.io/v1",
+        "kind": "Sandbox",
+        "metadata": {"name": name},
+        "spec": {"image": TEST_IMAGE, "readOnlyRootfs": false,
+                 "rollback": {"snapshot": full, "requestId": "r1"}},
+    });
+    let (code, answer) = server.request("PUT", &format!("{API}/sandboxes/{name}"), Some(&body));
+    assert_eq!(code, 200, "{answer}");
+    server
+        .wait_for("sandboxes", &name, "rolled back", LONG, |r| {
+            r.is_some_and(|r| {
+                r["status"]["lastRollback"]["requestId"] == "r1"
+                    && r["status"]["phase"] == "Running"
+            })
+        })
+        .unwrap();
+    assert_eq!(look(&name), changed, "the rollback restores both");
+
+    // The archive format carries no root filesystem yet: said so, not half-exported.
+    let (code, bytes) = http_bytes(
+        &server,
+        "GET",
+        &format!("{API}/snapshots/{full}/export"),
+        b"",
+    );
+    let text = String::from_utf8_lossy(&bytes);
+    assert_eq!(code, 409, "{text}");
+    assert!(text.contains("Full snapshot"), "{text}");
+
+    // Deleting the snapshot while containers run on its image keeps the image for them; it goes
+    // once the last of them is gone.
+    delete(&server, "snapshots", &full);
+    server.wait_gone("snapshots", &full);
+    assert!(image_present(&image), "still used by the fork's children");
+    assert_eq!(look(&format!("{fork}-2")), changed);
+    delete(&server, "forks", &fork);
+    server.wait_gone("forks", &fork);
+    delete(&server, "sandboxes", &name);
+    server.wait_gone("sandboxes", &name);
+    wait_until("the snapshot's image removed", LONG, || {
+        !image_present(&image)
+    });
+
+    // A Full snapshot nothing uses is removed with it at once.
+    let other = unique("o");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &other,
+        json!({"image": TEST_IMAGE, "readOnlyRootfs": false}),
+    );
+    server.wait_running(&other);
+    as_root(&other, "echo x > /etc/x");
+    let plain_image = inspect(&["--type", "image", TEST_IMAGE]).unwrap()["Id"].clone();
+    assert_eq!(
+        container(&other).unwrap()["Image"],
+        plain_image,
+        "a sandbox of no snapshot runs the plain image"
+    );
+    // Through /v1 this time, as the CLI's `snapshot --full` does.
+    let (code, answer) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{other}/snapshots"),
+        Some(&json!({"scope": "Full"})),
+    );
+    assert_eq!(code, 201, "{answer}\n{}", server.log());
+    let lone = answer["id"].as_str().unwrap().to_string();
+    let taken = server.get("snapshots", &lone).unwrap();
+    assert_eq!(taken["spec"]["scope"], "Full");
+    let lone_image = taken["status"]["rootfsImage"].as_str().unwrap().to_string();
+    assert!(image_present(&lone_image));
+    delete(&server, "snapshots", &lone);
+    server.wait_gone("snapshots", &lone);
+    assert!(!image_present(&lone_image), "removed with its snapshot");
+    for sb in [plain, other] {
+        delete(&server, "sandboxes", &sb);
+    }
+    delete(&server, "snapshots", &ws);
+}
+
+#[test]
+fn a_full_snapshot_of_a_read_only_root_is_refused_with_its_reason() {
+    let server = Server::start();
+    let name = unique("ro");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &name,
+        json!({"image": TEST_IMAGE}),
+    );
+    server.wait_running(&name);
+    let snap = unique("s");
+    let taken = snapshot(&server, &snap, &name, "Full");
+    assert_eq!(taken["status"]["phase"], "Failed", "{taken:#}");
+    let message = taken["status"]["message"].as_str().unwrap();
+    assert!(message.contains("read-only root filesystem"), "{message}");
+    assert!(message.contains("Workspace snapshot"), "{message}");
+    let ready = taken["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(ready["reason"], "ReadOnlyRootfs");
+    // Nothing was made: no data file, no image.
+    assert!(!server
+        .data_dir
+        .join("snapshots")
+        .join(format!("{snap}.tar"))
+        .exists());
+    // /v1 says why, as a bad request.
+    let (code, answer) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{name}/snapshots"),
+        Some(&json!({"scope": "Full"})),
+    );
+    assert_eq!(code, 400, "{answer}");
+    assert!(
+        answer.to_string().contains("read-only root filesystem"),
+        "{answer}"
+    );
+    let (code, answer) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{name}/snapshots"),
+        Some(&json!({"scope": "Everything"})),
+    );
+    assert!(code == 400 || code == 422, "{code} {answer}");
+    assert!(answer.to_string().contains("body.scope"), "{answer}");
+    let uid = taken["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    assert!(!docker_status(&[
+        "image",
+        "inspect",
+        &format!("agent-sandbox-snapshot:{uid}")
+    ]));
+    delete(&server, "sandboxes", &name);
+}
