@@ -32,6 +32,7 @@ pub(super) struct SandboxContext<'a> {
     pub(super) activity: &'a Arc<crate::activity::Activity>,
     pub(super) processes: &'a Arc<crate::processes::Processes>,
     pub(super) services: &'a Arc<crate::services::Services>,
+    pub(super) terminations: &'a super::termination::Terminations,
 }
 
 /// A `Snapshot` needs Docker to export a workspace, the snapshots in progress, and the queue to

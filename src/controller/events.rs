@@ -120,6 +120,13 @@ impl Lifecycle for SandboxStatus {
                 )),
             }
         }
+        if let Some(t) = self
+            .last_termination
+            .as_ref()
+            .filter(|t| old.and_then(|o| o.last_termination.as_ref()) != Some(*t))
+        {
+            notes.push(warning(t.reason.as_str(), super::termination::message(t)));
+        }
         let was_failed = old_phase == Some(SandboxPhase::Failed);
         if old_phase != Some(self.phase) || self.phase == SandboxPhase::Failed {
             match self.phase {

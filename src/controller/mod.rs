@@ -50,6 +50,7 @@ mod events;
 mod names;
 mod policy;
 mod status;
+mod termination;
 mod tracker;
 mod views;
 mod workspace;
@@ -117,6 +118,8 @@ pub struct Controller {
     processes: Arc<crate::processes::Processes>,
     /// The sandboxes' declared services, kept running in their containers.
     services: Arc<crate::services::Services>,
+    /// What Docker's events said lately about containers dying (see `termination.rs`).
+    terminations: termination::Terminations,
     /// Where reconciles are counted and timed.
     metrics: crate::metrics::Metrics,
 }
@@ -169,6 +172,7 @@ impl Controller {
             fork_progress: Default::default(),
             activity: Arc::default(),
             processes,
+            terminations: Default::default(),
             metrics,
             store,
             events,
@@ -352,6 +356,7 @@ impl Controller {
             activity: &self.activity,
             processes: &self.processes,
             services: &self.services,
+            terminations: &self.terminations,
         }
     }
 
@@ -442,6 +447,7 @@ impl Controller {
                         {
                             continue;
                         }
+                        self.terminations.observe(&event);
                         if let Some(sandbox) = event.sandbox {
                             self.queue.add((Kind::Sandbox, sandbox));
                         }

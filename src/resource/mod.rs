@@ -8,6 +8,7 @@ mod egress;
 mod event;
 mod field_error;
 mod fork;
+pub mod keyfile;
 mod meta;
 mod pool;
 mod sandbox;
@@ -36,15 +37,15 @@ pub use meta::{
 pub use pool::{SandboxPoolSpec, SandboxPoolStatus};
 pub use sandbox::{
     AppliedLimits, EffectiveSandbox, IdleAction, IdlePolicy, ImagePullPolicy, ImagePullProgress,
-    RollbackRecord, RollbackRequest, SandboxDefaults, SandboxPhase, SandboxSource, SandboxSpec,
-    SandboxState, SandboxStatus, SpecError,
+    RollbackRecord, RollbackRequest, RootfsRecord, SandboxDefaults, SandboxPhase, SandboxSource,
+    SandboxSpec, SandboxState, SandboxStatus, SpecError, Termination, TerminationReason,
 };
 pub use secret::{SecretSpec, SecretStatus, ValueFrom};
 pub use service::{
     check_services, ExecCheck, HttpGetCheck, Readiness, RestartPolicy, ServicePort, ServiceSpec,
     ServiceState, ServiceStatus, TcpSocketCheck,
 };
-pub use snapshot::{SnapshotPhase, SnapshotSpec, SnapshotStatus};
+pub use snapshot::{SnapshotPhase, SnapshotScope, SnapshotSpec, SnapshotStatus};
 pub use webhook::{WebhookSpec, WebhookStatus};
 
 /// The kinds this server reconciles.

@@ -222,6 +222,10 @@ pub struct SandboxStatus {
     pub source_snapshot: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_rollback: Option<RollbackRecord>,
+    /// When the current workspace came from a `Full` snapshot: the root filesystem its
+    /// containers start from instead of the plain image (also after a container replacement).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rootfs: Option<RootfsRecord>,
     /// The Docker volume currently mounted at `/workspace` (a rollback builds a new one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace_volume: Option<String>,
@@ -254,8 +258,56 @@ pub struct SandboxStatus {
     /// while someone reads the sandbox).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub listening_ports: Vec<u16>,
+    /// Why the container, or a process in it, last died, as Docker reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_termination: Option<Termination>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+}
+
+/// Why something in a sandbox died.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TerminationReason {
+    /// The kernel killed a process (the container's or a command's) for want of memory.
+    #[serde(rename = "OOMKilled")]
+    OomKilled,
+    /// Someone asked Docker to stop or kill the container.
+    Killed,
+    /// The in-sandbox helper (the container's main process) ended without being asked.
+    HelperLost,
+    /// The container's main process ended on its own.
+    Exited,
+}
+
+impl TerminationReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TerminationReason::OomKilled => "OOMKilled",
+            TerminationReason::Killed => "Killed",
+            TerminationReason::HelperLost => "HelperLost",
+            TerminationReason::Exited => "Exited",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Termination {
+    pub reason: TerminationReason,
+    /// The container's exit code, when the container itself stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    /// The signal that ended it, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i64>,
+    /// The container the death happened in.
+    #[serde(
+        default,
+        rename = "containerID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub container_id: Option<String>,
+    pub at: DateTime<Utc>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -277,6 +329,26 @@ pub struct RollbackRecord {
     pub request_id: String,
     pub snapshot: String,
     pub completed_at: DateTime<Utc>,
+}
+
+/// The root filesystem of a `Full` snapshot a sandbox runs on.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RootfsRecord {
+    /// The snapshot it was taken by.
+    pub snapshot: String,
+    /// The image holding the image's content plus the snapshot's changes.
+    pub image: String,
+    /// The image the changes were made on top of.
+    pub base_image: String,
+}
+
+impl RootfsRecord {
+    /// Whether a sandbox whose `spec.image` is `spec_image` runs on it: when the spec names no
+    /// image, or names the one the changes were made on.
+    pub fn applies_to(&self, spec_image: Option<&str>) -> bool {
+        spec_image.is_none_or(|image| image == self.base_image)
+    }
 }
 
 /// A spec the schema lets through but that cannot be built.
