@@ -326,3 +326,148 @@ fn a_receiver_down_for_a_while_gets_every_event_signed_in_order_across_a_sigkill
         assert!(!inspect.contains(&secret_value));
     }
 }
+
+fn hook_to(server: &Server, port: u16, secret: &str, events: &[&str]) -> String {
+    let hook = unique("hook");
+    create(
+        server,
+        "webhooks",
+        json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Webhook",
+               "metadata": {"name": hook},
+               "spec": {"url": format!("http://127.0.0.1:{port}/hook"), "secret": secret,
+                        "events": events}}),
+    );
+    server.wait_for("webhooks", &hook, "started", WAIT, |w| {
+        w.is_some_and(|w| w["status"]["deliveredThrough"].is_u64())
+    });
+    hook
+}
+
+/// `(reason, involvedObject.kind)` of each delivery a receiver got.
+fn delivered(got: &Arc<Mutex<Vec<Received>>>) -> Vec<(String, String)> {
+    got.lock()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let body: Value = serde_json::from_slice(&r.body).unwrap();
+            (
+                body["reason"].as_str().unwrap_or_default().to_string(),
+                body["object"]["kind"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_delivery_past_its_retry_window_is_given_up_with_an_event_and_spec_events_filters() {
+    // A retry window of a few seconds instead of a day.
+    let server = Server::start_with(&[
+        ("AGENT_SANDBOX_WEBHOOK_MAX_BACKOFF_SECONDS", "1"),
+        ("AGENT_SANDBOX_WEBHOOK_RETRY_SECONDS", "3"),
+    ]);
+    let secret_value = format!("whsec-{:032x}", rand::random::<u128>());
+    let secret = unique("hook-key");
+    create(
+        &server,
+        "secrets",
+        json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Secret",
+               "metadata": {"name": secret}, "spec": {}, "value": secret_value}),
+    );
+    server.wait_for("secrets", &secret, "known to have a value", WAIT, |s| {
+        s.is_some_and(|s| s["status"]["hasValue"] == true)
+    });
+    // One receiver that never comes up, one that wants two reasons, one that wants one kind.
+    let dead = hook_to(&server, free_port(), &secret, &[]);
+    let by_reason = Arc::new(Mutex::new(Vec::new()));
+    let reason_port = free_port();
+    receive(reason_port, Arc::clone(&by_reason));
+    let reasons_hook = hook_to(&server, reason_port, &secret, &["Paused", "Resumed"]);
+    let by_kind = Arc::new(Mutex::new(Vec::new()));
+    let kind_port = free_port();
+    receive(kind_port, Arc::clone(&by_kind));
+    let kinds_hook = hook_to(&server, kind_port, &secret, &["Snapshot"]);
+
+    let name = unique("whf");
+    create(
+        &server,
+        "sandboxes",
+        json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+               "metadata": {"name": name}, "spec": {}}),
+    );
+    server.wait_running(&name);
+    pause_and_resume(&server, &name);
+    server.wait_running(&name);
+    let snap = unique("whs");
+    create(
+        &server,
+        "snapshots",
+        json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Snapshot",
+               "metadata": {"name": snap}, "spec": {"sandbox": name}}),
+    );
+    server.wait_for("snapshots", &snap, "ready", WAIT, |s| {
+        s.is_some_and(|s| s["status"]["phase"] == "Ready")
+    });
+
+    // The filtered receivers get what they asked for, and only that: the sandbox's Created and
+    // Started came before its Paused, in the same outbox, and were passed over.
+    wait_until("Paused and Resumed delivered", WAIT, || {
+        let got = delivered(&by_reason);
+        ["Paused", "Resumed"]
+            .iter()
+            .all(|r| got.iter().any(|(reason, _)| reason == r))
+    });
+    wait_until("the snapshot's events delivered", WAIT, || {
+        delivered(&by_kind)
+            .iter()
+            .any(|(reason, _)| reason == "SnapshotReady")
+    });
+    let reasons = delivered(&by_reason);
+    assert!(
+        reasons.iter().all(|(r, _)| r == "Paused" || r == "Resumed"),
+        "{reasons:?}"
+    );
+    let kinds = delivered(&by_kind);
+    assert!(kinds.iter().all(|(_, k)| k == "Snapshot"), "{kinds:?}");
+    let kinds_events = events_about(&server, &snap);
+    assert!(
+        kinds_events.iter().any(|e| e["reason"] == "SnapshotReady"),
+        "{kinds_events:?}"
+    );
+    for hook in [&reasons_hook, &kinds_hook] {
+        let (_, w) = server.request("GET", &format!("{API}/webhooks/{hook}"), None);
+        assert_eq!(w["status"]["givenUp"], 0, "{w}");
+    }
+
+    // The receiver that never came up: each delivery is given up once the window has passed,
+    // with a Warning about the webhook saying so, and the webhook moves on.
+    let webhook = server
+        .wait_for("webhooks", &dead, "given up", WAIT, |w| {
+            w.is_some_and(|w| w["status"]["givenUp"].as_u64().unwrap_or(0) >= 2)
+        })
+        .unwrap();
+    assert_eq!(webhook["status"]["delivered"], 0, "{webhook}");
+    let given_up: Vec<Value> = events_about(&server, &dead)
+        .into_iter()
+        .filter(|e| e["reason"] == "DeliveryGivenUp")
+        .collect();
+    assert!(!given_up.is_empty());
+    for event in &given_up {
+        assert_eq!(event["type"], "Warning", "{event}");
+        assert_eq!(event["involvedObject"]["kind"], "Webhook", "{event}");
+        let message = event["message"].as_str().unwrap();
+        assert!(message.starts_with("gave up delivering"), "{message}");
+        assert!(!message.contains(&secret_value), "{message}");
+    }
+    let mentioned = given_up
+        .iter()
+        .map(|e| e["message"].as_str().unwrap())
+        .any(|m| m.contains(&format!("sandbox/{name}")));
+    assert!(mentioned, "{given_up:?}");
+    assert!(
+        !server.log().contains(&secret_value),
+        "the value is in the log"
+    );
+}
