@@ -1212,3 +1212,90 @@ async fn a_resource_type_the_server_does_not_have_is_404_naming_the_kinds() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_list_with_limit_comes_in_pages_joined_by_continue() {
+    let api = start().await;
+    for i in 0..7 {
+        let (status, body) = api
+            .post_json("sandboxes", sandbox(&format!("page-{i}")))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    let names = |list: &Value| -> Vec<String> {
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (_, _, all) = api
+        .send(api.request(Method::GET, &format!("{API}/sandboxes")))
+        .await;
+    assert!(all.get("metadata").is_none(), "{all}");
+    let everything = names(&all);
+    assert_eq!(everything.len(), 7);
+
+    // Pages of three: 3 + 3 + 1, in the list's order, each saying what remains.
+    let mut paged = Vec::new();
+    let mut token: Option<String> = None;
+    let mut remaining = Vec::new();
+    loop {
+        let query = match &token {
+            Some(t) => format!("?limit=3&continue={t}"),
+            None => "?limit=3".to_string(),
+        };
+        let (status, _, page) = api
+            .send(api.request(Method::GET, &format!("{API}/sandboxes{query}")))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        assert_eq!(page["kind"], "SandboxList");
+        paged.extend(names(&page));
+        remaining.push(page["metadata"]["remainingItemCount"].as_u64().unwrap());
+        match page["metadata"]["continue"].as_str() {
+            Some(t) => token = Some(t.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(paged, everything);
+    assert_eq!(remaining, [4, 1, 0]);
+
+    // A page whose last object was deleted since still resumes after it.
+    let (_, _, first) = api
+        .send(api.request(Method::GET, &format!("{API}/sandboxes?limit=2")))
+        .await;
+    let token = first["metadata"]["continue"].as_str().unwrap().to_string();
+    let last = names(&first)[1].clone();
+    let (status, _, _) = api
+        .send(api.request(Method::DELETE, &format!("{API}/sandboxes/{last}")))
+        .await;
+    assert!(status.is_success(), "{status}");
+    let (_, _, rest) = api
+        .send(api.request(
+            Method::GET,
+            &format!("{API}/sandboxes?limit=10&continue={token}"),
+        ))
+        .await;
+    assert_eq!(names(&rest), everything[2..].to_vec());
+
+    // Bad values name the parameter.
+    for query in [
+        "limit=0",
+        "limit=x",
+        "limit=10001",
+        "limit=2&continue=nonsense",
+    ] {
+        let (status, _, body) = api
+            .send(api.request(Method::GET, &format!("{API}/sandboxes?{query}")))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        let param = if query.contains("continue") {
+            "continue"
+        } else {
+            "limit"
+        };
+        assert!(message.starts_with(param), "{query}: {message}");
+    }
+}

@@ -21,6 +21,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
+use axum::Extension;
 use bytes::Bytes;
 use futures::StreamExt;
 use schemars::JsonSchema;
@@ -30,6 +31,7 @@ use tokio::sync::broadcast;
 use super::body::{read_body, request_format, respond, response_format, Format, MAX_JSON_BODY};
 use super::error::ApiError;
 use super::AppState;
+use crate::authz::{namespace_of, Principal};
 use crate::resource::yaml::{self, DocumentError};
 use crate::resource::{is_valid_name, AnyResource, Kind, API_VERSION};
 use crate::store::{EventType, Store, WatchEvent, WriteOptions};
@@ -237,29 +239,119 @@ fn check_name(name: &str) -> Result<(), ApiError> {
 struct List<'a> {
     api_version: &'static str,
     kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<ListMeta>,
     items: Vec<&'a AnyResource>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListMeta {
+    #[serde(rename = "continue", skip_serializing_if = "Option::is_none")]
+    continue_: Option<String>,
+    remaining_item_count: usize,
+}
+
+/// The largest `limit` of a list.
+pub(crate) const MAX_LIMIT: u32 = 10_000;
+
+/// `limit`, when given.
+fn limit(params: &HashMap<String, String>) -> Result<Option<usize>, ApiError> {
+    match params.get("limit").map(String::as_str) {
+        None | Some("") => Ok(None),
+        Some(text) => match text.parse::<u32>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(Some(n as usize)),
+            _ => Err(ApiError::InvalidRequest(format!(
+                "limit must be a whole number in [1, {MAX_LIMIT}], got {text:?}"
+            ))),
+        },
+    }
+}
+
+/// Where a page ends in the list's order (creation time, then name): `<unix nanos>.<name>`.
+fn continue_token(resource: &AnyResource) -> String {
+    let nanos = resource
+        .metadata()
+        .creation_timestamp
+        .and_then(|t| t.timestamp_nanos_opt())
+        .unwrap_or(0);
+    format!("{nanos}.{}", resource.name())
+}
+
+/// A place in a list's order: creation time, then name.
+type ListPosition = (Option<chrono::DateTime<chrono::Utc>>, String);
+
+/// The position after which `continue` resumes: the key the list is ordered by.
+fn continue_from(params: &HashMap<String, String>) -> Result<Option<ListPosition>, ApiError> {
+    let Some(token) = params.get("continue").filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    let invalid = || {
+        ApiError::InvalidRequest(format!(
+            "continue must be the metadata.continue of a previous page, got {token:?}"
+        ))
+    };
+    let (nanos, name) = token.split_once('.').ok_or_else(invalid)?;
+    // Any whole number the document's pattern allows; beyond i64 it lies past every object.
+    let nanos: i128 = nanos.parse().map_err(|_| invalid())?;
+    let nanos = nanos.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+    if !is_valid_name(name) {
+        return Err(invalid());
+    }
+    let at = (nanos != 0).then(|| chrono::DateTime::from_timestamp_nanos(nanos));
+    Ok(Some((at, name.to_string())))
 }
 
 async fn list<K: DocumentedKind>(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let kind = K::KIND;
     let selector = selector(&params)?;
     let timeout = watch_timeout(&params)?;
+    // Checked even for a watch, which pages nothing: a bad value is still a bad request.
+    let limit = limit(&params)?;
+    let after = continue_from(&params)?;
     if flag(&params, "watch")? {
-        return Ok(watch(&state.store, kind, selector, timeout));
+        return Ok(watch(&state.store, kind, selector, principal, timeout));
     }
     let entries = state.store.list(kind);
-    let items = entries
+    let all: Vec<&AnyResource> = entries
         .iter()
         .map(|e| &e.resource)
+        .filter(|r| principal.reaches(namespace_of(r.metadata())))
         .filter(|r| selector.matches(&r.metadata().labels))
+        .filter(|r| {
+            // The store lists by creation time, then name; a page resumes past its token.
+            after.as_ref().is_none_or(|(at, name)| {
+                (r.metadata().creation_timestamp, r.name()) > (*at, name.as_str())
+            })
+        })
         .collect();
+    let (items, metadata) = match limit {
+        Some(limit) if all.len() > limit => {
+            let items = all[..limit].to_vec();
+            let metadata = ListMeta {
+                continue_: items.last().map(|r| continue_token(r)),
+                remaining_item_count: all.len() - limit,
+            };
+            (items, Some(metadata))
+        }
+        Some(_) => (
+            all,
+            Some(ListMeta {
+                continue_: None,
+                remaining_item_count: 0,
+            }),
+        ),
+        None => (all, None),
+    };
     let list = List {
         api_version: API_VERSION,
         kind: format!("{kind}List"),
+        metadata,
         items,
     };
     respond(StatusCode::OK, &list, response_format(&headers))
@@ -297,27 +389,31 @@ fn watch(
     store: &Store,
     kind: Kind,
     selector: LabelSelector,
+    principal: Principal,
     timeout: Option<std::time::Duration>,
 ) -> Response {
     // Subscribe before listing, so nothing between the two is lost (at worst seen twice).
     let receiver = store.subscribe();
+    let visible = move |r: &AnyResource| {
+        principal.reaches(namespace_of(r.metadata())) && selector.matches(&r.metadata().labels)
+    };
     let initial: Vec<Result<Bytes, Infallible>> = store
         .list(kind)
         .iter()
-        .filter(|e| selector.matches(&e.resource.metadata().labels))
+        .filter(|e| visible(&e.resource))
         .map(|e| Ok(event_line(EventType::Added, &e.resource)))
         .collect();
-    let live = futures::stream::unfold(Some((receiver, selector)), move |state| async move {
-        let (mut receiver, selector) = state?;
+    let live = futures::stream::unfold(Some((receiver, visible)), move |state| async move {
+        let (mut receiver, visible) = state?;
         loop {
             match receiver.recv().await {
                 Ok(WatchEvent {
                     event_type,
                     resource,
                 }) => {
-                    if resource.kind() == kind && selector.matches(&resource.metadata().labels) {
+                    if resource.kind() == kind && visible(&resource) {
                         let bytes = event_line(event_type, &resource);
-                        return Some((Ok(bytes), Some((receiver, selector))));
+                        return Some((Ok(bytes), Some((receiver, visible))));
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
@@ -481,12 +577,15 @@ pub struct DocumentErrors {
 
 async fn document_errors(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    // Folder manifests are in the default namespace.
     let errors = state
         .store
         .document_errors()
         .iter()
+        .filter(|_| principal.reaches(crate::authz::DEFAULT_NAMESPACE))
         .map(DocumentErrorInfo::from)
         .collect();
     respond(

@@ -60,6 +60,9 @@ macro_rules! documented_kind {
             api_version: String,
             #[schemars(extend("const" = concat!(stringify!($kind), "List")))]
             kind: String,
+            /// Present when the list was asked for with `limit`.
+            #[serde(default)]
+            metadata: Option<ListMeta>,
             items: Vec<$resource>,
         }
 
@@ -72,6 +75,18 @@ macro_rules! documented_kind {
             object: $resource,
         }
     };
+}
+
+/// Where a list asked for with `limit` stands.
+#[derive(JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+struct ListMeta {
+    /// Pass as `continue` for the next page; absent on the last one.
+    #[serde(rename = "continue", default)]
+    continue_: Option<String>,
+    /// How many objects the pages after this one hold (as of this answer).
+    remaining_item_count: u64,
 }
 
 #[derive(JsonSchema)]
@@ -178,6 +193,19 @@ pub fn list<K: DocumentedKind>(op: Op<'_>) -> Op<'_> {
             false,
             "`k=v`, `k!=v`, `k`, `!k`, comma-separated; all must hold",
             serde_json::json!({"type": "string", "pattern": super::selector::PATTERN}),
+        )
+        .query_with_schema(
+            "limit",
+            false,
+            "At most this many objects (in the list's order: oldest first, then by name); \
+             `metadata.continue` then names where the next page starts",
+            serde_json::json!({"type": "integer", "minimum": 1, "maximum": super::MAX_LIMIT}),
+        )
+        .query_with_schema(
+            "continue",
+            false,
+            "The `metadata.continue` of the previous page",
+            serde_json::json!({"type": "string", "pattern": continue_pattern()}),
         )
         .resource::<K::List>(
             200,
@@ -390,4 +418,12 @@ pub fn import_snapshot(op: Op<'_>) -> Op<'_> {
             "$response.body#/metadata/name",
         )
         .errors(&[400, 409, 413, 422, 500])
+}
+
+/// A `continue` token as the server writes it: `<unix nanos>.<name>` (or empty: the first page).
+fn continue_pattern() -> String {
+    let name = crate::resource::NAME_PATTERN
+        .trim_start_matches('^')
+        .trim_end_matches('$');
+    format!("^(-?[0-9]{{1,19}}\\.{name})?$")
 }

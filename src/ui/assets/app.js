@@ -233,6 +233,7 @@ function sandboxesView(main) {
   let filter = "";
   let scheduled = false;
   let firstDrawn = false;
+  let total = null; // the list's size while only its first page is here
 
   const count = el("span", { class: "muted", id: "sandbox-count" });
   const filterBox = el("input", { type: "search", id: "filter", placeholder: "Filter by name, image or phase", size: 40 });
@@ -251,21 +252,21 @@ function sandboxesView(main) {
 
   function visible() {
     const words = filter.toLowerCase().split(/\s+/).filter(Boolean);
-    const all = [...sandboxes.values()].filter((s) => !words.length || words.every((w) =>
+    // In the list's own order (oldest first, then by name), which a page of it keeps.
+    return [...sandboxes.values()].filter((s) => !words.length || words.every((w) =>
       s.metadata.name.toLowerCase().includes(w)
       || String((s.spec || {}).image || "").toLowerCase().includes(w)
       || String((s.status || {}).phase || "").toLowerCase().includes(w)));
-    all.sort((a, b) => a.metadata.name.localeCompare(b.metadata.name));
-    return all;
   }
 
   function render() {
     scheduled = false;
     const all = visible();
-    const pages = Math.max(1, Math.ceil(all.length / PAGE_SIZE));
+    const size = total === null || filter ? all.length : total;
+    const pages = Math.max(1, Math.ceil(size / PAGE_SIZE));
     page = Math.min(page, pages - 1);
     const shown = all.slice(page * PAGE_SIZE, (page + 1) * PAGE_SIZE);
-    count.textContent = `${all.length} of ${sandboxes.size}`;
+    count.textContent = `${size} of ${total === null ? sandboxes.size : total}`;
     where.textContent = `page ${page + 1} of ${pages}`;
     prev.disabled = page === 0;
     next.disabled = page >= pages - 1;
@@ -305,9 +306,17 @@ function sandboxesView(main) {
   (async () => {
     while (!abort.signal.aborted) {
       try {
+        // The first page alone first, so that it is drawn without waiting for the rest.
+        if (!firstDrawn) {
+          const first = await call("GET", `${API}/sandboxes?limit=${PAGE_SIZE}`, undefined, abort.signal);
+          for (const s of first.items) sandboxes.set(s.metadata.name, s);
+          total = first.items.length + ((first.metadata || {}).remainingItemCount || 0);
+          render();
+        }
         const list = await call("GET", `${API}/sandboxes`, undefined, abort.signal);
         sandboxes.clear();
         for (const s of list.items) sandboxes.set(s.metadata.name, s);
+        total = null;
         render();
         await stream(`${API}/sandboxes?watch=true&timeoutSeconds=300`, (event) => {
           if (event.type === "ERROR") throw new Error(event.object.error.message);
