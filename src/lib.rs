@@ -40,6 +40,8 @@
 //!   usage.
 //! - [`ui`]: the web dashboard at `/ui` (page, script and style embedded in the binary); its
 //!   routes are `api/ui.rs`, its session cookie and CSRF check `api/session.rs`.
+//! - [`authz`]: who a key is (role, namespaces) and what it may do; the keys file, reloaded live.
+//! - [`audit`]: which requests the audit trail records, and its lines (kept by the store).
 //! - [`activity`]: which sandboxes are in use (API calls, running commands), for idle policies.
 //! - [`config`]: settings; [`server`]: wiring it all together for `agent-sandbox serve`;
 //!   [`doctor`]: the start-up checks `agent-sandbox doctor` prints and `serve` logs.
@@ -50,6 +52,8 @@
 pub mod activity;
 pub mod api;
 pub mod archive;
+pub mod audit;
+pub mod authz;
 pub mod cli;
 pub mod config;
 pub mod controller;

@@ -93,6 +93,12 @@ pub async fn run(
     let keys =
         api::auth::load_or_create_keys(&settings).map_err(|e| StartError::Auth(e.to_string()))?;
 
+    let stop_keys = tokio_util::sync::CancellationToken::new();
+    let _stop_keys = stop_keys.clone().drop_guard();
+    if let Some(keyring) = keys.keyring() {
+        tokio::spawn(Arc::clone(keyring).watch(stop_keys));
+    }
+
     let server_id = store.server_id()?;
     // Claim this identity's objects before making any (see `gc`).
     if let Err(e) = crate::gc::beat(engine.as_ref(), &server_id).await {

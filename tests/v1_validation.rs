@@ -70,7 +70,13 @@ fn app_with(wait: Duration, adjust: impl FnOnce(&mut Settings)) -> App {
         )),
         egress: None,
     };
-    let router = Router::from(routes).with_state(state);
+    // As in the server, the routes sit behind the key check, which gives handlers the caller.
+    let router = Router::from(routes)
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.keys.clone(),
+            agent_sandbox::api::auth::require_key,
+        ))
+        .with_state(state);
     App {
         router,
         store,

@@ -4,6 +4,12 @@
 //!
 //! Keys are secrets: this module never logs a key, and it compares them in constant time against
 //! SHA-256 digests so that neither a matching prefix nor a length difference changes the timing.
+//!
+//! A key becomes a [`Principal`]: the admin keys of the settings and the generated key, or a
+//! scoped key of the keys file ([`crate::authz::keyring`]). The middleware then asks
+//! [`crate::authz`] whether that principal may make the request (404 for objects outside its
+//! reach, 403 for what its role may not do), hands the principal to the handlers as a request
+//! extension, and ends a streamed answer when its key is revoked.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,6 +23,8 @@ use subtle::{Choice, ConstantTimeEq};
 
 use super::error::ApiError;
 use super::session;
+use crate::authz::keyring::Keyring;
+use crate::authz::{self, Decision, Principal};
 use crate::config::Settings;
 use crate::store::{read_or_create_private, PrivateFile, StoreError};
 
@@ -25,8 +33,12 @@ pub const KEY_FILE: &str = "api-key";
 
 /// The keys a request may present, or none at all when authentication is off.
 pub struct ApiKeys {
-    /// SHA-256 of every accepted key; `None` means authentication is off.
+    /// SHA-256 of every admin key; `None` means authentication is off.
     digests: Option<Vec<[u8; 32]>>,
+    /// The name of the admin keys (for the audit trail).
+    admin_name: &'static str,
+    /// The scoped keys of the keys file, if there is one.
+    keyring: Option<Arc<Keyring>>,
 }
 
 impl std::fmt::Debug for ApiKeys {
@@ -58,12 +70,39 @@ impl ApiKeys {
             .collect();
         ApiKeys {
             digests: Some(digests),
+            admin_name: "admin",
+            keyring: None,
         }
     }
 
     /// Accepts every request.
     pub fn disabled() -> ApiKeys {
-        ApiKeys { digests: None }
+        ApiKeys {
+            digests: None,
+            admin_name: "anonymous",
+            keyring: None,
+        }
+    }
+
+    /// Also accepts the scoped keys of `keyring`.
+    pub fn with_keyring(mut self, keyring: Arc<Keyring>) -> ApiKeys {
+        self.keyring = Some(keyring);
+        self
+    }
+
+    /// The keys file in force, if any (its reloader is started by the server).
+    pub fn keyring(&self) -> Option<&Arc<Keyring>> {
+        self.keyring.as_ref()
+    }
+
+    /// Who `candidate` is: an admin key, a scoped key, or nobody. With authentication off,
+    /// everyone is an admin.
+    pub fn identify(&self, candidate: &[u8]) -> Option<Principal> {
+        if self.verify(candidate) {
+            return Some(Principal::admin(self.admin_name));
+        }
+        let keyring = self.keyring.as_ref()?;
+        keyring.identify(&digest(candidate))
     }
 
     pub fn is_enabled(&self) -> bool {
@@ -83,15 +122,17 @@ impl ApiKeys {
         bool::from(matched)
     }
 
-    /// Whether the request's headers carry an accepted key.
+    /// Whether the request's headers carry an accepted key (admin or scoped).
     pub fn allows(&self, headers: &HeaderMap) -> bool {
+        self.principal_of(headers).is_some()
+    }
+
+    /// The principal of the key in the request's headers.
+    pub fn principal_of(&self, headers: &HeaderMap) -> Option<Principal> {
         if !self.is_enabled() {
-            return true;
+            return Some(Principal::admin(self.admin_name));
         }
-        match presented_key(headers) {
-            Some(key) => self.verify(key),
-            None => false,
-        }
+        self.identify(presented_key(headers)?)
     }
 }
 
@@ -118,45 +159,96 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
 
 /// Middleware: 401 `unauthorized` (with `WWW-Authenticate: Bearer`) unless the request carries
 /// an accepted key: in a header, or, for the dashboard, in its session cookie with the checks
-/// `super::session` makes (403 when those fail).
+/// `super::session` makes (403 when those fail). Then the key's principal must be allowed the
+/// request ([`authz::classify`], [`Principal::decide`]); it goes to the handler as an
+/// `Extension<Principal>`, and a revocable key's answer body ends with an error when the key is
+/// revoked.
 pub async fn require_key(
     State(keys): State<Arc<ApiKeys>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
-    match keys.admit(request.method(), request.uri().path(), request.headers()) {
-        Ok(()) => next.run(request).await,
-        Err(error) => error.into_response(),
+    let principal = match keys.admit(request.method(), request.uri().path(), request.headers()) {
+        Ok(principal) => principal,
+        Err(error) => return error.into_response(),
+    };
+    let asked = authz::classify(request.method().as_str(), request.uri().path());
+    let refusal = match principal.decide(&asked) {
+        Decision::Allow => None,
+        Decision::NotFound(message) => Some(ApiError::NotFound(message)),
+        Decision::Forbidden(message) => Some(ApiError::Forbidden(message)),
+        Decision::Unauthenticated => {
+            Some(ApiError::Unauthorized("missing or invalid API key".into()))
+        }
+    };
+    if let Some(error) = refusal {
+        let mut response = error.into_response();
+        response.extensions_mut().insert(principal);
+        return response;
     }
+    let revocation = principal.revocation();
+    request.extensions_mut().insert(principal.clone());
+    let response = next.run(request).await;
+    let mut response = match revocation {
+        Some(token) => cut_on_revocation(response, token),
+        None => response,
+    };
+    // For the audit trail, recorded further out.
+    response.extensions_mut().insert(principal);
+    response
+}
+
+/// `response` with a body that fails as soon as `token` is cancelled (a revoked key's watch,
+/// log or exec stream stops within the keys file's reload period).
+fn cut_on_revocation(response: Response, token: tokio_util::sync::CancellationToken) -> Response {
+    use futures::StreamExt;
+    let (parts, body) = response.into_parts();
+    let data = body.into_data_stream();
+    let stream = futures::stream::unfold(Some((data, token)), |state| async move {
+        let (mut data, token) = state?;
+        tokio::select! {
+            biased;
+            _ = token.cancelled() => Some((
+                Err(std::io::Error::other("the API key was revoked")),
+                None,
+            )),
+            next = data.next() => match next {
+                Some(Ok(bytes)) => Some((Ok(bytes), Some((data, token)))),
+                Some(Err(e)) => Some((Err(std::io::Error::other(e)), None)),
+                None => None,
+            },
+        }
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(stream))
 }
 
 impl ApiKeys {
-    /// Whether a request may go on: a key in a header is judged alone; without one, the
+    /// Who is making a request: a key in a header is judged alone; without one, the
     /// dashboard's session cookie with its CSRF and origin checks.
     pub fn admit(
         &self,
         method: &axum::http::Method,
         path: &str,
         headers: &HeaderMap,
-    ) -> Result<(), ApiError> {
+    ) -> Result<Principal, ApiError> {
+        let unauthorized = || ApiError::Unauthorized("missing or invalid API key".into());
         if !self.is_enabled() {
-            return Ok(());
+            return Ok(Principal::admin(self.admin_name));
         }
         if presented_key(headers).is_some() {
-            return if self.allows(headers) {
-                Ok(())
-            } else {
-                Err(ApiError::Unauthorized("missing or invalid API key".into()))
-            };
+            return self.principal_of(headers).ok_or_else(unauthorized);
         }
         let Some(key) = session::cookie(headers, session::KEY_COOKIE) else {
-            return Err(ApiError::Unauthorized("missing or invalid API key".into()));
+            return Err(unauthorized());
         };
-        let key_ok = self.verify(key.as_bytes());
-        session::check(method, path, headers, key_ok).map_err(|refusal| match refusal {
-            session::Refusal::BadKey => ApiError::Unauthorized("missing or invalid API key".into()),
-            session::Refusal::Forged(why) => ApiError::Forbidden(why.into()),
-        })
+        let principal = self.identify(key.as_bytes());
+        session::check(method, path, headers, principal.is_some()).map_err(
+            |refusal| match refusal {
+                session::Refusal::BadKey => unauthorized(),
+                session::Refusal::Forged(why) => ApiError::Forbidden(why.into()),
+            },
+        )?;
+        principal.ok_or_else(unauthorized)
     }
 }
 
@@ -170,12 +262,32 @@ pub enum AuthError {
     },
     #[error("the API key file {} is {problem}; remove it to have a new key generated", path.display())]
     BadKeyFile { path: PathBuf, problem: String },
+    #[error("{0}")]
+    KeysFile(String),
 }
 
-/// The keys the server accepts: `AGENT_SANDBOX_API_KEYS` when set; none at all with
+/// The keys the server accepts: [`admin_keys`], and the scoped keys of the keys file
+/// (`AGENT_SANDBOX_KEYS_FILE`) unless authentication is off.
+pub fn load_or_create_keys(settings: &Settings) -> Result<ApiKeys, AuthError> {
+    let keys = admin_keys(settings)?;
+    match &settings.keys_file {
+        Some(path) if keys.is_enabled() => {
+            let ring = Keyring::load(path).map_err(|e| AuthError::KeysFile(e.to_string()))?;
+            tracing::info!(path = %path.display(), "scoped API keys come from the keys file, reloaded when it changes");
+            Ok(keys.with_keyring(Arc::new(ring)))
+        }
+        Some(_) => {
+            tracing::warn!("AGENT_SANDBOX_KEYS_FILE is ignored: authentication is off");
+            Ok(keys)
+        }
+        None => Ok(keys),
+    }
+}
+
+/// The admin keys: `AGENT_SANDBOX_API_KEYS` when set; none at all with
 /// `AGENT_SANDBOX_INSECURE_NO_AUTH=true`; else the key in `<data>/api-key`, generated on first
 /// start. Logs where a generated key is, never the key.
-pub fn load_or_create_keys(settings: &Settings) -> Result<ApiKeys, AuthError> {
+fn admin_keys(settings: &Settings) -> Result<ApiKeys, AuthError> {
     if settings.insecure_no_auth {
         tracing::warn!(
             "AUTHENTICATION IS OFF (AGENT_SANDBOX_INSECURE_NO_AUTH=true): anyone who can reach \

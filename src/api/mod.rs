@@ -3,6 +3,7 @@
 //! map errors in one place ([`error::ApiError`]). Lifecycle changes only ever go through the store;
 //! the controller does the Docker work and the handlers wait for its observed status.
 
+pub mod audit;
 pub mod auth;
 pub mod body;
 pub mod egress;
@@ -82,6 +83,7 @@ fn documented_routes(
         .merge(previews::routes())
         .merge(stats::routes())
         .merge(egress::routes())
+        .merge(audit::routes())
         .merge(v1::routes(settings));
     // `/metrics` is behind the key unless the settings make it public.
     let (protected, public) = if settings.metrics_public {
@@ -140,6 +142,7 @@ pub fn router(state: AppState) -> Router {
     );
     let document = OpenApiText(Arc::from(openapi::to_text(&document)));
     routes
+        .layer(middleware::from_fn_with_state(state.clone(), audit::record))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             metrics::record,

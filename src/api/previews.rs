@@ -301,9 +301,20 @@ async fn serve_preview(
     }
     let with_key =
         state.keys.is_enabled() && crate::api::auth::presented_key(request.headers()).is_some();
+    let mut stop = None;
     if with_key {
-        if !state.keys.allows(request.headers()) {
-            return Err(unauthorized("the API key is not valid".into()));
+        let principal = state
+            .keys
+            .principal_of(request.headers())
+            .ok_or_else(|| unauthorized("the API key is not valid".into()))?;
+        stop = principal.revocation();
+        match principal.decide(&crate::authz::inside_sandbox(name)) {
+            crate::authz::Decision::Allow => {}
+            crate::authz::Decision::NotFound(message) => return Err(ApiError::NotFound(message)),
+            crate::authz::Decision::Forbidden(message) => return Err(ApiError::Forbidden(message)),
+            crate::authz::Decision::Unauthenticated => {
+                return Err(unauthorized("the API key is not valid".into()))
+            }
         }
     } else if state.keys.is_enabled() {
         let token = cookie(request.headers(), COOKIE)
@@ -329,6 +340,7 @@ async fn serve_preview(
             crate::api::session::KEY_COOKIE.to_string(),
             crate::api::session::CSRF_COOKIE.to_string(),
         ],
+        stop,
     };
     state
         .ports

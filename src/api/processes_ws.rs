@@ -19,6 +19,9 @@ use aide::axum::routing::get_with;
 use aide::axum::ApiRouter;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, Query, State};
+use axum::Extension;
+
+use crate::authz::Principal;
 use axum::response::Response;
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
@@ -137,6 +140,7 @@ pub fn routes() -> ApiRouter<AppState> {
 
 async fn attach(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path((name, id)): Path<(String, String)>,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
@@ -148,7 +152,11 @@ async fn attach(
         .map_err(process_error)?;
     let from = (p.stdout_bytes, p.stderr_bytes);
     let processes = Arc::clone(&state.processes);
-    Ok(limited(ws).on_upgrade(move |socket| run(socket, processes, target, id, from)))
+    Ok(limited(ws).on_upgrade(move |socket| async move {
+        principal
+            .while_valid(run(socket, processes, target, id, from))
+            .await;
+    }))
 }
 
 /// The largest message a client may send (a keystroke, a paste, a resize): a socket holds at
@@ -257,6 +265,7 @@ fn exec_spec(query: Vec<(String, String)>) -> Result<StartSpec, ApiError> {
 
 async fn exec(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(name): Path<String>,
     Query(query): Query<Vec<(String, String)>>,
     ws: WebSocketUpgrade,
@@ -271,8 +280,11 @@ async fn exec(
     let processes = Arc::clone(&state.processes);
     // Which process this is, for a client that wants to find it again (`…/processes/{id}`).
     let id_header = axum::http::HeaderValue::from_str(&p.id).ok();
-    let mut response =
-        limited(ws).on_upgrade(move |socket| run(socket, processes, target, p.id, (0, 0)));
+    let mut response = limited(ws).on_upgrade(move |socket| async move {
+        principal
+            .while_valid(run(socket, processes, target, p.id, (0, 0)))
+            .await;
+    });
     if let Some(v) = id_header {
         response.headers_mut().insert(PROCESS_ID_HEADER, v);
     }

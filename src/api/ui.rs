@@ -152,7 +152,7 @@ async fn sign_in(State(state): State<AppState>, headers: HeaderMap, body: Bytes)
         .unwrap_or_default();
     // A key must also be one a cookie can carry unchanged.
     let usable = !key.is_empty() && key.bytes().all(|b| b.is_ascii_graphic() && b != b';');
-    if !usable || !state.keys.verify(key.as_bytes()) {
+    if !usable || state.keys.identify(key.as_bytes()).is_none() {
         return sign_in_page(StatusCode::UNAUTHORIZED, SignIn::Refused);
     }
     let cookies = session::sign_in_cookies(

@@ -19,6 +19,7 @@ mod exec;
 mod export;
 mod get;
 mod interactive;
+mod keys;
 mod manifests;
 pub mod mcp;
 mod ops;
@@ -138,6 +139,12 @@ pub enum Command {
   agent-sandbox gc --dry-run
   agent-sandbox gc --all-servers --selector io.agent-sandbox.id=demo")]
     Gc(crate::gc::GcArgs),
+    /// Create, list and revoke scoped API keys in the keys file (works on the file, not a server).
+    #[command(after_help = "Examples:
+  agent-sandbox keys create --name ci --namespace default --role edit
+  agent-sandbox keys list
+  agent-sandbox keys revoke ci")]
+    Keys(keys::KeysArgs),
 }
 
 /// Why a client command failed. The message is printed as `error: <message>`.
@@ -196,6 +203,7 @@ pub fn main() -> ExitCode {
             }
         },
         Command::Gc(args) => block_on(1, crate::gc::command(args)),
+        Command::Keys(args) => keys::command(args),
         other => run_client(other),
     }
 }
@@ -290,6 +298,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
         Command::Serve(_)
         | Command::Doctor(_)
         | Command::Gc(_)
+        | Command::Keys(_)
         | Command::Schemas { .. }
         | Command::Openapi { .. } => Err(CliError::Usage("not a client command".into())),
     }

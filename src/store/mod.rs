@@ -14,6 +14,7 @@
 //! <data>/outbox.jsonl                      event occurrences webhooks have yet to get (same)
 //! <data>/secrets/<name>                    Secret values given through the API, owner-only
 //!                                         (`secret_values.rs`)
+//! <data>/audit/audit.jsonl[.N]              the audit trail, rotated by size (`audit_log.rs`)
 //! <data>/server-id                        this server's identity (see `identity.rs`)
 //! <data>/api-key                          the generated API key, mode 0600 (`identity.rs`)
 //! --watch DIR                             read-only folders of manifests; watched, never written
@@ -28,6 +29,7 @@
 
 mod api;
 mod atomic;
+mod audit_log;
 mod egress_log;
 mod event_log;
 mod folders;
@@ -53,6 +55,7 @@ use crate::resource::{AnyResource, Kind};
 use index::{Inner, Source};
 
 pub use atomic::write_atomic;
+pub use audit_log::{AuditLog, KEPT_GENERATIONS as AUDIT_GENERATIONS};
 pub use egress_log::{EgressLog, EGRESS_LOG_BYTES};
 pub use event_log::{EventChange, EventLimits, EventLog, Recorder};
 pub use identity::{read_or_create_private, replace_private, PrivateFile};
@@ -179,7 +182,12 @@ pub struct Store {
     event_log: EventLog,
     /// The egress gateway's decisions, per sandbox (see `egress_log.rs`).
     egress_log: EgressLog,
+    /// Who did what through the API (see `audit_log.rs`).
+    audit_log: AuditLog,
 }
+
+/// Size at which the audit log starts a new file.
+pub const AUDIT_LOG_BYTES: u64 = 16 * 1024 * 1024;
 
 impl Store {
     /// Opens (creating the layout if needed) and loads everything: data-dir manifests and state,
@@ -238,6 +246,7 @@ impl Store {
             cow_touched: Default::default(),
             event_log: EventLog::open(&data_dir.join("events.json"), EventLimits::default()),
             egress_log: EgressLog::open(&data_dir.join("egress")),
+            audit_log: AuditLog::open(&data_dir.join("audit"), AUDIT_LOG_BYTES),
         });
         for index in 0..source_count {
             store.rescan(index);
@@ -251,6 +260,11 @@ impl Store {
 
     pub fn watch_dirs(&self) -> &[PathBuf] {
         &self.watch_dirs
+    }
+
+    /// The audit trail.
+    pub fn audit(&self) -> &AuditLog {
+        &self.audit_log
     }
 
     /// The events recorded about resources.

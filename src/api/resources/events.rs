@@ -12,6 +12,7 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use bytes::Bytes;
 use futures::StreamExt;
 use schemars::JsonSchema;
@@ -23,6 +24,7 @@ use crate::api::body::{respond, response_format};
 use crate::api::error::ApiError;
 use crate::api::openapi::Describe;
 use crate::api::AppState;
+use crate::authz::{Principal, DEFAULT_NAMESPACE};
 use crate::resource::{Event, API_VERSION};
 use crate::store::{EventChange, EventLog, EventType};
 
@@ -65,18 +67,26 @@ fn involved(params: &HashMap<String, String>) -> Option<&str> {
 
 pub async fn list(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let timeout = watch_timeout(&params)?;
     let involved = involved(&params).map(str::to_string);
+    // Every event is about an object of the default namespace (until objects carry one); a key
+    // that does not reach it gets an empty list, and a watch that never says anything.
+    let reaches = principal.reaches(DEFAULT_NAMESPACE);
     if flag(&params, "watch")? {
-        return Ok(watch(state.store.events(), involved, timeout));
+        return Ok(watch(state.store.events(), involved, reaches, timeout));
+    }
+    let mut items = state.store.events().list(involved.as_deref());
+    if !reaches {
+        items.clear();
     }
     let list = EventList {
         api_version: API_VERSION,
         kind: "EventList",
-        items: state.store.events().list(involved.as_deref()),
+        items,
     };
     respond(StatusCode::OK, &list, response_format(&headers))
 }
@@ -104,10 +114,12 @@ fn change_line(change: &EventChange) -> Bytes {
 }
 
 /// `ADDED` for every current event, then changes as they happen, as NDJSON; a watcher too slow
-/// to keep up gets one `ERROR` line and the end of the stream.
+/// to keep up gets one `ERROR` line and the end of the stream. Without `reaches`, no event is
+/// the caller's: the stream stays open and silent.
 fn watch(
     log: &EventLog,
     involved: Option<String>,
+    reaches: bool,
     timeout: Option<std::time::Duration>,
 ) -> Response {
     // Subscribe before listing, so nothing between the two is lost (at worst seen twice).
@@ -115,6 +127,7 @@ fn watch(
     let initial: Vec<Result<Bytes, Infallible>> = log
         .list(involved.as_deref())
         .into_iter()
+        .filter(|_| reaches)
         .map(|event| {
             Ok(change_line(&EventChange {
                 event_type: EventType::Added,
@@ -122,14 +135,15 @@ fn watch(
             }))
         })
         .collect();
-    let live = futures::stream::unfold(Some((receiver, involved)), |state| async move {
+    let live = futures::stream::unfold(Some((receiver, involved)), move |state| async move {
         let (mut receiver, involved) = state?;
         loop {
             match receiver.recv().await {
                 Ok(change) => {
-                    let wanted = involved
-                        .as_deref()
-                        .is_none_or(|name| change.event.involved_object.name == name);
+                    let wanted = reaches
+                        && involved
+                            .as_deref()
+                            .is_none_or(|name| change.event.involved_object.name == name);
                     if wanted {
                         return Some((Ok(change_line(&change)), Some((receiver, involved))));
                     }

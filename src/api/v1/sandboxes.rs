@@ -19,6 +19,7 @@ use super::wire::{self, SandboxInfo, SandboxList};
 use super::{path_id, V1Options};
 use crate::api::error::ApiError;
 use crate::api::AppState;
+use crate::authz::{namespace_of, Principal};
 use crate::resource::{AnyResource, Condition, Kind, Sandbox, SandboxPhase, SandboxSpec};
 use crate::store::{StoreError, WriteOptions};
 
@@ -167,12 +168,16 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(info)))
 }
 
-pub async fn list(State(state): State<AppState>) -> Json<SandboxList> {
+pub async fn list(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+) -> Json<SandboxList> {
     let mut sandboxes: Vec<(Option<chrono::DateTime<chrono::Utc>>, SandboxInfo)> = state
         .store
         .list(Kind::Sandbox)
         .iter()
         .filter_map(|e| e.resource.as_sandbox())
+        .filter(|s| principal.reaches(namespace_of(&s.metadata)))
         .filter(|s| s.metadata.deletion_timestamp.is_none())
         .map(|s| {
             (
