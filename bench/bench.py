@@ -23,7 +23,9 @@ import docker_floor  # noqa: E402
 import idle  # noqa: E402
 import ours_only  # noqa: E402
 import paired  # noqa: E402
+import ports  # noqa: E402
 import power  # noqa: E402
+import full_snapshot  # noqa: E402
 import processes  # noqa: E402
 import services  # noqa: E402
 from common import API, API_VERSION, Results, Server, fmt, log  # noqa: E402
@@ -65,6 +67,7 @@ def parse_args():
     p.add_argument("--ref-url", required=True)
     p.add_argument("--ref-key", required=True)
     p.add_argument("--image", required=True)
+    p.add_argument("--ours-bin", default="agent-sandbox", help="our binary, for the CLI measurements")
     p.add_argument("--work", type=pathlib.Path, required=True, help="scratch directory on the data disk")
     p.add_argument("--resync-seconds", type=float, default=30.0)
     p.add_argument("--quick", action="store_true", help="5 iterations and small scale tests")
@@ -83,6 +86,7 @@ def parse_args():
     args.idle_window = 20.0 if quick else 60.0
     args.big_mib = 128 if quick else 1024
     args.big_rounds = 1 if quick else 2
+    args.full_mib = 16 if quick else 100
     # Fork rounds are short but noisy (a Fork of one warm replica takes tens of milliseconds).
     args.fork_rounds = 3 if quick else 9
     return args
@@ -202,6 +206,8 @@ def targets(results: Results, ratios: dict, args) -> str:
         rows.append(f"| {op} ≤ {limit:.0f} ms (p50) | {shown} | {verdict(None if med is None else med <= limit)} |")
     for key, value in power.ratios(results).items():
         rows.append(f"| {key} ≤ 1.3 | {value:.3f} | {verdict(value <= 1.3)} |")
+    for key, value in full_snapshot.ratios(results, args.full_mib).items():
+        rows.append(f"| {key} ≤ 1.5 | {value:.2f} | {verdict(value <= 1.5)} |")
     f = results.facts.get("idle, 90 % Stopped", {})
     if f:
         n, cpu = f.get("declared and Running", 0), f.get("idle CPU % of one core")
@@ -325,8 +331,10 @@ def main() -> int:
     section("forks", ours_only.fork_replicas, results, ours, args.fork_rounds)
     section("bigsnapshot", ours_only.big_snapshot, results, ours, args.work, args.big_mib, args.big_rounds)
     section("power", power.pause_resume, results, ours, args.n)
+    section("fullsnapshot", full_snapshot.full_snapshot, results, ours, args.n, args.full_mib)
     section("processes", processes.processes, results, ours, args.ours_pid, args.n)
     section("services", services.services, results, ours, args.n)
+    section("ports", ports.ports, results, ours, args.ours_bin, args.n)
     section("idle", idle.idle_scale, results, ours, args.ours_data, args.ours_pid, server_id,
             args.idle_count, args.idle_window, args.resync_seconds)
     # Run on its own (`--only idle-stopped`) on a fresh server, as `idle` is.

@@ -1,4 +1,6 @@
-"""Shared pieces of the benchmark: HTTP access to a server, timing, results and statistics.
+"""Shared pieces of the benchmark: HTTP access to a server, timing, results and statistics, and
+(standard library only, for the scripts that need nothing else) a throwaway server with many
+declared sandboxes (`Throwaway`).
 
 Every measurement goes through `Results`, which keeps the samples of each (operation, server) pair
 and the first error seen, so one failing operation shows up as an error in the table instead of
@@ -7,14 +9,20 @@ ending the run.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pathlib
+import secrets
+import signal
+import socket
 import statistics
+import subprocess
+import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
-
-import httpx
 
 API = "/apis/agent-sandbox.io/v1"
 API_VERSION = "agent-sandbox.io/v1"
@@ -35,6 +43,8 @@ class Server:
         self.client = self.new_client()
 
     def new_client(self) -> httpx.Client:
+        import httpx  # only here: the throwaway-server scripts need the standard library alone
+
         return httpx.Client(
             base_url=self.url,
             headers={"Authorization": f"Bearer {self.key}"},
@@ -203,3 +213,131 @@ def write_atomic(path: pathlib.Path, text: str, tmp_dir: pathlib.Path) -> None:
     tmp = tmp_dir / f".{path.name}.{os.getpid()}.tmp"
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+# Straight to 127.0.0.1, whatever proxy the environment names.
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, key: str | None, timeout: float = 60.0) -> tuple[int, bytes]:
+    """Status and body; status 0 when the connection fails."""
+    request = urllib.request.Request(url)
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with OPENER.open(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+    except OSError as error:
+        return 0, str(error).encode()
+
+
+def settled(doc: dict) -> bool:
+    """Whether a listed sandbox is Running or Stopped as its spec says, for its current spec."""
+    meta, spec, status = doc.get("metadata", {}), doc.get("spec", {}), doc.get("status") or {}
+    want = "Stopped" if spec.get("state") == "Stopped" else "Running"
+    return status.get("phase") == want and status.get("observedGeneration") == meta.get("generation")
+
+
+class Throwaway:
+    """A server of its own: the binary given, a throwaway data directory and key, on 127.0.0.1,
+    with Sandbox manifests declared in its data directory (`declare`). `close` removes the
+    manifests, waits until the server has deleted every sandbox, stops it and removes anything
+    Docker still holds labeled with its identity."""
+
+    def __init__(self, binary: str, image: str, prefix: str, label: str):
+        self.work = pathlib.Path(tempfile.mkdtemp(prefix=f"agent-sandbox-{prefix}-bench."))
+        self.data = self.work / "data"
+        self.folder = self.data / "manifests" / "sandboxes"
+        self.image, self.label, self.names = image, label, []
+        port, self.key = free_port(), secrets.token_hex(16)
+        self.url = f"http://127.0.0.1:{port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_SANDBOX_")}
+        env.update(
+            AGENT_SANDBOX_PORT=str(port), AGENT_SANDBOX_DATA_DIR=str(self.data),
+            AGENT_SANDBOX_API_KEYS=self.key, AGENT_SANDBOX_DEFAULT_IMAGE=image,
+            AGENT_SANDBOX_LOG="warn",
+        )
+        self.log_file = open(self.work / "server.log", "w")
+        self.process = subprocess.Popen([binary, "serve"], env=env, stdout=self.log_file,
+                                        stderr=self.log_file)
+        deadline = time.monotonic() + 60
+        while get(f"{self.url}/healthz", None, 2)[0] != 200:
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                self.close()
+                raise RuntimeError("the server did not become healthy")
+            time.sleep(0.2)
+
+    def sandboxes(self) -> list[dict]:
+        """The sandboxes this run declared (by their label)."""
+        status, body = get(f"{self.url}{API}/sandboxes?labelSelector={self.label}%3Dyes", self.key)
+        if status != 200:
+            raise RuntimeError(f"listing sandboxes answered {status}: {body[:200]!r}")
+        return json.loads(body)["items"]
+
+    def wait_settled(self, want: int, stall: float = 300.0) -> None:
+        last, since = -1, time.monotonic()
+        while True:
+            done = sum(1 for d in self.sandboxes() if settled(d))
+            if done >= want:
+                return
+            if done != last:
+                last, since = done, time.monotonic()
+            elif time.monotonic() - since > stall:
+                raise RuntimeError(f"stuck at {done} of {want} settled for {stall:.0f} s")
+            time.sleep(1.0)
+
+    def declare(self, count: int, spec: str, stopped, on_batch=None) -> None:
+        """Declares `count` sandboxes `<label>-NNNN` in batches of 100 with `spec` (indented
+        lines), `state: Stopped` for each index `stopped(i)` is true of; waits for each batch."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        while len(self.names) < count:
+            for i in range(len(self.names), min(count, len(self.names) + 100)):
+                name = f"{self.label}-{i:04d}"
+                state = "  state: Stopped\n" if stopped(i) else ""
+                text = (f"apiVersion: agent-sandbox.io/v1\nkind: Sandbox\nmetadata:\n  name: {name}\n"
+                        f"  labels:\n    {self.label}: \"yes\"\nspec:\n  image: {self.image}\n"
+                        f"{spec}{state}")
+                write_atomic(self.folder / f"{name}.yaml", text, self.data)
+                self.names.append(name)
+            self.wait_settled(len(self.names))
+            if on_batch:
+                on_batch(len(self.names))
+
+    def close(self) -> float:
+        """Removes everything; returns how long the server took to delete the sandboxes, s."""
+        for name in self.names:
+            (self.folder / f"{name}.yaml").unlink(missing_ok=True)
+        start = time.monotonic()
+        while self.names and self.process.poll() is None and time.monotonic() - start < 1800:
+            try:
+                if not self.sandboxes():
+                    break
+            except Exception:  # noqa: BLE001
+                pass
+            time.sleep(2)
+        removal = time.monotonic() - start
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        id_file = self.data / "server-id"
+        server_id = id_file.read_text().strip() if id_file.exists() else ""
+        if server_id:
+            label = f"label=io.agent-sandbox.server={server_id}"
+            for kind in (["ps", "-aq"], ["volume", "ls", "-q"]):
+                ids = subprocess.run(["docker", *kind, "--filter", label], capture_output=True,
+                                     text=True).stdout.split()
+                if ids:
+                    remove = ["rm", "-f", "-v"] if kind[0] == "ps" else ["volume", "rm", "-f"]
+                    subprocess.run(["docker", *remove, *ids], capture_output=True)
+        subprocess.run(["rm", "-rf", str(self.work)])
+        return removal

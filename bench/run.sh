@@ -188,6 +188,7 @@ start_ours
 bench() {
   PYTHONDONTWRITEBYTECODE=1 "$PYTHON" bench/bench.py \
     --ours-url "http://127.0.0.1:$ours_port" --ours-key "$ours_key" --ours-pid "$ours_pid" \
+    --ours-bin "$OURS_BIN" \
     --ours-data "$work/ours" \
     --ref-url "http://127.0.0.1:$ref_port" --ref-key "$ref_key" \
     --image "$IMAGE" --work "$work" --resync-seconds "$RESYNC_SECONDS" "$@"

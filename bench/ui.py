@@ -4,7 +4,7 @@ of its own).
 
 Starts its own server (the binary given, a throwaway data directory and key, on 127.0.0.1),
 declares `--count` Sandbox manifests in its data directory in batches of 100: the first
-`--running` by name run (they are the first page, so the page also asks for their stats), the
+`--running` run (the oldest: on the first page, whose running sandboxes' stats the page asks for), the
 rest with `state: Stopped`; waits until each is as declared. Then starts Chromium (`--headless`,
 a throwaway profile), signs in through the sign-in form, and `--loads` times loads
 `/ui#/sandboxes` afresh, reading how long after the navigation began the first page of rows was
@@ -20,20 +20,17 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import pathlib
 import secrets
-import signal
 import socket
 import statistics
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from metrics import API, free_port, get, settled  # noqa: E402
+from common import API, Throwaway, get  # noqa: E402
 
 SPEC = "  cpus: 0.05\n  memoryMB: 32\n  pidsLimit: 32\n"
 
@@ -152,54 +149,26 @@ def main() -> int:
     parser.add_argument("--loads", type=int, default=20)
     args = parser.parse_args()
 
-    work = pathlib.Path(tempfile.mkdtemp(prefix="agent-sandbox-ui-bench."))
-    data = work / "data"
-    port, key = free_port(), secrets.token_hex(16)
-    url = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_SANDBOX_")}
-    env.update(
-        AGENT_SANDBOX_PORT=str(port), AGENT_SANDBOX_DATA_DIR=str(data), AGENT_SANDBOX_API_KEYS=key,
-        AGENT_SANDBOX_DEFAULT_IMAGE=args.image, AGENT_SANDBOX_LOG="warn",
-    )
-    log_file = open(work / "server.log", "w")
-    server = subprocess.Popen([args.bin, "serve"], env=env, stdout=log_file, stderr=log_file)
+    server = Throwaway(args.bin, args.image, "ui", "bench-ui")
+    url, key = server.url, server.key
     results: dict = {"declared": args.count, "running": args.running}
-    folder = data / "manifests" / "sandboxes"
-    names: list[str] = []
     chromium = None
-
-    def listed() -> list[dict]:
-        status, body = get(f"{url}{API}/sandboxes", key)
-        if status != 200:
-            raise RuntimeError(f"listing answered {status}")
-        return json.loads(body)["items"]
-
     try:
-        deadline = time.monotonic() + 60
-        while get(f"{url}/healthz", None, 2)[0] != 200:
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("the server did not become healthy")
-            time.sleep(0.2)
-        folder.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
-        while len(names) < args.count:
-            for i in range(len(names), min(args.count, len(names) + 100)):
-                name = f"bench-ui-{i:04d}"
-                spec = SPEC + ("" if i < args.running else "  state: Stopped\n")
-                text = (f"apiVersion: agent-sandbox.io/v1\nkind: Sandbox\nmetadata:\n  name: {name}\n"
-                        f"spec:\n  image: {args.image}\n{spec}")
-                tmp = data / f".{name}.tmp"
-                tmp.write_text(text)
-                os.replace(tmp, folder / f"{name}.yaml")
-                names.append(name)
-            while sum(1 for d in listed() if settled(d)) < len(names):
-                time.sleep(1.0)
-            log(f"{len(names)} settled")
+        # The first `--running` are among the oldest: on the first page of the list.
+        server.declare(args.count, SPEC, lambda i: i >= args.running,
+                       lambda n: log(f"{n} settled"))
         results["time to declare and settle, s"] = round(time.monotonic() - start, 1)
-        _, body = get(f"{url}{API}/sandboxes", key)
-        results["list bytes"] = len(body)
+        for query in ("", "?limit=50"):
+            _, body = get(f"{url}{API}/sandboxes{query}", key)
+            results[f"list bytes{', first page' if query else ''}"] = len(body)
+            began = time.perf_counter()
+            for _ in range(10):
+                get(f"{url}{API}/sandboxes{query}", key)
+            results[f"list ms{', first page' if query else ''} (mean of 10)"] = round(
+                (time.perf_counter() - began) * 100.0, 1)
 
-        chromium, tools = start_chromium(work / "profile")
+        chromium, tools = start_chromium(server.work / "profile")
         tools.call("Page.navigate", {"url": f"{url}/ui"})
         tools.wait("document.getElementById('sign-in')")
         tools.eval(f"document.getElementById('key').value = {json.dumps(key)}; "
@@ -227,31 +196,7 @@ def main() -> int:
         if chromium:
             chromium.kill()
             chromium.wait()
-        for name in names:
-            (folder / f"{name}.yaml").unlink(missing_ok=True)
-        start = time.monotonic()
-        while names and server.poll() is None and time.monotonic() - start < 1800:
-            try:
-                if not listed():
-                    break
-            except Exception:  # noqa: BLE001
-                pass
-            time.sleep(2)
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        server_id = (data / "server-id").read_text().strip() if (data / "server-id").exists() else ""
-        if server_id:
-            label = f"label=io.agent-sandbox.server={server_id}"
-            for kind in (["ps", "-aq"], ["volume", "ls", "-q"]):
-                ids = subprocess.run(["docker", *kind, "--filter", label], capture_output=True,
-                                     text=True).stdout.split()
-                if ids:
-                    remove = ["rm", "-f", "-v"] if kind[0] == "ps" else ["volume", "rm", "-f"]
-                    subprocess.run(["docker", *remove, *ids], capture_output=True)
-        subprocess.run(["rm", "-rf", str(work)])
+        server.close()
     print(json.dumps(results, indent=2))
     return 0
 
