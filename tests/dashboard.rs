@@ -16,7 +16,7 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use browser::Browser;
-use common::{sandbox_manifest, unique, write_manifest, Server, API};
+use common::{sandbox_manifest, unique, write_manifest, NetworkGuard, Server, API, TEST_IMAGE};
 
 /// One HTTP/1.1 request with the given headers; status, response head and body.
 fn raw(
@@ -176,19 +176,16 @@ fn the_session_cookie_is_refused_across_origins_without_csrf_and_through_the_pro
     assert_eq!(status, 403);
 }
 
-#[test]
-fn sign_in_see_a_sandbox_appear_upload_and_roll_back() {
-    let server = Server::start();
-    let name = unique("ui");
-    let mut browser = Browser::start();
-
-    // Signing in: the page asks for the key, and once given never shows it.
+/// Signs in through the form, as a person would, and waits for the sandbox list.
+fn sign_in(browser: &mut Browser, server: &Server, screenshot: Option<&str>) {
     browser.navigate(&format!("{}/ui", server.url));
     browser.wait_for(
         "document.getElementById('sign-in')",
         Duration::from_secs(10),
     );
-    keep_screenshot(&mut browser, "ui-sign-in.png");
+    if let Some(file) = screenshot {
+        keep_screenshot(browser, file);
+    }
     let typed = serde_json::to_string(&server.key).unwrap();
     browser.eval(&format!(
         "document.getElementById('key').value = {typed}; \
@@ -198,6 +195,16 @@ fn sign_in_see_a_sandbox_appear_upload_and_roll_back() {
         "document.body && document.body.dataset.view === 'sandboxes' && document.getElementById('sandbox-count')",
         Duration::from_secs(20),
     );
+}
+
+#[test]
+fn sign_in_see_a_sandbox_appear_upload_and_roll_back() {
+    let server = Server::start();
+    let name = unique("ui");
+    let mut browser = Browser::start();
+
+    // Signing in: the page asks for the key, and once given never shows it.
+    sign_in(&mut browser, &server, Some("ui-sign-in.png"));
     assert!(!everything_in_the_page(&mut browser).contains(&server.key));
     assert!(
         browser
@@ -326,4 +333,33 @@ fn sign_in_see_a_sandbox_appear_upload_and_roll_back() {
 
     std::fs::remove_file(manifests.join(format!("{name}.yaml"))).unwrap();
     server.wait_gone("sandboxes", &name);
+}
+
+#[test]
+fn a_policed_sandbox_shows_its_egress_decisions() {
+    // Its own network, so that its egress gateway is this server's alone.
+    let net = unique("ui-eg");
+    let _networks = NetworkGuard(vec![format!("{net}-egress"), net.clone()]);
+    let server = Server::start_with(&[("AGENT_SANDBOX_NETWORK_NAME", &net)]);
+    let name = unique("ui-eg");
+    let doc = serde_json::json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+        "metadata": {"name": name},
+        "spec": {"image": TEST_IMAGE, "network": true,
+                 "egress": {"allow": ["allowed.example.test"]}}});
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    server.wait_running(&name);
+    // A lookup the list refuses: the gateway's name server answers it, nothing leaves the host.
+    let (_, out) = server.exec(&name, "nslookup refused.example.test 2>&1");
+    assert!(!out.contains("Address: 1"), "{out}");
+
+    let mut browser = Browser::start();
+    sign_in(&mut browser, &server, None);
+    browser.eval(&format!("location.hash = '#/sandboxes/{name}'; true"));
+    let row = "document.querySelector('#egress tr[data-host=\"refused.example.test\"]')";
+    browser.wait_for(
+        &format!("{row} && {row}.dataset.allowed === 'false' && {row}.innerText.includes('refused') && {row}.innerText.includes('dns')"),
+        Duration::from_secs(30),
+    );
+    assert!(!everything_in_the_page(&mut browser).contains(&server.key));
 }

@@ -12,17 +12,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::{json, Value};
 
-/// Removes a network (and whatever test containers are still attached) when dropped.
-struct NetworkGuard(Vec<String>);
-
-impl Drop for NetworkGuard {
-    fn drop(&mut self) {
-        for name in &self.0 {
-            let _ = docker_status(&["network", "rm", name]);
-        }
-    }
-}
-
 struct ContainerGuard(String);
 
 impl Drop for ContainerGuard {

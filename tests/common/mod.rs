@@ -405,6 +405,17 @@ pub fn docker_exec(name: &str, script: &str) -> (i32, String) {
     )
 }
 
+/// Removes Docker networks a test made (a server's own, and its `-egress` twin) when dropped.
+pub struct NetworkGuard(pub Vec<String>);
+
+impl Drop for NetworkGuard {
+    fn drop(&mut self) {
+        for name in &self.0 {
+            let _ = docker_status(&["network", "rm", name]);
+        }
+    }
+}
+
 /// Managed containers carrying `io.agent-sandbox.id=<name>`.
 pub fn containers_of(name: &str) -> Vec<String> {
     docker(&[

@@ -387,6 +387,9 @@ function sandboxView(main, name) {
   const upload = el("input", { type: "file", id: "upload", multiple: true });
   const snapshots = el("tbody", { id: "snapshots" });
   const snapshotName = el("input", { type: "text", id: "snapshot-name", placeholder: "Snapshot name (optional)" });
+  const egress = el("tbody", { id: "egress" });
+  const egressCard = el("div", { class: "card", id: "egress-card", hidden: true }, el("h2", {}, "Egress decisions (latest first)"),
+    el("table", {}, el("thead", {}, el("tr", {}, ["Time", "Protocol", "Host", "Address", "Decision", "Rule", "Bytes out / in"].map((h) => el("th", {}, h)))), egress));
 
   main.replaceChildren(
     el("p", {}, el("a", { href: "#/sandboxes" }, "‹ Sandboxes")),
@@ -405,6 +408,7 @@ function sandboxView(main, name) {
       el("div", { class: "toolbar" }, commandBox, el("button", { type: "button", id: "start-process", onclick: startProcess }, "Start")),
       el("table", {}, el("thead", {}, el("tr", {}, ["Id", "Command", "State", "Started", "Exit", ""].map((h) => el("th", {}, h)))), processes),
       el("h2", {}, "Output"), output),
+    egressCard,
     el("div", { class: "card" }, el("h2", {}, "Events"), events),
     el("div", { class: "card" }, el("h2", {}, "Spec and status"), yaml),
   );
@@ -425,11 +429,30 @@ function sandboxView(main, name) {
       const list = await call("GET", `${API}/events?involvedObject=${escapeName(name)}`, undefined, abort.signal);
       const items = list.items.slice().sort((a, b) => Date.parse(b.lastTimestamp) - Date.parse(a.lastTimestamp)).slice(0, 50);
       events.replaceChildren(eventsTable(items));
+      if ((sandbox.spec || {}).egress) await listEgress();
       if (status.phase === "Running") await fetchStats(name, abort.signal).catch(() => {});
       drawCharts();
     } catch (error) {
       if (!abort.signal.aborted) toast(`${name}: ${error.message}`, true);
     }
+  }
+
+  // The gateway's decisions for a sandbox under an egress allow-list: the latest 100.
+  async function listEgress() {
+    egressCard.hidden = false;
+    const decisions = [];
+    try {
+      await stream(`${base}/egress?follow=false`, (d) => decisions.push(d), abort.signal);
+    } catch (error) {
+      if (!abort.signal.aborted) egress.replaceChildren(el("tr", {}, el("td", { colspan: 7, class: "muted" }, error.message)));
+      return;
+    }
+    egress.replaceChildren(...decisions.slice(-100).reverse().map((d) => el("tr", { "data-host": d.host, "data-allowed": String(d.allowed) },
+      el("td", { title: d.time }, age(d.time)), el("td", {}, d.protocol), el("td", {}, el("code", {}, d.host)),
+      el("td", {}, d.address ? `${d.address}${d.port ? `:${d.port}` : ""}` : ""),
+      el("td", {}, el("span", { class: d.allowed ? "phase True" : "phase False" }, d.allowed ? "allowed" : "refused")),
+      el("td", {}, d.rule), el("td", { class: "num" }, `${bytes(d.bytesOut || 0)} / ${bytes(d.bytesIn || 0)}`))));
+    if (!decisions.length) egress.replaceChildren(el("tr", {}, el("td", { colspan: 7, class: "muted" }, "No connections or lookups yet.")));
   }
 
   function drawCharts() {
