@@ -571,6 +571,61 @@ fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decisi
         nx["rule"].as_str().unwrap().contains("no entry allows"),
         "{nx}"
     );
+    // The CLI shows the same log as a table.
+    let cli = std::process::Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
+        .args([
+            "egress",
+            &name,
+            "--server",
+            &server.url,
+            "--api-key",
+            &server.key,
+        ])
+        .output()
+        .expect("the CLI runs");
+    let table = String::from_utf8_lossy(&cli.stdout);
+    assert!(cli.status.success(), "{table}");
+    assert!(table.starts_with("TIME "), "{table}");
+    let refused_lookup = table
+        .lines()
+        .find(|l| l.contains(" dns ") && l.contains("other.example.test"))
+        .unwrap_or_else(|| panic!("the refused lookup in {table}"));
+    assert!(refused_lookup.contains("refused"), "{refused_lookup}");
+    assert!(
+        table.lines().any(|l| l.contains(" http ")
+            && l.contains("up.example.test")
+            && l.contains(&format!("{}:8000", world.upstream_ip))
+            && l.contains("allowed")),
+        "{table}"
+    );
+    // With -f it goes on printing new decisions as they are made.
+    let mut follower = std::process::Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
+        .args([
+            "egress",
+            &name,
+            "-f",
+            "--server",
+            &server.url,
+            "--api-key",
+            &server.key,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the CLI runs");
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(follower.stdout.take().unwrap()));
+    let (found, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let line = lines
+            .map_while(Result::ok)
+            .find(|l| l.contains("followed.example.test"));
+        let _ = found.send(line);
+    });
+    inside(&server, &name, "nslookup followed.example.test 2>&1");
+    let seen = seen.recv_timeout(Duration::from_secs(30)).ok().flatten();
+    let _ = follower.kill();
+    let _ = follower.wait();
+    assert!(seen.is_some_and(|l| l.contains("refused")));
+
     let tunnels = decisions(&server, &py);
     let tls = tunnels
         .iter()

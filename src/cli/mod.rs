@@ -14,6 +14,7 @@ mod archive;
 pub mod client;
 mod describe;
 mod diff;
+mod egress;
 mod events;
 mod exec;
 mod export;
@@ -115,6 +116,8 @@ pub enum Command {
     PortForward(ports::PortForwardArgs),
     /// Print a preview link to a port of a sandbox (needs AGENT_SANDBOX_PREVIEW_DOMAIN).
     Preview(ports::PreviewArgs),
+    /// Print a sandbox's egress decisions (what its allow-list let through or refused).
+    Egress(egress::EgressArgs),
     /// Wait until a resource meets a condition or is deleted.
     Wait(ops::WaitArgs),
     /// Save a sandbox's /workspace as a snapshot; `snapshot export` and `snapshot import` move
@@ -286,6 +289,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
         Command::Kill(args) => processes::kill(args).await,
         Command::PortForward(args) => ports::port_forward(args).await,
         Command::Preview(args) => ports::preview(args).await,
+        Command::Egress(args) => egress::egress(args).await,
         Command::Wait(args) => ops::wait(args).await,
         Command::Snapshot(args) => ops::snapshot(args).await,
         Command::Rollback(args) => ops::rollback(args).await,
