@@ -57,6 +57,9 @@ class DevTools:
         if b" 101 " not in head.split(b"\r\n")[0]:
             raise RuntimeError(f"DevTools refused the WebSocket: {head!r}")
         self.next_id = 0
+        # Network events seen while waiting for answers, kept when `record` is on.
+        self.record = False
+        self.events: list[dict] = []
 
     def _send(self, text: str) -> None:
         payload = text.encode()
@@ -99,6 +102,8 @@ class DevTools:
         self._send(json.dumps({"id": self.next_id, "method": method, "params": params or {}}))
         while True:
             reply = json.loads(self._receive())
+            if self.record and reply.get("method", "").startswith("Network."):
+                self.events.append(reply)
             if reply.get("id") == self.next_id:
                 if "error" in reply:
                     raise RuntimeError(f"{method}: {reply['error']}")
@@ -140,6 +145,43 @@ def start_chromium(profile: pathlib.Path) -> tuple[subprocess.Popen, DevTools]:
     return chromium, tools
 
 
+def slow_load_requests(events: list[dict]) -> list[str]:
+    """Each request of a load, in the order sent: when it was sent, when its answer's head came
+    and when it ended (seconds after the first request), and where its time went."""
+    requests: dict[str, dict] = {}
+    first = None
+    for event in events:
+        params = event.get("params", {})
+        rid = params.get("requestId")
+        if rid is None:
+            continue
+        r = requests.setdefault(rid, {})
+        stamp = params.get("timestamp")
+        if first is None and stamp is not None:
+            first = stamp
+        method = event["method"]
+        if method == "Network.requestWillBeSent":
+            r["url"] = params["request"]["url"].split("/", 3)[-1][:70]
+            r["sent"] = stamp
+        elif method == "Network.responseReceived":
+            r["head"] = stamp
+            timing = params["response"].get("timing") or {}
+            r["timing"] = {k: round(timing[k], 1) for k in ("dnsStart", "connectStart", "sendStart",
+                                                          "receiveHeadersEnd") if k in timing}
+            r["socket"] = params["response"].get("connectionId")
+            r["reused"] = params["response"].get("connectionReused")
+        elif method in ("Network.loadingFinished", "Network.loadingFailed"):
+            r["end"] = stamp
+            r["failed"] = params.get("errorText")
+    lines = []
+    for r in sorted(requests.values(), key=lambda r: r.get("sent") or 0):
+        at = lambda k: f"{r[k] - first:7.3f}" if r.get(k) is not None and first else "      -"
+        lines.append(f"sent {at('sent')} head {at('head')} end {at('end')} "
+                     f"socket {r.get('socket')} reused {r.get('reused')} {r.get('timing', {})} "
+                     f"{r.get('failed') or ''} {r.get('url', '?')}")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bin", default="target/release/agent-sandbox")
@@ -175,9 +217,19 @@ def main() -> int:
                    "document.getElementById('sign-in').submit(); true")
         tools.wait("document.body && document.body.dataset.sandboxesDrawn")
         times = []
+        tools.call("Network.enable")
+        tools.record = True
         for _ in range(args.loads):
+            before = list(tools.events)
+            tools.events.clear()
             tools.call("Page.navigate", {"url": f"{url}/ui?load={time.monotonic_ns()}#/sandboxes"})
             drawn = tools.wait("document.body && document.body.dataset.sandboxesDrawn")
+            if float(drawn) > 2000:
+                # A slow load: say where its time went, request by request, from the previous
+                # load on (its requests may be what this one waited for).
+                log(f"slow load ({float(drawn):.0f} ms):")
+                for line in slow_load_requests(before + tools.events):
+                    log(f"  {line}")
             rows = tools.eval("document.querySelectorAll('#sandbox-rows tr').length")
             count = tools.eval("document.getElementById('sandbox-count').textContent")
             if rows != 50 or count != f"{args.count} of {args.count}":

@@ -6,6 +6,8 @@
 const API = "/apis/agent-sandbox.io/v1";
 const PAGE_SIZE = 50;
 const STATS_EVERY_MS = 5000;
+// Stats requests in flight at once from one page (a browser has six connections to a host).
+const STATS_AT_ONCE = 3;
 const HISTORY_MS = 60 * 60 * 1000;
 
 // ---- helpers ---------------------------------------------------------------------------------
@@ -189,6 +191,16 @@ const usage = {
   },
 };
 
+// `task` for a timer: a tick that comes while the last run is still going is skipped, so a slow
+// server sees fewer requests instead of a growing queue of them.
+function whenIdle(task) {
+  let running = null;
+  return () => {
+    if (!running) running = Promise.resolve(task()).finally(() => { running = null; });
+    return running;
+  };
+}
+
 async function fetchStats(name, signal) {
   const stats = await call("GET", `${API}/sandboxes/${escapeName(name)}/stats`, undefined, signal);
   return { stats, cores: usage.add(name, stats) };
@@ -332,18 +344,28 @@ function sandboxesView(main) {
     }
   })();
 
-  // Live CPU and memory of the running sandboxes on the page shown.
-  async function sampleShown() {
+  // Live CPU and memory of the running sandboxes on the page shown. A browser keeps six
+  // connections to a host: the watch holds one, and stats requests must leave some free, for the
+  // page's own calls and above all for the next navigation (which waits for a free one while this
+  // page still runs). So at most STATS_AT_ONCE at a time, and a round starts only once the last
+  // one ended: a slow server gets fewer samples, never a growing queue.
+  const sampleShown = whenIdle(async () => {
+    if (abort.signal.aborted) return;
     const all = visible().slice(page * PAGE_SIZE, (page + 1) * PAGE_SIZE)
       .filter((s) => (s.status || {}).phase === "Running");
-    await Promise.all(all.map(async (s) => {
-      try {
-        const { stats, cores } = await fetchStats(s.metadata.name, abort.signal);
-        live.set(s.metadata.name, { cores, mem: stats.memoryBytes, limit: stats.memoryLimitBytes });
-      } catch (_) { live.delete(s.metadata.name); }
-    }));
+    const next = all.values();
+    const worker = async () => {
+      for (const s of next) {
+        if (abort.signal.aborted) return;
+        try {
+          const { stats, cores } = await fetchStats(s.metadata.name, abort.signal);
+          live.set(s.metadata.name, { cores, mem: stats.memoryBytes, limit: stats.memoryLimitBytes });
+        } catch (_) { live.delete(s.metadata.name); }
+      }
+    };
+    await Promise.all(Array.from({ length: STATS_AT_ONCE }, worker));
     schedule();
-  }
+  });
   sampleShown();
   const timer = setInterval(sampleShown, STATS_EVERY_MS);
   return () => { abort.abort(); clearInterval(timer); };
@@ -603,7 +625,7 @@ function sandboxView(main, name) {
   }
 
   refresh(); listFiles(); listSnapshots(); listProcesses();
-  const timers = [setInterval(refresh, STATS_EVERY_MS), setInterval(listProcesses, 10000)];
+  const timers = [setInterval(whenIdle(refresh), STATS_EVERY_MS), setInterval(whenIdle(listProcesses), 10000)];
   return () => { abort.abort(); timers.forEach(clearInterval); };
 }
 
@@ -623,7 +645,7 @@ function tableView(main, title, path, columns, empty) {
     }
   }
   load();
-  const timer = setInterval(load, STATS_EVERY_MS);
+  const timer = setInterval(whenIdle(load), STATS_EVERY_MS);
   return () => { abort.abort(); clearInterval(timer); };
 }
 
@@ -697,7 +719,7 @@ function healthView(main) {
     }
   }
   load();
-  const timer = setInterval(load, STATS_EVERY_MS);
+  const timer = setInterval(whenIdle(load), STATS_EVERY_MS);
   return () => { abort.abort(); clearInterval(timer); };
 }
 
@@ -727,4 +749,10 @@ document.getElementById("sign-out").addEventListener("click", async () => {
   try { await fetch("/ui/logout", { method: "POST", headers: { "X-CSRF-Token": csrfToken() }, credentials: "same-origin" }); } finally { location.reload(); }
 });
 window.addEventListener("hashchange", route);
+// A page left for another is kept a while in the browser's back/forward cache, and with it any
+// request still open: a watch held there keeps one of the six connections the browser allows a
+// host, and a few such pages starve the next navigation until they are evicted (about a minute).
+// So leaving the page ends its view, streams included, and coming back to it starts it again.
+window.addEventListener("pagehide", () => { stopView(); stopView = () => {}; });
+window.addEventListener("pageshow", (event) => { if (event.persisted) route(); });
 route();
