@@ -9,7 +9,7 @@ use super::error::ReconcileError;
 use super::names::{self, container_name};
 use super::policy::{Cleanup, Failure, Outcome};
 use super::status::{generation, note_pulled, set_ready, write_status};
-use super::{power, replace, restore, services};
+use super::{power, replace, restore, services, template};
 use crate::docker::EngineError;
 use crate::resource::{
     ConditionStatus, EffectiveSandbox, ImagePullProgress, Kind, Sandbox, SandboxPhase,
@@ -35,14 +35,22 @@ pub(super) async fn reconcile(
         ctl.containers.remove_leftovers_of(name).await?;
         return Ok(Outcome::done());
     };
-    let Some(sandbox) = entry.resource.as_sandbox().cloned() else {
+    let Some(declared) = entry.resource.as_sandbox().cloned() else {
         return Ok(Outcome::done());
     };
-    if sandbox.metadata.deletion_timestamp.is_some() {
-        return Ok(delete(ctl, &sandbox).await?);
+    if declared.metadata.deletion_timestamp.is_some() {
+        return Ok(delete(ctl, &declared).await?);
     }
 
-    let mut status = sandbox.status.clone().unwrap_or_default();
+    let mut status = declared.status.clone().unwrap_or_default();
+    // From here on the sandbox is as it runs: with what its template gave it.
+    let sandbox = match template::resolve(ctl.store, &declared, &mut status) {
+        Ok(sandbox) => sandbox,
+        Err(error) => {
+            let error = ReconcileError::Source(Box::new(error));
+            return Err(Failure::reported(error, &declared, status));
+        }
+    };
     let generation = generation(&sandbox.metadata);
     let now = Utc::now();
 
