@@ -226,6 +226,30 @@ fn bad_templates_are_refused_naming_the_field() {
     refused(json!({"memoryMB": 1}), "spec.memoryMB");
     refused(json!({"egress": {"allow": ["pypi.org"]}}), "spec.egress");
     refused(json!({"pool": {"size": 1, "extra": 1}}), "extra");
+    // A pool is accepted, and its status says it is not served yet.
+    let pooled = unique("pooled");
+    create(
+        &server,
+        "sandboxtemplates",
+        "SandboxTemplate",
+        &pooled,
+        json!({"image": TEST_IMAGE, "pool": {"size": 2}}),
+    );
+    server.wait_for(
+        "sandboxtemplates",
+        &pooled,
+        "reporting its pool",
+        LONG,
+        |t| {
+            t.is_some_and(|t| {
+                t["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "PoolReady" && c["reason"] == "NotSupported")
+            })
+        },
+    );
     // The CLI's offline check reads the same schema.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("t.yaml");
