@@ -17,6 +17,8 @@ use super::{emit, CliError};
 use crate::resource::{Kind, Sandbox, SandboxTemplateSpec, API_VERSION};
 
 #[derive(Args, Debug)]
+#[command(after_help = "Example:
+  agent-sandbox template create py-tools --from-sandbox dev")]
 pub struct TemplateArgs {
     #[command(subcommand)]
     pub action: TemplateAction,
