@@ -4,7 +4,9 @@
 //! edit reaches new sandboxes only, and a running one keeps its values across a container
 //! replacement and a restart of the server; a missing template holds a sandbox back until it
 //! appears; `template create --from-sandbox` (the real CLI) makes a template whose sandboxes show
-//! the source sandbox's root filesystem change; bad templates are refused naming the field.
+//! the source sandbox's root filesystem change; a template with a Full snapshot and a pool hands
+//! out members that already hold the snapshot's content, and refills; bad templates are refused
+//! naming the field.
 
 mod common;
 
@@ -226,30 +228,6 @@ fn bad_templates_are_refused_naming_the_field() {
     refused(json!({"memoryMB": 1}), "spec.memoryMB");
     refused(json!({"egress": {"allow": ["pypi.org"]}}), "spec.egress");
     refused(json!({"pool": {"size": 1, "extra": 1}}), "extra");
-    // A pool is accepted, and its status says it is not served yet.
-    let pooled = unique("pooled");
-    create(
-        &server,
-        "sandboxtemplates",
-        "SandboxTemplate",
-        &pooled,
-        json!({"image": TEST_IMAGE, "pool": {"size": 2}}),
-    );
-    server.wait_for(
-        "sandboxtemplates",
-        &pooled,
-        "reporting its pool",
-        LONG,
-        |t| {
-            t.is_some_and(|t| {
-                t["status"]["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c["type"] == "PoolReady" && c["reason"] == "NotSupported")
-            })
-        },
-    );
     // The CLI's offline check reads the same schema.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("t.yaml");
@@ -344,4 +322,120 @@ fn template_create_from_a_sandbox_carries_its_root_filesystem_into_new_sandboxes
     assert_eq!(code, 0, "{out}");
     assert_eq!(out, "tool-ran\nfrom-workspace\n[]\n");
     assert_eq!(memory_of(&child), 192 * MIB);
+}
+
+/// Unclaimed members of template `template`'s pool, by Docker ID, running.
+fn template_members(template: &str) -> Vec<String> {
+    docker(&[
+        "ps",
+        "--format",
+        "{{.ID}} {{.Names}}",
+        "--no-trunc",
+        "--filter",
+        "label=io.agent-sandbox.managed=true",
+    ])
+    .lines()
+    .filter_map(|l| l.split_once(' '))
+    .filter(|(_, name)| name.starts_with(&format!("agent-sandbox-pool.T-{template}.")))
+    .map(|(id, _)| id.to_string())
+    .collect()
+}
+
+#[test]
+fn a_template_pool_hands_out_members_with_the_snapshots_content_and_refills() {
+    let server = Server::start();
+    let source = unique("psrc");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &source,
+        json!({"image": TEST_IMAGE, "readOnlyRootfs": false}),
+    );
+    server.wait_running(&source);
+    as_root(
+        &source,
+        "printf '#!/bin/sh\\necho tool-ran\\n' > /usr/local/bin/tool && chmod 755 /usr/local/bin/tool",
+    );
+    let (code, _) = docker_exec(&source, "echo from-workspace > /workspace/note");
+    assert_eq!(code, 0);
+    let snapshot = unique("psnap");
+    create(
+        &server,
+        "snapshots",
+        "Snapshot",
+        &snapshot,
+        json!({"sandbox": source, "scope": "Full"}),
+    );
+    server.wait_for("snapshots", &snapshot, "Ready", LONG, |s| {
+        s.is_some_and(|s| s["status"]["phase"] == "Ready")
+    });
+
+    let template = unique("pooled");
+    create(
+        &server,
+        "sandboxtemplates",
+        "SandboxTemplate",
+        &template,
+        json!({"snapshot": snapshot, "readOnlyRootfs": false, "memoryMB": 224,
+               "pool": {"size": 2}}),
+    );
+    wait_until("two warm members", LONG, || {
+        template_members(&template).len() == 2
+    });
+    let warm = template_members(&template);
+
+    let child = unique("pchild");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &child,
+        json!({"template": template}),
+    );
+    let running = server.wait_running(&child);
+    assert_eq!(
+        running["status"]["claimedFrom"],
+        format!("T-{template}"),
+        "{running:#}"
+    );
+    let claimed = running["status"]["containerID"].as_str().unwrap();
+    assert!(
+        warm.iter().any(|id| id == claimed),
+        "{claimed} not in {warm:?}"
+    );
+    assert_eq!(running["status"]["sourceSnapshot"], snapshot.as_str());
+    let (code, out) = server.exec(&child, "/usr/local/bin/tool; cat /workspace/note");
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out, "tool-ran\nfrom-workspace\n");
+    assert_eq!(memory_of(&child), 224 * MIB);
+
+    // The pool refills with a new member; the claimed one is the child's now.
+    wait_until("the pool refilled", LONG, || {
+        let now = template_members(&template);
+        now.len() == 2 && !now.iter().any(|id| id == claimed)
+    });
+    // A sandbox that sets its own image does not run as the template's members do: no claim.
+    let own = unique("pown");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &own,
+        json!({"template": template, "image": TEST_IMAGE}),
+    );
+    let running = server.wait_running(&own);
+    assert!(running["status"]["claimedFrom"].is_null(), "{running:#}");
+    // Deleting the template drains its members; the child keeps running.
+    let (status, answer) = server.request(
+        "DELETE",
+        &format!("{API}/sandboxtemplates/{template}"),
+        None,
+    );
+    assert!(status == 200 || status == 202, "{answer}");
+    wait_until("the pool drained", LONG, || {
+        template_members(&template).is_empty()
+    });
+    let (code, out) = server.exec(&child, "cat /workspace/note");
+    assert_eq!((code, out.as_str()), (0, "from-workspace\n"));
 }

@@ -6,19 +6,11 @@
 //! with across container replacements and restarts, whatever the template becomes later. This
 //! module does not build containers; `sandbox.rs` does, from the resolved sandbox.
 
-use chrono::Utc;
-
 use super::context::ForkContext;
 use super::error::ReconcileError;
 use super::policy::Outcome;
-use super::status::{clear_condition, generation, set_ready, write_status};
-use crate::resource::{
-    set_condition, Condition, ConditionStatus, Kind, Sandbox, SandboxStatus, SandboxTemplateStatus,
-    TemplateRecord,
-};
-
-/// The condition that reports on `spec.pool`.
-const POOL_CONDITION: &str = "PoolReady";
+use super::status::{generation, set_ready, write_status};
+use crate::resource::{ConditionStatus, Kind, Sandbox, SandboxStatus, TemplateRecord};
 use crate::store::Store;
 
 /// `sandbox` as it runs: its template recorded in `status` on first sight (the template as it is
@@ -100,26 +92,6 @@ pub(super) async fn reconcile(
         "",
         generation,
     );
-    // Warm members of a template's shape are not made yet: say so rather than pretend.
-    match &template.spec.pool {
-        Some(pool) => set_condition(
-            &mut status.conditions,
-            Condition {
-                type_: POOL_CONDITION.into(),
-                status: ConditionStatus::False,
-                reason: "NotSupported".into(),
-                message: format!(
-                    "spec.pool (size {}) is accepted but this server keeps no warm members for \
-                     templates yet; sandboxes made from the template are created on demand",
-                    pool.size
-                ),
-                last_transition_time: Utc::now(),
-                observed_generation: Some(generation),
-            },
-        ),
-        None => clear_condition(&mut status.conditions, POOL_CONDITION),
-    }
-    let status = SandboxTemplateStatus { ..status };
     write_status(ctl.store, ctl.events, &template, &status).await?;
     Ok(Outcome::done())
 }
