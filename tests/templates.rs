@@ -322,6 +322,30 @@ fn template_create_from_a_sandbox_carries_its_root_filesystem_into_new_sandboxes
     assert_eq!(code, 0, "{out}");
     assert_eq!(out, "tool-ran\nfrom-workspace\n[]\n");
     assert_eq!(memory_of(&child), 192 * MIB);
+
+    // A sandbox made from a template is snapshotted as it runs (its writable root filesystem
+    // and limits come from the template), so a template can be made from it in turn.
+    as_root(&child, "echo second > /usr/local/bin/second");
+    let again = unique("again");
+    let (code, out, err) = server.cli(&["template", "create", &again, "--from-sandbox", &child]);
+    assert_eq!(code, 0, "{out}{err}");
+    let made = server.get("sandboxtemplates", &again).unwrap();
+    assert_eq!(made["spec"]["memoryMB"], 192, "{made:#}");
+    let grandchild = unique("grand");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &grandchild,
+        json!({"template": again}),
+    );
+    server.wait_running(&grandchild);
+    let (code, out) = server.exec(
+        &grandchild,
+        "/usr/local/bin/tool; cat /usr/local/bin/second /workspace/note",
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out, "tool-ran\nsecond\nfrom-workspace\n");
 }
 
 /// Unclaimed members of template `template`'s pool, by Docker ID, running.
