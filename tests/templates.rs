@@ -79,6 +79,14 @@ fn a_sandbox_takes_its_templates_values_and_an_edit_reaches_only_new_sandboxes()
         "the template's image"
     );
     assert_eq!(env_line(&server, &first), "A=from-template B=own");
+    // The /v1 view shows the values it runs with.
+    let (status, info) = server.request("GET", &format!("/v1/sandboxes/{first}"), None);
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(
+        (&info["image"], &info["cpus"], &info["memory_mb"]),
+        (&json!(TEST_IMAGE), &json!(0.5), &json!(160)),
+        "{info:#}"
+    );
 
     // The edit: new env and memory.
     let (status, mut current) =
