@@ -471,3 +471,28 @@ fn a_template_pool_hands_out_members_with_the_snapshots_content_and_refills() {
     let (code, out) = server.exec(&child, "cat /workspace/note");
     assert_eq!((code, out.as_str()), (0, "from-workspace\n"));
 }
+
+#[test]
+fn a_template_and_its_sandbox_can_be_declared_in_a_watched_folder() {
+    let server = Server::start();
+    let template = unique("ftpl");
+    let name = unique("fsb");
+    // The sandbox comes first in the file: it waits for the template declared after it.
+    write_manifest(
+        &server.watch_dir,
+        "templated.yaml",
+        &format!(
+            "apiVersion: agent-sandbox.io/v1\nkind: Sandbox\nmetadata:\n  name: {name}\n\
+             spec:\n  template: {template}\n---\n\
+             apiVersion: agent-sandbox.io/v1\nkind: SandboxTemplate\nmetadata:\n  name: {template}\n\
+             spec:\n  image: {TEST_IMAGE}\n  memoryMB: 208\n  env:\n    A: folder\n"
+        ),
+    );
+    let running = server.wait_running(&name);
+    assert_eq!(running["status"]["template"]["name"], template.as_str());
+    assert_eq!(memory_of(&name), 208 * MIB);
+    assert_eq!(env_line(&server, &name), "A=folder B=");
+    let (code, out, err) = server.cli(&["describe", "sandboxtemplate", &template]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("208"), "{out}");
+}
