@@ -375,7 +375,7 @@ fn template_members(template: &str) -> Vec<String> {
 
 #[test]
 fn a_template_pool_hands_out_members_with_the_snapshots_content_and_refills() {
-    let server = Server::start();
+    let mut server = Server::start();
     let source = unique("psrc");
     create(
         &server,
@@ -470,6 +470,13 @@ fn a_template_pool_hands_out_members_with_the_snapshots_content_and_refills() {
     });
     let (code, out) = server.exec(&child, "cat /workspace/note");
     assert_eq!((code, out.as_str()), (0, "from-workspace\n"));
+    // The claimed member stays the child's container across a restart of the server.
+    let claimed = claimed.to_string();
+    server.restart();
+    let running = server.wait_running(&child);
+    assert_eq!(running["status"]["containerID"], claimed.as_str());
+    let (code, out) = server.exec(&child, "/usr/local/bin/tool");
+    assert_eq!((code, out.as_str()), (0, "tool-ran\n"));
 }
 
 #[test]
