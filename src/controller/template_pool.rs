@@ -39,8 +39,8 @@ pub(super) fn template_of(pool: &str) -> Option<&str> {
 }
 
 /// The live template `name` with a pool, if there is one.
-fn pooled_template(ctl_store: &crate::store::Store, name: &str) -> Option<SandboxTemplate> {
-    ctl_store
+fn pooled_template(store: &crate::store::Store, name: &str) -> Option<SandboxTemplate> {
+    store
         .get(Kind::SandboxTemplate, name)
         .and_then(|e| e.resource.as_template().cloned())
         .filter(|t| t.metadata.deletion_timestamp.is_none() && t.spec.pool.is_some())
@@ -69,10 +69,10 @@ fn key_of(template: &SandboxTemplate, runtime: &str) -> String {
 
 /// What a sandbox made from `template` alone runs as.
 fn effective_of(
-    ctl_defaults: &crate::resource::SandboxDefaults,
+    defaults: &crate::resource::SandboxDefaults,
     t: &SandboxTemplate,
 ) -> EffectiveSandbox {
-    t.spec.as_sandbox_spec().effective(ctl_defaults)
+    t.spec.as_sandbox_spec().effective(defaults)
 }
 
 /// Keeps `size` members of template `template`'s shape; drains them when the template or its
