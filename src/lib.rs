@@ -3,7 +3,7 @@
 //!
 //! Where to start reading:
 //!
-//! - [`resource`]: the `Sandbox`, `Snapshot`, `Fork` and `SandboxPool` documents, their schemas,
+//! - [`resource`]: the `Sandbox`, `Snapshot`, `Fork`, `SandboxPool` and `SandboxTemplate` documents, their schemas,
 //!   and YAML (the only place YAML is parsed).
 //! - [`store`]: desired state on disk (the data directory and watched folders) and change events;
 //!   the only code that touches the data directory. A folder manifest that disappears is pruned

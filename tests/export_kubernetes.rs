@@ -391,7 +391,7 @@ fn full_documents() -> Vec<Value> {
                 "image": "img:1", "cpus": 2.0, "memoryMB": 256, "pidsLimit": 128,
                 "network": true, "readOnlyRootfs": false, "env": { "A": "b" },
                 "ttlSeconds": 3600, "shutdownTime": "2026-01-01T00:45:00Z",
-                "source": { "snapshot": "s1" },
+                "source": { "snapshot": "s1" }, "template": "base",
                 "rollback": { "snapshot": "s2", "requestId": "r1" },
                 "state": "Paused", "idle": { "afterSeconds": 600, "action": "Stop" },
                 "autoResume": false, "imagePullPolicy": "Never",

@@ -271,7 +271,8 @@ fn reconcile(store: &Store, resource: &AnyResource) {
         AnyResource::Fork(_)
         | AnyResource::SandboxPool(_)
         | AnyResource::Secret(_)
-        | AnyResource::Webhook(_) => {}
+        | AnyResource::Webhook(_)
+        | AnyResource::SandboxTemplate(_) => {}
     }
 }
 

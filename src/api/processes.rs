@@ -390,7 +390,7 @@ pub(super) async fn target(state: &AppState, name: &str) -> Result<Target, ApiEr
         name: name.to_string(),
         uid: sandbox.metadata.uid.clone().unwrap_or_default(),
         container_id,
-        env: crate::api::v1::with_egress_env(state, name, sandbox.spec.env.clone()),
+        env: crate::api::v1::with_egress_env(state, name, sandbox.resolved_spec().env.clone()),
     })
 }
 

@@ -44,8 +44,8 @@ mod selector;
 mod state;
 
 use docs::{
-    DocumentedKind, ForkResource, SandboxPoolResource, SandboxResource, SecretResource,
-    SnapshotResource, WebhookResource,
+    DocumentedKind, ForkResource, SandboxPoolResource, SandboxResource, SandboxTemplateResource,
+    SecretResource, SnapshotResource, WebhookResource,
 };
 
 pub use selector::LabelSelector;
@@ -76,6 +76,7 @@ pub fn routes() -> ApiRouter<AppState> {
         .merge(kind_routes::<SandboxPoolResource>())
         .merge(kind_routes::<SecretResource>())
         .merge(kind_routes::<WebhookResource>())
+        .merge(kind_routes::<SandboxTemplateResource>())
         .api_route(
             &format!("{PREFIX}/sandboxes/{{name}}/pause"),
             post_with(state::pause, docs::pause),
@@ -219,6 +220,7 @@ fn generated_name(kind: Kind) -> String {
         Kind::SandboxPool => "pool",
         Kind::Secret => "secret",
         Kind::Webhook => "webhook",
+        Kind::SandboxTemplate => "template",
     };
     format!("{prefix}_{}", hex::encode(rand::random::<[u8; 8]>()))
 }

@@ -227,6 +227,7 @@ fn kind_of(plural: &str) -> Option<&'static str> {
         "snapshots" => "Snapshot",
         "forks" => "Fork",
         "sandboxpools" => "SandboxPool",
+        "sandboxtemplates" => "SandboxTemplate",
         "secrets" => "Secret",
         "events" => "Event",
         _ => return None,

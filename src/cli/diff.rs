@@ -174,6 +174,14 @@ fn classify(
             Some("immutable: a snapshot is taken once; the server refuses spec changes".into()),
         ),
         "Fork" => classify_fork(leaf, from, to),
+        "SandboxTemplate" => (
+            Impact::InPlace,
+            Some(
+                "new sandboxes made from the template get it; sandboxes already made from it \
+                 keep the values they took"
+                    .into(),
+            ),
+        ),
         "SandboxPool" if leaf != "size" => (
             Impact::InPlace,
             Some(
@@ -333,6 +341,40 @@ pub fn render(doc_ref: &str, plan: &Plan) -> String {
     }
 }
 
+/// When the server's sandbox was made from an older generation of its template than the
+/// template's current one, says so: the sandbox keeps the values it took (apply changes nothing
+/// about that; only a new sandbox gets the template's current values).
+async fn stale_template(
+    client: &Client,
+    server: Option<&Value>,
+) -> Result<Option<String>, CliError> {
+    let Some(name) = server.and_then(|s| s["status"]["template"]["name"].as_str()) else {
+        return Ok(None);
+    };
+    let template = client.get_resource(Kind::SandboxTemplate, name).await?;
+    Ok(server.and_then(|s| template_note(s, template.as_ref())))
+}
+
+/// The note of [`stale_template`], from the server's sandbox and its template (`None`: deleted).
+pub fn template_note(server: &Value, template: Option<&Value>) -> Option<String> {
+    let record = &server["status"]["template"];
+    let name = record["name"].as_str()?;
+    let made_from = record["generation"].as_u64()?;
+    let Some(template) = template else {
+        return Some(format!(
+            "made from template {name} (generation {made_from}), which no longer exists; it \
+             keeps the values it took"
+        ));
+    };
+    let now = template["metadata"]["generation"].as_u64().unwrap_or(1);
+    (now != made_from).then(|| {
+        format!(
+            "made from an older generation of template {name} ({made_from}; it is at {now} \
+             now): it keeps the values it took, only new sandboxes get the current ones"
+        )
+    })
+}
+
 async fn check_with_server(client: &Client, doc: &Document, plan: &Plan) -> Result<(), CliError> {
     let kind = doc.resource.kind();
     let body = doc.resource.declaration().to_json();
@@ -375,6 +417,9 @@ pub async fn diff(args: DiffArgs) -> Result<ExitCode, CliError> {
         }
         differs |= plan != Plan::Unchanged;
         emit(&render(&doc.reference(), &plan));
+        if let Some(note) = stale_template(&client, server.as_ref()).await? {
+            emit(&format!("{}: {note}\n", doc.reference()));
+        }
     }
     if failed > 0 {
         return Err(CliError::Reported(format!(
@@ -414,6 +459,23 @@ mod tests {
         v["status"] = status;
         v["metadata"]["resourceVersion"] = "3".into();
         v
+    }
+
+    #[test]
+    fn an_older_template_generation_is_named() {
+        let server = json!({"status": {"template": {"name": "t", "generation": 1, "spec": {}}}});
+        let current = json!({"metadata": {"generation": 1}});
+        assert_eq!(template_note(&server, Some(&current)), None);
+        let edited = json!({"metadata": {"generation": 3}});
+        let note = template_note(&server, Some(&edited)).unwrap();
+        assert!(
+            note.contains("older generation of template t (1; it is at 3"),
+            "{note}"
+        );
+        assert!(template_note(&server, None)
+            .unwrap()
+            .contains("no longer exists"));
+        assert_eq!(template_note(&json!({"status": {}}), Some(&edited)), None);
     }
 
     #[test]

@@ -32,7 +32,8 @@ pub enum Output {
   agent-sandbox get sandboxes -l team=research -w
   agent-sandbox get events --for demo -w")]
 pub struct GetArgs {
-    /// sandbox(es), snapshot(s), fork(s), sandboxpool(s) or event(s); or KIND/NAME.
+    /// sandbox(es), snapshot(s), fork(s), sandboxpool(s), sandboxtemplate(s) or event(s); or
+    /// KIND/NAME.
     pub kind: String,
     /// Only this resource.
     pub name: Option<String>,
@@ -139,6 +140,7 @@ pub fn headers(kind: Kind, wide: bool) -> Vec<&'static str> {
         "Snapshot" => vec!["NAME", "SANDBOX", "PHASE", "SIZE", "AGE"],
         "Fork" => vec!["NAME", "SNAPSHOT", "READY", "PHASE", "AGE"],
         "SandboxPool" => vec!["NAME", "IMAGE", "READY", "CLAIMED", "AGE"],
+        "SandboxTemplate" => vec!["NAME", "FROM", "POOL", "GENERATION", "AGE"],
         _ => vec!["NAME", "PHASE", "AGE"],
     };
     if wide {
@@ -217,6 +219,19 @@ pub fn row(kind: Kind, item: &Value, wide: bool) -> Vec<String> {
                 spec["size"].as_u64().unwrap_or(0)
             ),
             status["claimed"].as_u64().unwrap_or(0).to_string(),
+            created,
+        ],
+        "SandboxTemplate" => vec![
+            name,
+            match spec["snapshot"].as_str() {
+                Some(snapshot) => format!("snapshot/{snapshot}"),
+                None => spec["image"].as_str().unwrap_or("<default>").to_string(),
+            },
+            spec["pool"]["size"]
+                .as_u64()
+                .map(|n| n.to_string())
+                .unwrap_or_else(|| "<none>".into()),
+            text(&meta["generation"]),
             created,
         ],
         _ => vec![name, phase(item), created],

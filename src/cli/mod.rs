@@ -28,6 +28,7 @@ mod ports;
 mod power;
 mod processes;
 mod progress;
+mod template;
 mod terminal;
 mod top;
 mod util;
@@ -127,6 +128,8 @@ pub enum Command {
     Rollback(ops::RollbackArgs),
     /// Start sandboxes from a snapshot.
     Fork(ops::ForkArgs),
+    /// Make sandbox templates: `template create NAME --from-sandbox SB`.
+    Template(template::TemplateArgs),
     /// Set how long a sandbox lives from now.
     Timeout(ops::TimeoutArgs),
     /// Pause a sandbox (freeze its processes), or stop it with --stop.
@@ -294,6 +297,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
         Command::Snapshot(args) => ops::snapshot(args).await,
         Command::Rollback(args) => ops::rollback(args).await,
         Command::Fork(args) => ops::fork(args).await,
+        Command::Template(args) => template::run(args).await,
         Command::Timeout(args) => ops::timeout(args).await,
         Command::Pause(args) => power::pause(args).await,
         Command::Resume(args) => power::resume(args).await,

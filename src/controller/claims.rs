@@ -258,16 +258,38 @@ impl Pools {
         else {
             return Ok(None);
         };
-        let limits = limits_for(effective);
         let defaults = self.containers.defaults();
-        let default_limits = limits.cpus == defaults.cpus
-            && limits.memory_mb == defaults.memory_mb
-            && limits.pids_limit == defaults.pids_limit;
-        // gVisor cannot change limits of a live container; only default-sized sandboxes fit.
+        let member_limits = AppliedLimits {
+            cpus: defaults.cpus,
+            memory_mb: defaults.memory_mb,
+            pids_limit: defaults.pids_limit,
+        };
+        self.claim_from(&pool.metadata.name, member_limits, name, effective, as_name)
+            .await
+    }
+
+    /// Claims a running member of pool `pool_name`, whose members run with `member_limits`,
+    /// for sandbox `name` under the container name `as_name`, giving it the sandbox's limits.
+    pub(super) async fn claim_from(
+        &self,
+        pool_name: &str,
+        member_limits: AppliedLimits,
+        name: &str,
+        effective: &EffectiveSandbox,
+        as_name: &str,
+    ) -> Result<Option<Claimed>, ReconcileError> {
+        if !self.containers.engine.capabilities().rename {
+            return Ok(None);
+        }
+        let runtime = self.containers.settings.docker_runtime.clone();
+        let limits = limits_for(effective);
+        let default_limits = limits == member_limits;
+        // gVisor cannot change limits of a live container; only sandboxes of the members' size
+        // fit.
         if crate::docker::is_gvisor(&runtime) && !default_limits {
             return Ok(None);
         }
-        let pool_name = pool.metadata.name.clone();
+        let pool_name = pool_name.to_string();
         // The members the pool's last reconcile saw, when it has seen any, spare each claim a
         // listing; a member gone since fails its rename, and the claim then asks Docker.
         let mut listed = false;

@@ -64,6 +64,8 @@ pub(super) struct PoolContext<'a> {
     pub(super) containers: &'a Containers,
     pub(super) workspaces: &'a Workspaces,
     pub(super) pools: &'a Pools,
+    /// For the snapshot content of a template's pool members.
+    pub(super) validated_files: &'a ValidatedFiles,
 }
 
 /// Garbage collection compares Docker's objects with the store.

@@ -48,6 +48,9 @@ pub enum ReconcileError {
     SnapshotNotFound(String),
     #[error("snapshot {0:?} is not ready yet")]
     SnapshotNotReady(String),
+    /// `spec.template` names a template that does not exist (yet).
+    #[error("template {0:?} does not exist; the sandbox starts once it does")]
+    TemplateNotFound(String),
     #[error("snapshot {name:?} failed: {message}")]
     SnapshotFailed { name: String, message: String },
     #[error("the data of snapshot {name:?} is missing ({path})")]

@@ -101,6 +101,7 @@ pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, Reconc
         .list(Kind::SandboxPool)
         .into_iter()
         .map(|e| e.resource.name().to_string())
+        .chain(super::template_pool::live_pools(ctl.store))
         .collect();
     let labeled_for_live =
         |sandbox: Option<&str>, uid: Option<&String>| match sandbox.and_then(|s| live.get(s)) {

@@ -24,6 +24,8 @@
 //! - `snapshot/`: a `Snapshot`: taking it (`mod.rs`) and exporting the workspace (`export.rs`).
 //! - `fork.rs`: a `Fork`'s children. `pool.rs`: a `SandboxPool`'s warm members.
 //! - `services.rs`: a running sandbox's declared services and listening ports in its status.
+//! - `template.rs`: a sandbox's `spec.template` resolved once into its status, and a
+//!   `SandboxTemplate`'s own status. `template_pool.rs`: a template's warm members (`spec.pool`).
 //! - `secret.rs`: whether a `Secret` has a value, and the deletion of Secrets and Webhooks.
 //! - `gc.rs`: garbage collection of Docker objects that belong to no resource.
 //!
@@ -68,6 +70,8 @@ mod sandbox;
 mod secret;
 mod services;
 mod snapshot;
+mod template;
+mod template_pool;
 #[cfg(test)]
 mod tests;
 
@@ -333,6 +337,12 @@ impl Controller {
             Kind::Fork => fork::reconcile(&self.fork_context(), name).await,
             Kind::Secret => secret::reconcile_secret(&self.fork_context(), name).await,
             Kind::Webhook => secret::reconcile_webhook(&self.fork_context(), name).await,
+            Kind::SandboxTemplate => {
+                // Its implicit pool (if any) follows every change of it, and its removal.
+                self.queue
+                    .add((Kind::SandboxPool, template_pool::pool_name(name)));
+                template::reconcile(&self.fork_context(), name).await
+            }
             Kind::SandboxPool => match pool::reconcile(&self.pool_context(), name).await {
                 Ok(outcome) => Ok(outcome),
                 Err(failure) => {
@@ -388,6 +398,7 @@ impl Controller {
             containers: &self.containers,
             workspaces: &self.workspaces,
             pools: &self.pools,
+            validated_files: &self.validated_files,
         }
     }
 
@@ -413,6 +424,12 @@ impl Controller {
                         .and_then(|s| s.status.as_ref()?.claimed_from.clone())
                     {
                         self.pools.recount(pool);
+                    }
+                    // Sandboxes may be waiting for the template.
+                    if resource.kind() == Kind::SandboxTemplate {
+                        for sandbox in template::waiting_for(&self.store, resource.name()) {
+                            self.queue.add((Kind::Sandbox, sandbox));
+                        }
                     }
                     // A snapshot or fork may be waiting for the sandbox it names.
                     if let Some(owner) = resource.metadata().owner_references.first() {

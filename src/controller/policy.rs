@@ -156,6 +156,8 @@ pub(super) fn error_policy(error: &ReconcileError) -> Verdict {
     let (reason, retry_after) = match error {
         ReconcileError::Source(cause) => match **cause {
             ReconcileError::SnapshotNotReady(_) => ("WaitingForSnapshot", Some(SNAPSHOT_WAIT)),
+            // The template's creation wakes the sandbox; the retry is only a safety net.
+            ReconcileError::TemplateNotFound(_) => ("TemplateNotFound", Some(SNAPSHOT_WAIT)),
             ref cause => (cause.restore_reason(), None),
         },
         ReconcileError::RollbackFailed { error, .. } => match **error {

@@ -29,6 +29,9 @@ pub(super) async fn reconcile(
     ctl: &PoolContext<'_>,
     name: &str,
 ) -> Result<Outcome, Failure<SandboxPool>> {
+    if let Some(template) = super::template_pool::template_of(name) {
+        return Ok(super::template_pool::reconcile(ctl, name, template).await?);
+    }
     let entry = ctl.store.get(Kind::SandboxPool, name);
     let pool = entry.as_ref().and_then(|e| e.resource.as_pool().cloned());
     let members = ctl.pools.members(name).await?;

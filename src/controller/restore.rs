@@ -120,6 +120,16 @@ pub(super) async fn ensure_source(
     }
     let snapshot = validated(ctl, &source.snapshot).await?;
     let rootfs = rootfs_of(ctl, sandbox, &snapshot).await?;
+    // A template's pool members already hold its snapshot, root filesystem and all.
+    let record = status.template.clone();
+    if let Some(claimed) =
+        super::template_pool::claim(ctl, sandbox, record.as_ref(), effective).await?
+    {
+        claimed.record(status, effective);
+        status.source_snapshot = Some(source.snapshot.clone());
+        status.rootfs = rootfs;
+        return Ok(true);
+    }
     // Warm pool members run the plain image: they serve Workspace snapshots only.
     if rootfs.is_none() {
         if let Some(claimed) =

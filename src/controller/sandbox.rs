@@ -9,7 +9,7 @@ use super::error::ReconcileError;
 use super::names::{self, container_name};
 use super::policy::{Cleanup, Failure, Outcome};
 use super::status::{generation, note_pulled, set_ready, write_status};
-use super::{power, replace, restore, services};
+use super::{power, replace, restore, services, template, template_pool};
 use crate::docker::EngineError;
 use crate::resource::{
     ConditionStatus, EffectiveSandbox, ImagePullProgress, Kind, Sandbox, SandboxPhase,
@@ -35,14 +35,22 @@ pub(super) async fn reconcile(
         ctl.containers.remove_leftovers_of(name).await?;
         return Ok(Outcome::done());
     };
-    let Some(sandbox) = entry.resource.as_sandbox().cloned() else {
+    let Some(declared) = entry.resource.as_sandbox().cloned() else {
         return Ok(Outcome::done());
     };
-    if sandbox.metadata.deletion_timestamp.is_some() {
-        return Ok(delete(ctl, &sandbox).await?);
+    if declared.metadata.deletion_timestamp.is_some() {
+        return Ok(delete(ctl, &declared).await?);
     }
 
-    let mut status = sandbox.status.clone().unwrap_or_default();
+    let mut status = declared.status.clone().unwrap_or_default();
+    // From here on the sandbox is as it runs: with what its template gave it.
+    let sandbox = match template::resolve(ctl.store, &declared, &mut status) {
+        Ok(sandbox) => sandbox,
+        Err(error) => {
+            let error = ReconcileError::Source(Box::new(error));
+            return Err(Failure::reported(error, &declared, status));
+        }
+    };
     let generation = generation(&sandbox.metadata);
     let now = Utc::now();
 
@@ -329,7 +337,15 @@ async fn ensure_running(
     let uid = sandbox.metadata.uid.clone().unwrap_or_default();
     let hash = effective.container_hash();
     if status.container_id.is_none() && status.workspace_volume.is_none() {
-        // A brand-new sandbox: a warm container, when a pool has one, beats creating one.
+        // A brand-new sandbox: a warm container, when a pool has one (its template's first),
+        // beats creating one.
+        let record = status.template.clone();
+        if let Some(claimed) =
+            template_pool::claim(ctl, sandbox, record.as_ref(), effective).await?
+        {
+            claimed.record(status, effective);
+            return Ok(retired);
+        }
         if let Some(claimed) = ctl.pools.claim(name, effective).await? {
             claimed.record(status, effective);
             return Ok(retired);

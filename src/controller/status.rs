@@ -145,6 +145,11 @@ reported!(Snapshot, SnapshotStatus, Kind::Snapshot);
 reported!(Fork, ForkStatus, Kind::Fork);
 reported!(SandboxPool, SandboxPoolStatus, Kind::SandboxPool);
 reported!(
+    crate::resource::SandboxTemplate,
+    crate::resource::SandboxTemplateStatus,
+    Kind::SandboxTemplate
+);
+reported!(
     crate::resource::Secret,
     crate::resource::SecretStatus,
     Kind::Secret

@@ -231,6 +231,14 @@ pub fn export(resources: &[AnyResource], options: &ExportOptions) -> Result<Expo
                 }
             }
             AnyResource::Snapshot(s) => out.gaps.push(snapshot(s, &object)),
+            AnyResource::SandboxTemplate(_) => out.gaps.push(Gap {
+                object: object.clone(),
+                field: None,
+                kind: GapKind::NotExpressed,
+                reason: "not exported by itself: each sandbox made from it is exported with the \
+                         values it took from it"
+                    .into(),
+            }),
             AnyResource::Fork(f) => out.gaps.push(fork(f, &object)),
             AnyResource::Secret(_) | AnyResource::Webhook(_) => out.gaps.push(Gap {
                 object: object.clone(),
@@ -323,8 +331,20 @@ fn sandbox(
     options: &ExportOptions,
     gaps: &mut Vec<Gap>,
 ) -> Vec<Value> {
-    let spec = &s.spec;
+    let resolved = s.resolved_spec();
+    let spec = resolved.as_ref();
     let effective = spec.effective(&options.defaults);
+    if let Some(template) = &spec.template {
+        gaps.push(Gap {
+            object: object.to_string(),
+            field: Some("spec.template".into()),
+            kind: GapKind::NotExpressed,
+            reason: format!(
+                "template {template:?} is not exported; the sandbox carries the values it took \
+                 from it"
+            ),
+        });
+    }
     let (labels, annotations) =
         pod::metadata_maps(object, &s.metadata.labels, &s.metadata.annotations, gaps);
     let pod_labels = with_label(object, labels.clone(), network::SANDBOX_LABEL, name, gaps);

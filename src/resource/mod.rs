@@ -1,4 +1,5 @@
-//! Resource types and their documents: the `Sandbox`, `Snapshot` and `Fork` kinds with the
+//! Resource types and their documents: the `Sandbox`, `Snapshot`, `Fork`, `SandboxPool`,
+//! `SandboxTemplate`, `Secret` and `Webhook` kinds with the
 //! Kubernetes envelope, their JSON Schemas, and (in [`yaml`]) the only YAML parsing in the crate.
 //!
 //! This module owns what a valid document is. It knows nothing about disk, Docker or HTTP: the store
@@ -16,6 +17,7 @@ pub mod schema;
 mod secret;
 mod service;
 mod snapshot;
+mod template;
 mod webhook;
 pub mod yaml;
 
@@ -46,6 +48,9 @@ pub use service::{
     ServiceState, ServiceStatus, TcpSocketCheck,
 };
 pub use snapshot::{SnapshotPhase, SnapshotScope, SnapshotSpec, SnapshotStatus};
+pub use template::{
+    SandboxTemplateSpec, SandboxTemplateStatus, TemplateError, TemplatePool, TemplateRecord,
+};
 pub use webhook::{WebhookSpec, WebhookStatus};
 
 /// The kinds this server reconciles.
@@ -57,16 +62,18 @@ pub enum Kind {
     SandboxPool,
     Secret,
     Webhook,
+    SandboxTemplate,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Sandbox,
         Kind::Snapshot,
         Kind::Fork,
         Kind::SandboxPool,
         Kind::Secret,
         Kind::Webhook,
+        Kind::SandboxTemplate,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -77,6 +84,7 @@ impl Kind {
             Kind::SandboxPool => "SandboxPool",
             Kind::Secret => "Secret",
             Kind::Webhook => "Webhook",
+            Kind::SandboxTemplate => "SandboxTemplate",
         }
     }
 
@@ -89,6 +97,7 @@ impl Kind {
             Kind::SandboxPool => "sandboxpools",
             Kind::Secret => "secrets",
             Kind::Webhook => "webhooks",
+            Kind::SandboxTemplate => "sandboxtemplates",
         }
     }
 
@@ -114,8 +123,8 @@ impl FromStr for Kind {
             .find(|k| lower == k.as_str().to_ascii_lowercase() || lower == k.plural())
             .ok_or_else(|| {
                 format!(
-                    "unknown kind {s:?} (expected sandbox, snapshot, fork, sandboxpool, secret \
-                     or webhook)"
+                    "unknown kind {s:?} (expected sandbox, snapshot, fork, sandboxpool, secret, \
+                     webhook or sandboxtemplate)"
                 )
             })
     }
@@ -195,6 +204,12 @@ resource_kind!(
     WebhookSpec,
     WebhookStatus
 );
+resource_kind!(
+    /// A named sandbox shape that sandboxes take their unset fields from.
+    SandboxTemplate,
+    SandboxTemplateSpec,
+    SandboxTemplateStatus
+);
 
 /// A resource of any kind, as the store keeps it.
 // A sandbox is the largest kind by far, and the most common: boxing it would cost every
@@ -209,6 +224,7 @@ pub enum AnyResource {
     SandboxPool(SandboxPool),
     Secret(Secret),
     Webhook(Webhook),
+    SandboxTemplate(SandboxTemplate),
 }
 
 impl AnyResource {
@@ -220,6 +236,7 @@ impl AnyResource {
             AnyResource::SandboxPool(_) => Kind::SandboxPool,
             AnyResource::Secret(_) => Kind::Secret,
             AnyResource::Webhook(_) => Kind::Webhook,
+            AnyResource::SandboxTemplate(_) => Kind::SandboxTemplate,
         }
     }
 
@@ -235,6 +252,7 @@ impl AnyResource {
             AnyResource::SandboxPool(r) => &r.metadata,
             AnyResource::Secret(r) => &r.metadata,
             AnyResource::Webhook(r) => &r.metadata,
+            AnyResource::SandboxTemplate(r) => &r.metadata,
         }
     }
 
@@ -246,6 +264,7 @@ impl AnyResource {
             AnyResource::SandboxPool(r) => &mut r.metadata,
             AnyResource::Secret(r) => &mut r.metadata,
             AnyResource::Webhook(r) => &mut r.metadata,
+            AnyResource::SandboxTemplate(r) => &mut r.metadata,
         }
     }
 
@@ -258,6 +277,7 @@ impl AnyResource {
             AnyResource::SandboxPool(r) => serde_json::to_value(&r.spec),
             AnyResource::Secret(r) => serde_json::to_value(&r.spec),
             AnyResource::Webhook(r) => serde_json::to_value(&r.spec),
+            AnyResource::SandboxTemplate(r) => serde_json::to_value(&r.spec),
         };
         value.unwrap_or(serde_json::Value::Null)
     }
@@ -274,6 +294,9 @@ impl AnyResource {
             }
             AnyResource::Secret(r) => r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
             AnyResource::Webhook(r) => r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
+            AnyResource::SandboxTemplate(r) => {
+                r.status.as_ref().and_then(|s| serde_json::to_value(s).ok())
+            }
         }
     }
 
@@ -293,6 +316,7 @@ impl AnyResource {
             AnyResource::SandboxPool(r) => r.status = parse(status)?,
             AnyResource::Secret(r) => r.status = parse(status)?,
             AnyResource::Webhook(r) => r.status = parse(status)?,
+            AnyResource::SandboxTemplate(r) => r.status = parse(status)?,
         }
         Ok(())
     }
@@ -305,6 +329,7 @@ impl AnyResource {
             AnyResource::SandboxPool(r) => r.status = None,
             AnyResource::Secret(r) => r.status = None,
             AnyResource::Webhook(r) => r.status = None,
+            AnyResource::SandboxTemplate(r) => r.status = None,
         }
     }
 
@@ -385,6 +410,13 @@ impl AnyResource {
     pub fn as_webhook(&self) -> Option<&Webhook> {
         match self {
             AnyResource::Webhook(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn as_template(&self) -> Option<&SandboxTemplate> {
+        match self {
+            AnyResource::SandboxTemplate(r) => Some(r),
             _ => None,
         }
     }

@@ -56,6 +56,11 @@ pub struct SandboxSpec {
     /// Start from a snapshot's workspace. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<SandboxSource>,
+    /// A `SandboxTemplate` whose values fill every field this spec leaves unset, as the template
+    /// was when the sandbox was made (see `status.template`). Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub template: Option<String>,
     /// A new `requestId` asks the controller for exactly one rollback to `snapshot`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback: Option<RollbackRequest>,
@@ -229,6 +234,9 @@ pub struct SandboxStatus {
     /// The Docker volume currently mounted at `/workspace` (a rollback builds a new one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace_volume: Option<String>,
+    /// The template the sandbox was made from, at which generation, with the values it took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<super::TemplateRecord>,
     /// The warm pool the current container was claimed from, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claimed_from: Option<String>,
@@ -456,15 +464,19 @@ impl SandboxSpec {
 }
 
 impl SandboxSpec {
-    /// The immutable fields `new` changes, as paths: only `spec.source` (a workspace is built from
-    /// a snapshot once; a rollback replaces it). Updates through the API and folder edits are
+    /// The immutable fields `new` changes, as paths: `spec.source` (a workspace is built from
+    /// a snapshot once; a rollback replaces it) and `spec.template`. Updates through the API and folder edits are
     /// refused when this is not empty.
     pub fn immutable_changes(&self, new: &SandboxSpec) -> Vec<&'static str> {
+        let mut changed = Vec::new();
         if self.source != new.source {
-            vec!["spec.source"]
-        } else {
-            Vec::new()
+            changed.push("spec.source");
         }
+        // A sandbox is made from a template once; its values are kept in `status.template`.
+        if self.template != new.template {
+            changed.push("spec.template");
+        }
+        changed
     }
 }
 

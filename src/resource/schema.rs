@@ -55,6 +55,7 @@ pub fn schema_of(kind: Kind) -> Value {
         Kind::SandboxPool => root_schema::<SandboxPool>(),
         Kind::Secret => root_schema::<crate::resource::Secret>(),
         Kind::Webhook => root_schema::<crate::resource::Webhook>(),
+        Kind::SandboxTemplate => root_schema::<crate::resource::SandboxTemplate>(),
     };
     let mut value = schema.to_value();
     if let Some(obj) = value.as_object_mut() {
@@ -137,7 +138,7 @@ pub fn validate(kind: Kind, document: &Value) -> Result<(), Vec<FieldError>> {
             }
         })
         .collect();
-    if errors.is_empty() && kind == Kind::Sandbox {
+    if errors.is_empty() && matches!(kind, Kind::Sandbox | Kind::SandboxTemplate) {
         // What the schema cannot say; the document matches it, so the services parse.
         if let Some(services) = document.pointer("/spec/services") {
             if let Ok(services) =

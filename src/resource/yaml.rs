@@ -290,7 +290,7 @@ pub fn value_to_resource(
         _ => {
             let message = match expected {
                 Some(k) => format!("kind must be {k:?}, found {kind_text:?}"),
-                None => format!("kind must be Sandbox, Snapshot, Fork, SandboxPool, Secret or Webhook, found {kind_text:?}"),
+                None => format!("kind must be Sandbox, Snapshot, Fork, SandboxPool, Secret, Webhook or SandboxTemplate, found {kind_text:?}"),
             };
             return Err(fail(message, Some("kind".into()), "/kind"));
         }
@@ -322,14 +322,23 @@ pub fn value_to_resource(
         Kind::SandboxPool => serde_json::from_value(value).map(AnyResource::SandboxPool),
         Kind::Secret => serde_json::from_value(value).map(AnyResource::Secret),
         Kind::Webhook => serde_json::from_value(value).map(AnyResource::Webhook),
+        Kind::SandboxTemplate => serde_json::from_value(value).map(AnyResource::SandboxTemplate),
     };
     let resource = converted.map_err(|e| fail(e.to_string(), None, ""))?;
-    if let AnyResource::Sandbox(sandbox) = &resource {
-        if let Err(error) = sandbox.spec.check() {
-            let pointer = error.pointer();
-            let field = pointer.trim_start_matches('/').replace('/', ".");
-            return Err(fail(error.to_string(), Some(field), &pointer));
-        }
+    let checked = match &resource {
+        AnyResource::Sandbox(sandbox) => sandbox
+            .spec
+            .check()
+            .map_err(|e| (e.to_string(), e.pointer())),
+        AnyResource::SandboxTemplate(template) => template
+            .spec
+            .check()
+            .map_err(|e| (e.to_string(), e.pointer())),
+        _ => Ok(()),
+    };
+    if let Err((message, pointer)) = checked {
+        let field = pointer.trim_start_matches('/').replace('/', ".");
+        return Err(fail(message, Some(field), &pointer));
     }
     Ok(resource)
 }

@@ -247,6 +247,6 @@ pub fn running_of(sandbox: &crate::resource::Sandbox) -> Option<Running> {
         uid: sandbox.metadata.uid.clone().unwrap_or_default(),
         container_id: status.container_id.clone()?,
         started_at: status.started_at,
-        env: sandbox.spec.env.clone(),
+        env: sandbox.resolved_spec().env.clone(),
     })
 }

@@ -11,7 +11,9 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use super::state::PauseRequest;
 use super::DocumentErrors;
 use crate::api::openapi::Describe;
-use crate::resource::{Fork, Kind, Sandbox, SandboxPool, Secret, Snapshot, Webhook};
+use crate::resource::{
+    Fork, Kind, Sandbox, SandboxPool, SandboxTemplate, Secret, Snapshot, Webhook,
+};
 
 /// A resource kind as routed and documented: the kind its routes fix, and the schemas of its
 /// document, list and watch events.
@@ -117,6 +119,12 @@ documented_kind!(
     SandboxPoolResource,
     SandboxPoolResourceList,
     SandboxPoolWatchEvent
+);
+documented_kind!(
+    SandboxTemplate,
+    SandboxTemplateResource,
+    SandboxTemplateResourceList,
+    SandboxTemplateWatchEvent
 );
 documented_kind!(
     Secret,

@@ -117,7 +117,9 @@ pub fn spec_expiry(sandbox: &Sandbox) -> Option<DateTime<Utc>> {
 /// A sandbox as `/v1` shows it. Unset limits show the server's defaults (API-created sandboxes
 /// have every value written out; folder-declared ones may not).
 pub fn sandbox_info(sandbox: &Sandbox, settings: &Settings) -> SandboxInfo {
-    let spec = &sandbox.spec;
+    // As it runs: with what its template gave it.
+    let resolved = sandbox.resolved_spec();
+    let spec = resolved.as_ref();
     let status = sandbox.status.as_ref();
     let generation = sandbox.metadata.generation.unwrap_or(0);
     // The observed deadline is only trusted when it was computed from the current spec.

@@ -285,7 +285,7 @@ fn target(sandbox: &Sandbox, require_running: bool) -> Result<SandboxTarget, Api
     Ok(SandboxTarget {
         name: name.clone(),
         container_id,
-        env: sandbox.spec.env.clone(),
+        env: sandbox.resolved_spec().env.clone(),
         started_at: status.started_at,
     })
 }

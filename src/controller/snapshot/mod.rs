@@ -186,7 +186,10 @@ async fn take(
         return Ok(Outcome::done());
     };
 
-    let effective = sandbox.spec.effective(&ctl.containers.defaults());
+    // As the sandbox runs: with what its template gave it.
+    let effective = sandbox
+        .resolved_spec()
+        .effective(&ctl.containers.defaults());
     let full = snapshot.spec.scope() == SnapshotScope::Full;
     if full && effective.read_only_rootfs {
         let message = format!(

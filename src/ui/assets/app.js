@@ -678,6 +678,16 @@ function poolsView(main) {
   ], "No pools.");
 }
 
+// Templates are listed beside the pools: both say what new sandboxes start as.
+function templatesView(main) {
+  return tableView(main, "Templates", `${API}/sandboxtemplates`, [
+    ["Name", (t) => t.metadata.name],
+    ["From", (t) => (t.spec.snapshot ? `snapshot/${t.spec.snapshot}` : t.spec.image || "(default image)")],
+    ["Generation", (t) => t.metadata.generation ?? 1], ["Pool", (t) => (t.spec.pool ? t.spec.pool.size : "")],
+    ["Age", created],
+  ], "No templates.");
+}
+
 function errorsView(main) {
   return tableView(main, "Manifest errors", `${API}/errors`, [
     ["File", (e) => e.file || ""], ["Line", (e) => e.line ?? ""], ["Object", (e) => (e.kind ? `${e.kind}/${e.name || ""}` : "")],
@@ -740,6 +750,7 @@ function route() {
   else if (view === "snapshots") stopView = snapshotsView(main);
   else if (view === "forks") stopView = forksView(main);
   else if (view === "pools") stopView = poolsView(main);
+  else if (view === "templates") stopView = templatesView(main);
   else if (view === "errors") stopView = errorsView(main);
   else if (view === "health") stopView = healthView(main);
   else stopView = sandboxesView(main);

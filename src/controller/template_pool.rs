@@ -1,0 +1,247 @@
+//! The warm pool of a `SandboxTemplate` with `spec.pool`: an implicit pool whose members are made
+//! in the template's shape, its snapshot's content included (a Full snapshot's root filesystem
+//! image and its `/workspace`), with the template's limits, so that a sandbox made from the
+//! template claims one as fast as from a `SandboxPool`, without filling anything at claim time.
+//!
+//! The implicit pool is named `T-<template>`: names of resources are lower case, so it never
+//! meets a `SandboxPool`'s name, and its members (`pool.T-<template>.<random>`) go through the
+//! pools' own listing, hand-out and rename (`claims.rs`). Members are replaced when the
+//! template's spec changes (their key hashes it). This module makes members and decides which
+//! sandboxes may claim them; it does not build sandboxes' own containers.
+
+use futures::future::join_all;
+
+use super::claims::Claimed;
+use super::container::limits_for;
+use super::content;
+use super::context::{PoolContext, SandboxContext};
+use super::error::ReconcileError;
+use super::names::{self, container_name};
+use super::policy::Outcome;
+use super::status::generation;
+use crate::docker::{ManagedContainer, LABEL_SPEC_HASH};
+use crate::resource::{
+    EffectiveSandbox, Kind, ObjectMeta, Sandbox, SandboxPool, SandboxPoolSpec, SandboxTemplate,
+    TemplateRecord,
+};
+
+/// What an implicit pool's name starts with (upper case: no resource name has it).
+const PREFIX: &str = "T-";
+
+/// The implicit pool of template `template`.
+pub(super) fn pool_name(template: &str) -> String {
+    format!("{PREFIX}{template}")
+}
+
+/// The template whose implicit pool `pool` is, if it is one.
+pub(super) fn template_of(pool: &str) -> Option<&str> {
+    pool.strip_prefix(PREFIX)
+}
+
+/// The live template `name` with a pool, if there is one.
+fn pooled_template(store: &crate::store::Store, name: &str) -> Option<SandboxTemplate> {
+    store
+        .get(Kind::SandboxTemplate, name)
+        .and_then(|e| e.resource.as_template().cloned())
+        .filter(|t| t.metadata.deletion_timestamp.is_none() && t.spec.pool.is_some())
+}
+
+/// Names of the implicit pools of live templates with a pool (for garbage collection).
+pub(super) fn live_pools(store: &crate::store::Store) -> Vec<String> {
+    store
+        .list(Kind::SandboxTemplate)
+        .iter()
+        .filter_map(|e| e.resource.as_template())
+        .filter(|t| t.metadata.deletion_timestamp.is_none() && t.spec.pool.is_some())
+        .map(|t| pool_name(&t.metadata.name))
+        .collect()
+}
+
+/// Key of the members of `template`: its spec (without the pool size) and the runtime.
+fn key_of(template: &SandboxTemplate, runtime: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut spec = template.spec.clone();
+    spec.pool = None;
+    let shape = serde_json::json!({"spec": spec, "runtime": runtime});
+    let digest = Sha256::digest(shape.to_string().as_bytes());
+    format!("tpool-{}", hex::encode(&digest[..8]))
+}
+
+/// What a sandbox made from `template` alone runs as.
+fn effective_of(
+    defaults: &crate::resource::SandboxDefaults,
+    t: &SandboxTemplate,
+) -> EffectiveSandbox {
+    t.spec.as_sandbox_spec().effective(defaults)
+}
+
+/// Keeps `size` members of template `template`'s shape; drains them when the template or its
+/// pool is gone.
+pub(super) async fn reconcile(
+    ctl: &PoolContext<'_>,
+    pool: &str,
+    template: &str,
+) -> Result<Outcome, ReconcileError> {
+    let members = ctl.pools.members(pool).await?;
+    let Some(template) = pooled_template(ctl.store, template) else {
+        ctl.pools.handed_out.publish(pool, Vec::new());
+        remove(ctl, &members).await?;
+        return Ok(Outcome::done());
+    };
+    let runtime = ctl.containers.settings.docker_runtime.clone();
+    let key = key_of(&template, &runtime);
+    let (usable, stale): (Vec<_>, Vec<_>) = members
+        .into_iter()
+        .partition(|c| c.labels.get(LABEL_SPEC_HASH) == Some(&key) && c.is_running());
+    remove(ctl, &stale).await?;
+    let size = template.spec.pool.as_ref().map(|p| p.size).unwrap_or(0) as usize;
+    if usable.len() > size {
+        remove(ctl, &usable[size..]).await?;
+    }
+    if usable.len() >= size {
+        ctl.pools
+            .handed_out
+            .publish(pool, usable.into_iter().take(size).collect());
+        return Ok(Outcome::done());
+    }
+    if let Some(wait) = ctl.pools.handed_out.refill_wait(pool) {
+        ctl.pools.handed_out.publish(pool, usable);
+        return Ok(Outcome::after(wait));
+    }
+    let missing = size - usable.len();
+    let results =
+        join_all((0..missing).map(|_| create(ctl, pool, &template, &key, &runtime))).await;
+    let ready: Vec<ManagedContainer> = ctl
+        .pools
+        .members(pool)
+        .await?
+        .into_iter()
+        .filter(|c| c.is_running() && c.labels.get(LABEL_SPEC_HASH) == Some(&key))
+        .collect();
+    ctl.pools.handed_out.publish(pool, ready);
+    if let Some(Err(error)) = results.into_iter().find(|r| r.is_err()) {
+        return Err(ReconcileError::MembersNotCreated(Box::new(error)));
+    }
+    Ok(Outcome::done())
+}
+
+async fn create(
+    ctl: &PoolContext<'_>,
+    pool: &str,
+    template: &SandboxTemplate,
+    key: &str,
+    runtime: &str,
+) -> Result<(), ReconcileError> {
+    let effective = effective_of(&ctl.containers.defaults(), template);
+    // The content first: a snapshot that cannot be used makes no member.
+    let snapshot = match &template.spec.snapshot {
+        Some(name) => Some(
+            content::validated(
+                ctl.store,
+                &ctl.containers.settings,
+                ctl.validated_files,
+                name,
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let shape = SandboxPool {
+        api_version: String::new(),
+        kind: String::new(),
+        metadata: ObjectMeta {
+            name: pool.to_string(),
+            uid: template.metadata.uid.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: SandboxPoolSpec {
+            image: effective.image.clone(),
+            size: 0,
+            read_only_rootfs: Some(effective.read_only_rootfs),
+            network: Some(effective.network),
+            runtime: None,
+        },
+        status: None,
+    };
+    let member = names::new_member(pool);
+    let mut plan = ctl
+        .containers
+        .plan_for_member(&shape, &member, key, runtime.to_string())
+        .await?;
+    if let Some(rootfs) = snapshot.as_ref().and_then(|s| s.rootfs.as_ref()) {
+        if !ctl.engine.image_exists(&rootfs.image).await? {
+            return Err(ReconcileError::RootfsImageMissing {
+                snapshot: template.spec.snapshot.clone().unwrap_or_default(),
+                image: rootfs.image.clone(),
+            });
+        }
+        plan.image = rootfs.image.clone();
+    }
+    // The template's limits, so that its sandboxes claim without a live change (which gVisor
+    // cannot make).
+    plan.cpus = effective.cpus;
+    plan.memory_mb = effective.memory_mb;
+    plan.pids_limit = effective.pids_limit;
+    let made = async {
+        let id = ctl.engine.create_container(&plan).await?;
+        let runtime = plan.runtime.clone().unwrap_or_default();
+        ctl.workspaces
+            .start_with_workspace(&id, &runtime, snapshot.as_ref())
+            .await
+    }
+    .await;
+    if let Err(error) = made {
+        ctl.containers
+            .discard(&container_name(&member), &plan.workspace_volume)
+            .await;
+        return Err(error);
+    }
+    Ok(())
+}
+
+async fn remove(ctl: &PoolContext<'_>, members: &[ManagedContainer]) -> Result<(), ReconcileError> {
+    for member in members {
+        ctl.engine.remove_container(&member.id).await?;
+        if let Some(id) = member.sandbox() {
+            ctl.engine.remove_volume(&names::member_volume(id)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Claims a member of the pool of the template `sandbox` was made from (`record`), when the sandbox runs
+/// exactly as that template at its current generation would make it (same container shape and
+/// source; limits may differ where they can change live). `None` when there is no such pool or
+/// member: the sandbox is then built the ordinary way.
+pub(super) async fn claim(
+    ctl: &SandboxContext<'_>,
+    sandbox: &Sandbox,
+    record: Option<&TemplateRecord>,
+    effective: &EffectiveSandbox,
+) -> Result<Option<Claimed>, ReconcileError> {
+    let Some(record) = record else {
+        return Ok(None);
+    };
+    let Some(template) = pooled_template(ctl.store, &record.name) else {
+        return Ok(None);
+    };
+    if generation(&template.metadata) != record.generation {
+        return Ok(None);
+    }
+    let members_are = effective_of(&ctl.containers.defaults(), &template);
+    let same_source =
+        sandbox.spec.source.as_ref().map(|s| &s.snapshot) == template.spec.snapshot.as_ref();
+    if !same_source || members_are.container_hash() != effective.container_hash() {
+        return Ok(None);
+    }
+    let name = sandbox.metadata.name.as_str();
+    ctl.pools
+        .claim_from(
+            &pool_name(&record.name),
+            limits_for(&members_are),
+            name,
+            effective,
+            &container_name(name),
+        )
+        .await
+}

@@ -1,0 +1,505 @@
+//! Sandbox templates against the real Docker daemon (runc, or runsc with
+//! `AGENT_SANDBOX_TEST_RUNTIME=runsc`): a sandbox takes the fields it leaves unset from its
+//! template (seen by `docker inspect` and inside through exec) while its own win; a template
+//! edit reaches new sandboxes only, and a running one keeps its values across a container
+//! replacement and a restart of the server; a missing template holds a sandbox back until it
+//! appears; `template create --from-sandbox` (the real CLI) makes a template whose sandboxes show
+//! the source sandbox's root filesystem change; a template with a Full snapshot and a pool hands
+//! out members that already hold the snapshot's content, and refills; bad templates are refused
+//! naming the field.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+const LONG: Duration = Duration::from_secs(120);
+const MIB: u64 = 1024 * 1024;
+
+fn document(kind: &str, name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "agent-sandbox.io/v1", "kind": kind,
+        "metadata": {"name": name}, "spec": spec})
+}
+
+fn create(server: &Server, plural: &str, kind: &str, name: &str, spec: Value) {
+    let body = document(kind, name, spec);
+    let (status, answer) = server.request("POST", &format!("{API}/{plural}"), Some(&body));
+    assert_eq!(status, 201, "{answer}");
+}
+
+fn memory_of(name: &str) -> u64 {
+    container(name).unwrap()["HostConfig"]["Memory"]
+        .as_u64()
+        .unwrap()
+}
+
+fn nano_cpus_of(name: &str) -> u64 {
+    container(name).unwrap()["HostConfig"]["NanoCpus"]
+        .as_u64()
+        .unwrap()
+}
+
+fn env_line(server: &Server, name: &str) -> String {
+    let (code, out) = server.exec(name, "echo \"A=$A B=$B\"");
+    assert_eq!(code, 0, "{out}");
+    out.trim().to_string()
+}
+
+#[test]
+fn a_sandbox_takes_its_templates_values_and_an_edit_reaches_only_new_sandboxes() {
+    let mut server = Server::start();
+    let template = unique("tpl");
+    create(
+        &server,
+        "sandboxtemplates",
+        "SandboxTemplate",
+        &template,
+        json!({"image": TEST_IMAGE, "cpus": 0.5, "memoryMB": 200,
+               "env": {"A": "from-template", "B": "from-template"}}),
+    );
+    // Its own memoryMB and env B win; cpus, env A and the image come from the template.
+    let first = unique("tsb");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &first,
+        json!({"template": template, "memoryMB": 160, "env": {"B": "own"}}),
+    );
+    let running = server.wait_running(&first);
+    assert_eq!(running["status"]["template"]["name"], template.as_str());
+    assert_eq!(running["status"]["template"]["generation"], 1);
+    assert_eq!(memory_of(&first), 160 * MIB);
+    assert_eq!(nano_cpus_of(&first), 500_000_000);
+    assert_eq!(
+        container(&first).unwrap()["Config"]["Image"],
+        TEST_IMAGE,
+        "the template's image"
+    );
+    assert_eq!(env_line(&server, &first), "A=from-template B=own");
+    // The /v1 view shows the values it runs with.
+    let (status, info) = server.request("GET", &format!("/v1/sandboxes/{first}"), None);
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(
+        (&info["image"], &info["cpus"], &info["memory_mb"]),
+        (&json!(TEST_IMAGE), &json!(0.5), &json!(160)),
+        "{info:#}"
+    );
+
+    // The edit: new env and memory.
+    let (status, mut current) =
+        server.request("GET", &format!("{API}/sandboxtemplates/{template}"), None);
+    assert_eq!(status, 200);
+    current["spec"]["env"]["A"] = json!("edited");
+    current["spec"]["memoryMB"] = json!(300);
+    let (status, answer) = server.request(
+        "PUT",
+        &format!("{API}/sandboxtemplates/{template}"),
+        Some(&current),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["metadata"]["generation"], 2);
+
+    let second = unique("tsb");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &second,
+        json!({"template": template}),
+    );
+    let running = server.wait_running(&second);
+    assert_eq!(running["status"]["template"]["generation"], 2);
+    assert_eq!(memory_of(&second), 300 * MIB);
+    assert_eq!(env_line(&server, &second), "A=edited B=from-template");
+
+    // The first keeps what it was made with, also across a new container and a restart.
+    let check_first = |server: &Server| {
+        let sandbox = server.get("sandboxes", &first).unwrap();
+        assert_eq!(sandbox["status"]["template"]["generation"], 1);
+        assert_eq!(memory_of(&first), 160 * MIB);
+        assert_eq!(env_line(server, &first), "A=from-template B=own");
+    };
+    check_first(&server);
+    let old_id = container(&first).unwrap()["Id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    docker(&["rm", "-f", &format!("agent-sandbox-{first}")]);
+    server.wait_for("sandboxes", &first, "on a new container", LONG, |r| {
+        r.is_some_and(|r| {
+            r["status"]["phase"] == "Running"
+                && r["status"]["containerID"]
+                    .as_str()
+                    .is_some_and(|id| id != old_id)
+        })
+    });
+    check_first(&server);
+    server.restart();
+    server.wait_running(&first);
+    check_first(&server);
+
+    // `diff` says the first was made from an older generation.
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("first.yaml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "apiVersion: agent-sandbox.io/v1\nkind: Sandbox\nmetadata:\n  name: {first}\n\
+             spec:\n  template: {template}\n  memoryMB: 160\n  env:\n    B: own\n"
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = server.cli(&["diff", "-f", manifest.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(&format!(
+            "made from an older generation of template {template} (1; it is at 2"
+        )),
+        "{out}"
+    );
+    // `get` lists templates.
+    let (code, out, err) = server.cli(&["get", "sandboxtemplates"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&template) && out.contains("GENERATION"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_sandbox_waits_for_a_missing_template_and_starts_once_it_appears() {
+    let server = Server::start();
+    let template = unique("later");
+    let name = unique("waiting");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &name,
+        json!({"template": template}),
+    );
+    let waiting = server
+        .wait_for("sandboxes", &name, "waiting for its template", LONG, |r| {
+            r.is_some_and(|r| {
+                r["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["reason"] == "TemplateNotFound")
+            })
+        })
+        .unwrap();
+    assert_eq!(waiting["status"]["phase"], "Pending", "{waiting:#}");
+    assert!(
+        waiting
+            .to_string()
+            .contains(&format!("template \\\"{template}\\\"")),
+        "{waiting:#}"
+    );
+    assert!(container(&name).is_none());
+    create(
+        &server,
+        "sandboxtemplates",
+        "SandboxTemplate",
+        &template,
+        json!({"image": TEST_IMAGE, "env": {"A": "arrived"}}),
+    );
+    server.wait_running(&name);
+    assert_eq!(env_line(&server, &name), "A=arrived B=");
+    // The reference cannot change afterwards.
+    let (_, mut current) = server.request("GET", &format!("{API}/sandboxes/{name}"), None);
+    current["spec"]["template"] = json!("other");
+    let (status, answer) =
+        server.request("PUT", &format!("{API}/sandboxes/{name}"), Some(&current));
+    assert_eq!(status, 422, "{answer}");
+    assert!(answer.to_string().contains("spec.template"), "{answer}");
+}
+
+#[test]
+fn bad_templates_are_refused_naming_the_field() {
+    let server = Server::start();
+    let refused = |spec: Value, field: &str| {
+        let body = document("SandboxTemplate", &unique("bad"), spec);
+        let (status, answer) =
+            server.request("POST", &format!("{API}/sandboxtemplates"), Some(&body));
+        assert_eq!(status, 422, "{answer}");
+        assert!(answer.to_string().contains(field), "{field}: {answer}");
+    };
+    refused(
+        json!({"image": TEST_IMAGE, "snapshot": "s1"}),
+        "spec.snapshot",
+    );
+    refused(json!({"image": TEST_IMAGE, "colour": "red"}), "colour");
+    refused(json!({"memoryMB": 1}), "spec.memoryMB");
+    refused(json!({"egress": {"allow": ["pypi.org"]}}), "spec.egress");
+    refused(json!({"pool": {"size": 1, "extra": 1}}), "extra");
+    // The CLI's offline check reads the same schema.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: agent-sandbox.io/v1\nkind: SandboxTemplate\nmetadata:\n  name: t\n\
+         spec:\n  image: x\n  snapshot: y\n",
+    )
+    .unwrap();
+    let (code, out, err) = server.cli(&["validate", file.to_str().unwrap()]);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        format!("{out}{err}").contains("spec.snapshot"),
+        "{out}{err}"
+    );
+}
+
+/// Runs `script` as root in the sandbox (as the server's own execs would, without capabilities).
+fn as_root(name: &str, script: &str) {
+    let out = std::process::Command::new("docker")
+        .args([
+            "exec",
+            "-u",
+            "0",
+            &format!("agent-sandbox-{name}"),
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .expect("docker exec");
+    assert!(out.status.success(), "{script}: {out:?}");
+}
+
+#[test]
+fn template_create_from_a_sandbox_carries_its_root_filesystem_into_new_sandboxes() {
+    let server = Server::start();
+    let source = unique("src");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &source,
+        json!({"image": TEST_IMAGE, "readOnlyRootfs": false, "memoryMB": 192,
+               "env": {"TOKEN": "do-not-copy"}}),
+    );
+    server.wait_running(&source);
+    as_root(
+        &source,
+        "printf '#!/bin/sh\\necho tool-ran\\n' > /usr/local/bin/tool && chmod 755 /usr/local/bin/tool",
+    );
+    let (code, _) = docker_exec(&source, "echo from-workspace > /workspace/note");
+    assert_eq!(code, 0);
+
+    let template = unique("made");
+    let (code, out, err) =
+        server.cli(&["template", "create", &template, "--from-sandbox", &source]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(&format!("sandboxtemplate/{template} created")),
+        "{out}"
+    );
+    assert!(
+        out.contains("not copied (may hold secrets): env TOKEN"),
+        "{out}"
+    );
+    let made = server.get("sandboxtemplates", &template).unwrap();
+    let spec = &made["spec"];
+    assert_eq!(spec["memoryMB"], 192);
+    assert_eq!(spec["readOnlyRootfs"], false);
+    assert!(spec["env"].is_null() && spec["image"].is_null(), "{made:#}");
+    let snapshot = spec["snapshot"].as_str().unwrap();
+    let snap = server.get("snapshots", snapshot).unwrap();
+    assert_eq!(snap["status"]["phase"], "Ready");
+    assert_eq!(snap["spec"]["scope"], "Full");
+    assert!(!made.to_string().contains("do-not-copy"));
+
+    let child = unique("child");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &child,
+        json!({"template": template}),
+    );
+    let running = server.wait_running(&child);
+    assert_eq!(running["status"]["sourceSnapshot"], snapshot);
+    let (code, out) = server.exec(
+        &child,
+        "/usr/local/bin/tool; cat /workspace/note; echo \"[$TOKEN]\"",
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out, "tool-ran\nfrom-workspace\n[]\n");
+    assert_eq!(memory_of(&child), 192 * MIB);
+
+    // A sandbox made from a template is snapshotted as it runs (its writable root filesystem
+    // and limits come from the template), so a template can be made from it in turn.
+    as_root(&child, "echo second > /usr/local/bin/second");
+    let again = unique("again");
+    let (code, out, err) = server.cli(&["template", "create", &again, "--from-sandbox", &child]);
+    assert_eq!(code, 0, "{out}{err}");
+    let made = server.get("sandboxtemplates", &again).unwrap();
+    assert_eq!(made["spec"]["memoryMB"], 192, "{made:#}");
+    let grandchild = unique("grand");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &grandchild,
+        json!({"template": again}),
+    );
+    server.wait_running(&grandchild);
+    let (code, out) = server.exec(
+        &grandchild,
+        "/usr/local/bin/tool; cat /usr/local/bin/second /workspace/note",
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out, "tool-ran\nsecond\nfrom-workspace\n");
+}
+
+/// Unclaimed members of template `template`'s pool, by Docker ID, running.
+fn template_members(template: &str) -> Vec<String> {
+    docker(&[
+        "ps",
+        "--format",
+        "{{.ID}} {{.Names}}",
+        "--no-trunc",
+        "--filter",
+        "label=io.agent-sandbox.managed=true",
+    ])
+    .lines()
+    .filter_map(|l| l.split_once(' '))
+    .filter(|(_, name)| name.starts_with(&format!("agent-sandbox-pool.T-{template}.")))
+    .map(|(id, _)| id.to_string())
+    .collect()
+}
+
+#[test]
+fn a_template_pool_hands_out_members_with_the_snapshots_content_and_refills() {
+    let mut server = Server::start();
+    let source = unique("psrc");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &source,
+        json!({"image": TEST_IMAGE, "readOnlyRootfs": false}),
+    );
+    server.wait_running(&source);
+    as_root(
+        &source,
+        "printf '#!/bin/sh\\necho tool-ran\\n' > /usr/local/bin/tool && chmod 755 /usr/local/bin/tool",
+    );
+    let (code, _) = docker_exec(&source, "echo from-workspace > /workspace/note");
+    assert_eq!(code, 0);
+    let snapshot = unique("psnap");
+    create(
+        &server,
+        "snapshots",
+        "Snapshot",
+        &snapshot,
+        json!({"sandbox": source, "scope": "Full"}),
+    );
+    server.wait_for("snapshots", &snapshot, "Ready", LONG, |s| {
+        s.is_some_and(|s| s["status"]["phase"] == "Ready")
+    });
+
+    let template = unique("pooled");
+    create(
+        &server,
+        "sandboxtemplates",
+        "SandboxTemplate",
+        &template,
+        json!({"snapshot": snapshot, "readOnlyRootfs": false, "memoryMB": 224,
+               "pool": {"size": 2}}),
+    );
+    wait_until("two warm members", LONG, || {
+        template_members(&template).len() == 2
+    });
+    let warm = template_members(&template);
+
+    let child = unique("pchild");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &child,
+        json!({"template": template}),
+    );
+    let running = server.wait_running(&child);
+    assert_eq!(
+        running["status"]["claimedFrom"],
+        format!("T-{template}"),
+        "{running:#}"
+    );
+    let claimed = running["status"]["containerID"].as_str().unwrap();
+    assert!(
+        warm.iter().any(|id| id == claimed),
+        "{claimed} not in {warm:?}"
+    );
+    assert_eq!(running["status"]["sourceSnapshot"], snapshot.as_str());
+    let (code, out) = server.exec(&child, "/usr/local/bin/tool; cat /workspace/note");
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out, "tool-ran\nfrom-workspace\n");
+    assert_eq!(memory_of(&child), 224 * MIB);
+
+    // The pool refills with a new member; the claimed one is the child's now.
+    wait_until("the pool refilled", LONG, || {
+        let now = template_members(&template);
+        now.len() == 2 && !now.iter().any(|id| id == claimed)
+    });
+    // A sandbox that sets its own image does not run as the template's members do: no claim.
+    let own = unique("pown");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &own,
+        json!({"template": template, "image": TEST_IMAGE}),
+    );
+    let running = server.wait_running(&own);
+    assert!(running["status"]["claimedFrom"].is_null(), "{running:#}");
+    // Deleting the template drains its members; the child keeps running.
+    let (status, answer) = server.request(
+        "DELETE",
+        &format!("{API}/sandboxtemplates/{template}"),
+        None,
+    );
+    assert!(status == 200 || status == 202, "{answer}");
+    wait_until("the pool drained", LONG, || {
+        template_members(&template).is_empty()
+    });
+    let (code, out) = server.exec(&child, "cat /workspace/note");
+    assert_eq!((code, out.as_str()), (0, "from-workspace\n"));
+    // The claimed member stays the child's container across a restart of the server.
+    let claimed = claimed.to_string();
+    server.restart();
+    let running = server.wait_running(&child);
+    assert_eq!(running["status"]["containerID"], claimed.as_str());
+    let (code, out) = server.exec(&child, "/usr/local/bin/tool");
+    assert_eq!((code, out.as_str()), (0, "tool-ran\n"));
+}
+
+#[test]
+fn a_template_and_its_sandbox_can_be_declared_in_a_watched_folder() {
+    let server = Server::start();
+    let template = unique("ftpl");
+    let name = unique("fsb");
+    // The sandbox comes first in the file: it waits for the template declared after it.
+    write_manifest(
+        &server.watch_dir,
+        "templated.yaml",
+        &format!(
+            "apiVersion: agent-sandbox.io/v1\nkind: Sandbox\nmetadata:\n  name: {name}\n\
+             spec:\n  template: {template}\n---\n\
+             apiVersion: agent-sandbox.io/v1\nkind: SandboxTemplate\nmetadata:\n  name: {template}\n\
+             spec:\n  image: {TEST_IMAGE}\n  memoryMB: 208\n  env:\n    A: folder\n"
+        ),
+    );
+    let running = server.wait_running(&name);
+    assert_eq!(running["status"]["template"]["name"], template.as_str());
+    assert_eq!(memory_of(&name), 208 * MIB);
+    assert_eq!(env_line(&server, &name), "A=folder B=");
+    let (code, out, err) = server.cli(&["describe", "sandboxtemplate", &template]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("208"), "{out}");
+}
