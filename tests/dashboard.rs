@@ -308,6 +308,18 @@ fn sign_in_see_a_sandbox_appear_upload_and_roll_back() {
     );
 
     // The other views draw, and say what they hold.
+    let template = unique("ui-tmpl");
+    let (status, body) = server.request(
+        "POST",
+        &format!("{API}/sandboxtemplates"),
+        Some(
+            &serde_json::json!({"apiVersion": "agent-sandbox.io/v1", "kind": "SandboxTemplate",
+            "metadata": {"name": template}, "spec": {"memoryMB": 96, "pool": {"size": 0}}}),
+        ),
+    );
+    assert_eq!(status, 201, "{body}");
+    let templates_check =
+        format!("document.querySelector('#list') && document.querySelector('#list').innerText.includes('{template}')");
     write_manifest(&server.watch_dir, "broken.yaml", "apiVersion: agent-sandbox.io/v1\nkind: Sandbox\nmetadata:\n  name: broken\nspec:\n  memoryMB: lots\n");
     for (view, check, shot) in [
         ("snapshots", "document.querySelector('#list tbody tr td') && document.querySelector('#list').innerText.includes('Ready')", "ui-snapshots.png"),
@@ -315,6 +327,7 @@ fn sign_in_see_a_sandbox_appear_upload_and_roll_back() {
         ("health", "document.querySelector('#health') && document.querySelector('#health').innerText.includes('docker')", "ui-health.png"),
         ("pools", "document.querySelector('#list tbody tr')", "ui-pools.png"),
         ("forks", "document.querySelector('#list tbody tr')", "ui-forks.png"),
+        ("templates", &templates_check, "ui-templates.png"),
     ] {
         browser.eval(&format!("location.hash = '#/{view}'; true"));
         browser.wait_for(check, Duration::from_secs(30));
