@@ -489,7 +489,10 @@ fn refused(server: &Server, name: &str, archive: &[u8], status: u16, says: &str)
 fn a_full_snapshot_archive_imports_with_its_root_filesystem_on_another_server() {
     let source = Server::start();
     let cap = 1024 * 1024;
-    let target = Server::start_with(&[("AGENT_SANDBOX_MAX_SNAPSHOT_BYTES", &cap.to_string())]);
+    let target = Server::start_with(&[
+        ("AGENT_SANDBOX_MAX_SNAPSHOT_BYTES", &cap.to_string()),
+        ("AGENT_SANDBOX_RESYNC_SECONDS", "1"),
+    ]);
     let name = unique("fxsrc");
     create(
         &source,
@@ -599,6 +602,13 @@ fn a_full_snapshot_archive_imports_with_its_root_filesystem_on_another_server() 
     );
     let layers = inspected["RootFS"]["Layers"].as_array().unwrap().clone();
     assert_eq!(layers.last().unwrap(), rootfs_digest.as_str());
+    // Dated now, so that garbage collection spares it until its snapshot is stored.
+    let created = inspected["Created"].as_str().unwrap();
+    let age = chrono::Utc::now()
+        - chrono::DateTime::parse_from_rfc3339(created)
+            .unwrap()
+            .to_utc();
+    assert!(age.num_seconds().abs() < 600, "{created}");
 
     // A fork on the second server shows all four changes.
     let child = unique("fxchild");

@@ -310,6 +310,8 @@ pub struct LabeledImage {
     /// Its `repository:tag` names.
     pub tags: Vec<String>,
     pub labels: BTreeMap<String, String>,
+    /// When Docker made it, in seconds since the epoch.
+    pub created: i64,
 }
 
 /// What [`Engine::commit_rootfs`] made.

@@ -95,6 +95,8 @@ impl BollardEngine {
             object.insert("Labels".into(), json!(labels));
         }
         let config = json!({
+            // Now, not the base image's: garbage collection spares images younger than a moment.
+            "created": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             "architecture": image.architecture,
             "os": image.os,
             "config": config,
