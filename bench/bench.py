@@ -26,6 +26,7 @@ import paired  # noqa: E402
 import ports  # noqa: E402
 import power  # noqa: E402
 import full_snapshot  # noqa: E402
+import snapshot_archive  # noqa: E402
 import processes  # noqa: E402
 import services  # noqa: E402
 from common import API, API_VERSION, Results, Server, fmt, log  # noqa: E402
@@ -206,6 +207,8 @@ def targets(results: Results, ratios: dict, args) -> str:
         rows.append(f"| {op} ≤ {limit:.0f} ms (p50) | {shown} | {verdict(None if med is None else med <= limit)} |")
     for key, value in power.ratios(results).items():
         rows.append(f"| {key} ≤ 1.3 | {value:.3f} | {verdict(value <= 1.3)} |")
+    for target, shown, ok in snapshot_archive.throughput(results, args.big_mib):
+        rows.append(f"| {target} | {shown} | {verdict(ok)} |")
     for key, value in full_snapshot.ratios(results, args.full_mib).items():
         rows.append(f"| {key} ≤ 1.5 | {value:.2f} | {verdict(value <= 1.5)} |")
     f = results.facts.get("idle, 90 % Stopped", {})
@@ -330,6 +333,8 @@ def main() -> int:
         results.fail("create (warm pool)", OURS, "this server has no SandboxPool resource")
     section("forks", ours_only.fork_replicas, results, ours, args.fork_rounds)
     section("bigsnapshot", ours_only.big_snapshot, results, ours, args.work, args.big_mib, args.big_rounds)
+    section("archives", snapshot_archive.archives, results, ours, args.work, args.big_mib,
+            args.big_rounds)
     section("power", power.pause_resume, results, ours, args.n)
     section("fullsnapshot", full_snapshot.full_snapshot, results, ours, args.n, args.full_mib)
     section("processes", processes.processes, results, ours, args.ours_pid, args.n)

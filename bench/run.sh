@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Benchmark: our server against the reference server (agent-sandbox 0.2.1 from PyPI) on the same
 # Docker daemon and image, plus the measurements only ours can take (manifests, pools, forks,
-# a 1 GiB snapshot against tar, the idle cost of 1,000 declared sandboxes).
+# a 1 GiB snapshot and its archive's export and import against tar, the idle cost of 1,000
+# declared sandboxes).
 #
 #   bash bench/run.sh                 # full run: 20 iterations per operation
 #   bash bench/run.sh --quick         # 5 iterations, small scale tests

@@ -487,13 +487,23 @@ fn hostile_archives_are_refused(
 
     // Another format version, a missing one, and an archive that is not one at all.
     let mut newer = manifest.clone();
-    newer["formatVersion"] = json!(2);
+    newer["formatVersion"] = json!(3);
     refused(
         target,
         &name,
         &archive_of(&newer, workspace),
         422,
-        "formatVersion 2 is not supported",
+        "formatVersion 3 is not supported",
+    );
+    // Version 2 is a Full snapshot's: a Workspace snapshot's manifest under it lacks rootfs.tar.
+    let mut full = manifest.clone();
+    full["formatVersion"] = json!(2);
+    refused(
+        target,
+        &name,
+        &archive_of(&full, workspace),
+        422,
+        "entries must be",
     );
     let mut unversioned = manifest.clone();
     unversioned.as_object_mut().unwrap().remove("formatVersion");

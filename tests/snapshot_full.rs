@@ -3,16 +3,21 @@
 //! file under `/usr/local/bin`, changes `/etc/motd`, deletes a file of the image and writes to
 //! `/workspace`; a Full snapshot of it forked three times shows all four changes in every child
 //! and a rollback brings them back, a Workspace snapshot of the same sandbox shows only the
-//! workspace, a read-only-root sandbox is refused, the export says it cannot carry the root
-//! filesystem yet, and deleting the snapshot removes its image (at once, or once the last
-//! container made from it is gone).
+//! workspace, a read-only-root sandbox is refused, and deleting the snapshot removes its image
+//! (at once, or once the last container made from it is gone). Its archive (format version 2)
+//! imports on a second server (a fresh data directory on the same daemon) as a Full snapshot
+//! whose forks show the same four changes; hostile root filesystem parts (bad digest, truncated,
+//! oversized, path traversal) are refused leaving no snapshot, no file and no image; deleting
+//! the imported snapshot removes its image.
 
 mod common;
 
+use std::io::Read;
 use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 
 const LONG: Duration = Duration::from_secs(120);
 
@@ -227,16 +232,17 @@ fn a_full_snapshot_carries_the_root_filesystem_into_forks_and_rollbacks() {
         .unwrap();
     assert_eq!(look(&name), changed, "the rollback restores both");
 
-    // The archive format carries no root filesystem yet: said so, not half-exported.
+    // Its archive carries the root filesystem layer after the workspace.
     let (code, bytes) = http_bytes(
         &server,
         "GET",
         &format!("{API}/snapshots/{full}/export"),
         b"",
     );
-    let text = String::from_utf8_lossy(&bytes);
-    assert_eq!(code, 409, "{text}");
-    assert!(text.contains("Full snapshot"), "{text}");
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&bytes));
+    let parts = entries(&bytes);
+    assert_eq!(parts[2].0, "rootfs.tar");
+    assert_eq!(sha256(&parts[2].1), rootfs_digest);
 
     // Deleting the snapshot while containers run on its image keeps the image for them; it goes
     // once the last of them is gone.
@@ -350,4 +356,281 @@ fn a_full_snapshot_of_a_read_only_root_is_refused_with_its_reason() {
         &format!("agent-sandbox-snapshot:{uid}")
     ]));
     delete(&server, "sandboxes", &name);
+}
+
+/// The entries of a tar, as (name, bytes).
+fn entries(archive: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut tar = tar::Archive::new(archive);
+    tar.entries()
+        .unwrap()
+        .map(|entry| {
+            let mut entry = entry.unwrap();
+            let name = entry.path().unwrap().to_string_lossy().into_owned();
+            let mut data = Vec::new();
+            entry.read_to_end(&mut data).unwrap();
+            (name, data)
+        })
+        .collect()
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// A snapshot archive of `manifest` and its entries, as a well-behaved writer makes it.
+fn archive_of(manifest: &Value, workspace: &[u8], rootfs: &[u8]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (name, data) in [
+        ("manifest.json", serde_json::to_vec(manifest).unwrap()),
+        ("workspace.tar", workspace.to_vec()),
+        ("rootfs.tar", rootfs.to_vec()),
+    ] {
+        let mut header = tar::Header::new_ustar();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, name, data.as_slice())
+            .unwrap();
+    }
+    builder.into_inner().unwrap()
+}
+
+/// `manifest` made to describe `rootfs` truthfully, so that only its content can be refused.
+fn describing(manifest: &Value, rootfs: &[u8]) -> Value {
+    let mut manifest = manifest.clone();
+    let digest = sha256(rootfs);
+    manifest["entries"][1]["sizeBytes"] = json!(rootfs.len());
+    manifest["entries"][1]["digest"] = json!(digest);
+    manifest["snapshot"]["status"]["rootfsDigest"] = json!(digest);
+    manifest
+}
+
+/// One raw tar entry named as given, even where a tar library would refuse the name.
+fn raw_entry(name: &str, data: &[u8]) -> Vec<u8> {
+    let mut header = tar::Header::new_ustar();
+    header.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_size(data.len() as u64);
+    header.set_mode(0o644);
+    header.set_cksum();
+    let mut out = header.as_bytes().to_vec();
+    out.extend_from_slice(data);
+    out.resize(out.len().div_ceil(512) * 512, 0);
+    out.extend_from_slice(&[0u8; 1024]);
+    out
+}
+
+fn import(server: &Server, name: &str, archive: &[u8]) -> (u16, Value) {
+    let (status, body) = http_bytes(
+        server,
+        "POST",
+        &format!("{API}/snapshots/import?name={name}"),
+        archive,
+    );
+    let value = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    (status, value)
+}
+
+/// The images labeled as this server's snapshots.
+fn snapshot_images(server: &Server) -> Vec<String> {
+    let id = std::fs::read_to_string(server.data_dir.join("server-id")).unwrap();
+    let out = std::process::Command::new("docker")
+        .args([
+            "images",
+            "-q",
+            "--filter",
+            &format!("label=io.agent-sandbox.server={}", id.trim()),
+            "--filter",
+            "label=io.agent-sandbox.snapshot",
+        ])
+        .output()
+        .unwrap();
+    let mut ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn data_files(server: &Server) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(server.data_dir.join("snapshots"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// `archive` imported as `name` is refused with `status`, in words containing `says`, leaving
+/// no snapshot, no data or temp file and no image.
+fn refused(server: &Server, name: &str, archive: &[u8], status: u16, says: &str) {
+    let files = data_files(server);
+    let images = snapshot_images(server);
+    let (got, answer) = import(server, name, archive);
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(got, status, "{says}: {answer}");
+    assert!(message.contains(says), "expected {says:?} in {message:?}");
+    assert!(server.get("snapshots", name).is_none(), "{says}");
+    wait_until(
+        "the import's temp files to go",
+        Duration::from_secs(10),
+        || data_files(server) == files,
+    );
+    assert_eq!(snapshot_images(server), images, "{says}: an image was left");
+}
+
+#[test]
+fn a_full_snapshot_archive_imports_with_its_root_filesystem_on_another_server() {
+    let source = Server::start();
+    let cap = 1024 * 1024;
+    let target = Server::start_with(&[
+        ("AGENT_SANDBOX_MAX_SNAPSHOT_BYTES", &cap.to_string()),
+        ("AGENT_SANDBOX_RESYNC_SECONDS", "1"),
+    ]);
+    let name = unique("fxsrc");
+    create(
+        &source,
+        "sandboxes",
+        "Sandbox",
+        &name,
+        json!({"image": TEST_IMAGE, "readOnlyRootfs": false}),
+    );
+    source.wait_running(&name);
+    as_root(&name, CHANGES);
+    let (code, _) = docker_exec(&name, "echo 'from the workspace' > /workspace/note");
+    assert_eq!(code, 0);
+    let changed = look(&name);
+    let snap = unique("fxsnap");
+    let taken = snapshot(&source, &snap, &name, "Full");
+    assert_eq!(taken["status"]["phase"], "Ready", "{taken:#}");
+    let digest = taken["status"]["digest"].as_str().unwrap().to_string();
+    let rootfs_digest = taken["status"]["rootfsDigest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // manifest.json (format 2), the workspace, then the layer of the snapshot's image.
+    let (code, archive) = http_bytes(
+        &source,
+        "GET",
+        &format!("{API}/snapshots/{snap}/export"),
+        b"",
+    );
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&archive));
+    let parts = entries(&archive);
+    let names: Vec<&str> = parts.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["manifest.json", "workspace.tar", "rootfs.tar"]);
+    let manifest: Value = serde_json::from_slice(&parts[0].1).unwrap();
+    assert_eq!(manifest["formatVersion"], 2);
+    assert_eq!(manifest["baseImage"], TEST_IMAGE);
+    assert_eq!(manifest["entries"][1]["digest"], rootfs_digest.as_str());
+    assert_eq!(sha256(&parts[1].1), digest);
+    assert_eq!(sha256(&parts[2].1), rootfs_digest);
+    let (workspace, layer) = (&parts[1].1, &parts[2].1);
+    let layer_names: Vec<String> = entries(layer).into_iter().map(|(n, _)| n).collect();
+    assert!(
+        layer_names.iter().any(|n| n == "bin/.wh.vi"),
+        "the deletion travels as a whiteout: {layer_names:?}"
+    );
+
+    // Hostile root filesystem parts, refused before anything is stored or loaded.
+    let bad = unique("fxbad");
+    let mut wrong = manifest.clone();
+    let other = format!("sha256:{}", "ab".repeat(32));
+    wrong["entries"][1]["digest"] = json!(other);
+    wrong["snapshot"]["status"]["rootfsDigest"] = json!(other);
+    refused(
+        &target,
+        &bad,
+        &archive_of(&wrong, workspace, layer),
+        422,
+        "rootfs.tar does not match its digest",
+    );
+    let cut = &archive[..archive.len() - 1024 - layer.len() / 2];
+    refused(&target, &bad, cut, 422, "truncated");
+    let big = {
+        let mut builder = tar::Builder::new(Vec::new());
+        let data = vec![7u8; cap as usize + 1];
+        let mut header = tar::Header::new_ustar();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        builder
+            .append_data(&mut header, "big", data.as_slice())
+            .unwrap();
+        builder.into_inner().unwrap()
+    };
+    refused(
+        &target,
+        &bad,
+        &archive_of(&describing(&manifest, &big), workspace, &big),
+        413,
+        "AGENT_SANDBOX_MAX_SNAPSHOT_BYTES",
+    );
+    let escape = raw_entry("../escape", b"x");
+    refused(
+        &target,
+        &bad,
+        &archive_of(&describing(&manifest, &escape), workspace, &escape),
+        422,
+        "rootfs.tar is refused",
+    );
+
+    // The good archive: a Ready Full snapshot with the same digests and an image of its own.
+    let imported = unique("fximp");
+    let (code, answer) = import(&target, &imported, &archive);
+    assert_eq!(code, 201, "{answer}\n{}", target.log());
+    let status = &answer["status"];
+    assert_eq!(status["phase"], "Ready", "{answer}");
+    assert_eq!(status["scope"], "Full");
+    assert_eq!(status["digest"], digest.as_str());
+    assert_eq!(status["rootfsDigest"], rootfs_digest.as_str());
+    let image = status["rootfsImage"].as_str().unwrap().to_string();
+    assert_ne!(
+        Some(image.as_str()),
+        taken["status"]["rootfsImage"].as_str()
+    );
+    let inspected = inspect(&["--type", "image", &image]).unwrap();
+    assert_eq!(
+        inspected["Config"]["Labels"]["io.agent-sandbox.snapshot"],
+        answer["metadata"]["uid"]
+    );
+    let layers = inspected["RootFS"]["Layers"].as_array().unwrap().clone();
+    assert_eq!(layers.last().unwrap(), rootfs_digest.as_str());
+    // Dated now, so that garbage collection spares it until its snapshot is stored.
+    let created = inspected["Created"].as_str().unwrap();
+    let age = chrono::Utc::now()
+        - chrono::DateTime::parse_from_rfc3339(created)
+            .unwrap()
+            .to_utc();
+    assert!(age.num_seconds().abs() < 600, "{created}");
+
+    // A fork on the second server shows all four changes.
+    let child = unique("fxchild");
+    create(
+        &target,
+        "sandboxes",
+        "Sandbox",
+        &child,
+        json!({"image": TEST_IMAGE, "readOnlyRootfs": false, "source": {"snapshot": imported}}),
+    );
+    target.wait_running(&child);
+    assert_eq!(look(&child), changed);
+    assert_eq!(as_root(&child, "/usr/local/bin/tool-link"), "tool-ran\n");
+
+    // Deleting the imported snapshot removes its image once its fork is gone.
+    delete(&target, "sandboxes", &child);
+    target.wait_gone("sandboxes", &child);
+    delete(&target, "snapshots", &imported);
+    target.wait_gone("snapshots", &imported);
+    wait_until("the imported snapshot's image removed", LONG, || {
+        !image_present(&image)
+    });
+    delete(&source, "sandboxes", &name);
+    delete(&source, "snapshots", &snap);
 }

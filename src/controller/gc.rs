@@ -15,7 +15,8 @@
 //! volume's [`LABEL_TREE`] refers to, sparing what was made after Docker was listed.
 //!
 //! Images of Full snapshots (see `snapshot/rootfs.rs`) go when their snapshot is gone, no
-//! sandbox's status names them and no container uses them.
+//! sandbox's status names them and no container uses them, and they are older than
+//! [`FRESH_IMAGE`]: an import loads a snapshot's image a moment before the snapshot is stored.
 //!
 //! A deleted sandbox's containers (killed, renamed to a deleted name that is no live sandbox's) and
 //! its workspaces (labeled with a uid no live sandbox has) are finished off by a background task
@@ -198,6 +199,11 @@ pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, Reconc
     Ok(removed)
 }
 
+/// How old a snapshot image must be before collection considers it: an imported snapshot's image
+/// is loaded before the snapshot is stored, and a pass that listed the image but read the store
+/// before the snapshot appeared would otherwise remove it.
+const FRESH_IMAGE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Images of Full snapshots (this server's, by [`LABEL_SNAPSHOT`]) whose snapshot is gone and
 /// that no sandbox's status names: removed once no container uses them (Docker refuses while
 /// one does, and the next pass judges again).
@@ -214,7 +220,11 @@ async fn collect_rootfs_images(
         .map(|rootfs| rootfs.image)
         .collect();
     let mut removed = 0;
+    let now = chrono::Utc::now().timestamp();
     for image in images {
+        if now.saturating_sub(image.created) < FRESH_IMAGE.as_secs() as i64 {
+            continue;
+        }
         // Judged by its label, never by its tag: a commit in progress is untagged for a moment.
         let live = image
             .labels

@@ -24,6 +24,7 @@ mod dataplane;
 mod events;
 mod freezer;
 mod helper;
+mod layer;
 mod plan;
 mod pull;
 
@@ -645,6 +646,27 @@ impl Engine for BollardEngine {
 
     async fn remove_image(&self, reference: &str) -> EngineResult<()> {
         self.delete_image(reference).await
+    }
+
+    async fn export_top_layer(
+        &self,
+        reference: &str,
+        digest: &str,
+        out: std::fs::File,
+    ) -> EngineResult<(u64, std::fs::File)> {
+        BollardEngine::export_top_layer(self, reference, digest, out).await
+    }
+
+    async fn load_rootfs(
+        &self,
+        base: &str,
+        layer: std::fs::File,
+        size: u64,
+        digest: &str,
+        reference: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> EngineResult<String> {
+        BollardEngine::load_rootfs(self, base, layer, size, digest, reference, labels).await
     }
 
     fn events(&self) -> BoxStream<'static, EngineResult<EngineEvent>> {

@@ -597,6 +597,41 @@ impl Engine for FakeEngine {
         Ok(())
     }
 
+    /// The fake keeps no layers: a commit's layer cannot be exported.
+    async fn export_top_layer(
+        &self,
+        reference: &str,
+        _digest: &str,
+        _out: std::fs::File,
+    ) -> EngineResult<(u64, std::fs::File)> {
+        let _state = self.enter("export_top_layer", reference)?;
+        Err(EngineError::Unsupported {
+            operation: format!("exporting the layer of image {reference}"),
+        })
+    }
+
+    /// Records the image as present when the base image is.
+    async fn load_rootfs(
+        &self,
+        base: &str,
+        _layer: std::fs::File,
+        _size: u64,
+        _digest: &str,
+        reference: &str,
+        _labels: &BTreeMap<String, String>,
+    ) -> EngineResult<String> {
+        let mut state = self.enter("load_rootfs", reference)?;
+        if let Some(images) = state.images.as_mut() {
+            if !images.contains(base) {
+                return Err(EngineError::NotFound {
+                    what: format!("image {base}"),
+                });
+            }
+            images.insert(reference.to_string());
+        }
+        Ok(format!("sha256:fake-{reference}"))
+    }
+
     fn events(&self) -> BoxStream<'static, EngineResult<EngineEvent>> {
         self.lock().calls.push("events ".into());
         // A lagging test subscriber loses events, as a slow client of the daemon would.

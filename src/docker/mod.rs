@@ -47,6 +47,9 @@ pub const LABEL_SERVER: &str = "io.agent-sandbox.server";
 pub const LABEL_TREE: &str = "io.agent-sandbox.tree";
 /// Label on the image of a `Full` snapshot's root filesystem, naming the snapshot's uid.
 pub const LABEL_SNAPSHOT: &str = "io.agent-sandbox.snapshot";
+/// Repository of the images of Full snapshots (taken or imported); the tag is the snapshot's
+/// `metadata.uid`.
+pub const SNAPSHOT_REPOSITORY: &str = "agent-sandbox-snapshot";
 /// Label on shared, server-owned objects that belong to no sandbox (the helper volume).
 pub const LABEL_ROLE: &str = "io.agent-sandbox.role";
 
@@ -307,6 +310,8 @@ pub struct LabeledImage {
     /// Its `repository:tag` names.
     pub tags: Vec<String>,
     pub labels: BTreeMap<String, String>,
+    /// When Docker made it, in seconds since the epoch.
+    pub created: i64,
 }
 
 /// What [`Engine::commit_rootfs`] made.
@@ -453,6 +458,28 @@ pub trait Engine: Send + Sync + 'static {
         labels: &BTreeMap<String, String>,
         pause: bool,
     ) -> EngineResult<CommittedRootfs>;
+    /// Writes the top layer of image `reference` (the changes a commit recorded, deletions as
+    /// whiteout entries) to `out`, which must be open for reading and writing: the uncompressed
+    /// layer tar whose sha256 is `digest`. Answers its size and `out`, rewound.
+    async fn export_top_layer(
+        &self,
+        reference: &str,
+        digest: &str,
+        out: std::fs::File,
+    ) -> EngineResult<(u64, std::fs::File)>;
+    /// Makes image `reference` from base image `base` (which must be on the host) and the layer
+    /// tar read from `layer` (`size` bytes, sha256 `digest`, already validated by the caller),
+    /// with the base image's config and only `labels`; answers its ID. Docker checks the
+    /// layer's digest as it loads.
+    async fn load_rootfs(
+        &self,
+        base: &str,
+        layer: std::fs::File,
+        size: u64,
+        digest: &str,
+        reference: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> EngineResult<String>;
     /// Every image carrying the label `key`, whatever its value.
     async fn list_images_with_label(&self, key: &str) -> EngineResult<Vec<LabeledImage>>;
     /// Removes image `reference` (never forced); a missing one is not an error,

@@ -202,6 +202,36 @@ impl Engine for ObservedEngine {
             .await
     }
 
+    async fn export_top_layer(
+        &self,
+        reference: &str,
+        digest: &str,
+        out: std::fs::File,
+    ) -> EngineResult<(u64, std::fs::File)> {
+        self.timed(
+            "export_top_layer",
+            self.inner.export_top_layer(reference, digest, out),
+        )
+        .await
+    }
+
+    async fn load_rootfs(
+        &self,
+        base: &str,
+        layer: std::fs::File,
+        size: u64,
+        digest: &str,
+        reference: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> EngineResult<String> {
+        self.timed(
+            "load_rootfs",
+            self.inner
+                .load_rootfs(base, layer, size, digest, reference, labels),
+        )
+        .await
+    }
+
     fn events(&self) -> BoxStream<'static, EngineResult<EngineEvent>> {
         self.inner.events()
     }

@@ -6,10 +6,18 @@
 //! size and digest match the manifest, and the base image may be used here, does the store make
 //! the data file and a Ready snapshot appear in one step. Every early return drops the temp
 //! file.
+//!
+//! A Full snapshot's archive (format version 2) carries the root filesystem layer after the
+//! workspace: it passes the same tar rules (names, links, no devices or set-id bits, bounded
+//! sizes), goes to a scratch file of the store and through SHA-256, and must match the
+//! manifest's digest before Docker sees it. Docker then makes the snapshot's image from the base
+//! image (pulled first by the pull policy, or the import is refused naming it) and that layer,
+//! labeled with the new snapshot's uid like a committed one; if the snapshot cannot be stored
+//! after all, the image is removed again.
 
 use std::cell::Cell;
 use std::fmt::Display;
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, Write};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -18,11 +26,11 @@ use chrono::Utc;
 use futures::{Stream, StreamExt};
 use serde_json::json;
 
-use super::manifest::{Manifest, MANIFEST_NAME, MAX_MANIFEST_BYTES, WORKSPACE_NAME};
+use super::manifest::{Manifest, MANIFEST_NAME, MAX_MANIFEST_BYTES, ROOTFS_NAME, WORKSPACE_NAME};
 use super::{Result, SnapshotArchiveError};
 use crate::archive::{self, ArchiveError, ChannelReader, HashedWriter, Limits, Policy};
 use crate::config::Settings;
-use crate::docker::Engine;
+use crate::docker::{Engine, EngineError, LABEL_SERVER, LABEL_SNAPSHOT, SNAPSHOT_REPOSITORY};
 use crate::resource::yaml::value_to_resource;
 use crate::resource::{
     is_valid_name, AnyResource, Condition, ConditionStatus, ImagePullPolicy, Kind, SnapshotPhase,
@@ -46,6 +54,8 @@ pub struct ImportRequest<'a> {
 /// What the archive held, checked.
 struct Received {
     manifest: Manifest,
+    /// The root filesystem layer of a Full snapshot, in the scratch file, rewound.
+    rootfs: Option<std::fs::File>,
 }
 
 fn refused(message: impl Into<String>) -> SnapshotArchiveError {
@@ -78,14 +88,17 @@ where
         )));
     }
     let max_workspace = settings.max_snapshot_bytes;
+    // A Full snapshot's root filesystem layer has the same cap as its workspace.
     let cap = max_workspace
+        .saturating_mul(2)
         .saturating_add(MAX_MANIFEST_BYTES)
         .saturating_add(FRAMING_BYTES);
     let too_large = || {
         SnapshotArchiveError::TooLarge(format!(
-            "the archive is larger than {cap} bytes: the workspace may be at most {max_workspace} \
-             bytes (AGENT_SANDBOX_MAX_SNAPSHOT_BYTES), plus {MAX_MANIFEST_BYTES} bytes of \
-             manifest and {FRAMING_BYTES} of framing"
+            "the archive is larger than {cap} bytes: the workspace, and the root filesystem \
+             changes of a Full snapshot, may each be at most {max_workspace} bytes \
+             (AGENT_SANDBOX_MAX_SNAPSHOT_BYTES), plus {MAX_MANIFEST_BYTES} bytes of manifest \
+             and {FRAMING_BYTES} of framing"
         ))
     };
     if request.content_length.is_some_and(|length| length > cap) {
@@ -101,9 +114,16 @@ where
         .create()
         .await
         .map_err(|e| SnapshotArchiveError::Internal(format!("creating a temp file: {e}")))?;
+    // Dropped (and its file removed) when the import ends, whatever the outcome.
+    let scratch = store.begin_snapshot(&format!("{name}.rootfs-{}", rand::random::<u32>()));
+    let scratch_file = scratch
+        .create()
+        .await
+        .map_err(|e| SnapshotArchiveError::Internal(format!("creating a temp file: {e}")))?;
     let (tx, reader) = ChannelReader::new(16);
-    let reading =
-        tokio::task::spawn_blocking(move || read_archive(reader, file, max_workspace, &policy));
+    let reading = tokio::task::spawn_blocking(move || {
+        read_archive(reader, file, scratch_file, max_workspace, &policy)
+    });
     let mut received = 0u64;
     let mut failure = None;
     while let Some(chunk) = body.next().await {
@@ -158,20 +178,107 @@ where
             return Err(error);
         }
     };
-    let (resource, status) = match new_snapshot(name, &manifest, &note) {
-        Ok(made) => made,
+    let uid = Store::new_uid();
+    let image = match (received.rootfs, manifest.rootfs()) {
+        (Some(layer), Some(entry)) => {
+            let loaded = load_rootfs(store, settings, engine, &manifest, &uid, layer, entry).await;
+            drop(scratch);
+            match loaded {
+                Ok(reference) => Some(reference),
+                Err(error) => {
+                    data.discard().await;
+                    return Err(error);
+                }
+            }
+        }
+        _ => None,
+    };
+    // The base image was pulled already when the root filesystem needed it.
+    let note = if image.is_some() { String::new() } else { note };
+    let made = new_snapshot(name, &manifest, &note, image.as_deref());
+    let created = match made {
+        Ok((resource, status)) => store
+            .write(move |store| store.create_imported_snapshot(resource, status, Some(uid), data))
+            .await
+            .map_err(|error| match error {
+                StoreError::AlreadyExists { .. } => SnapshotArchiveError::Exists(error.to_string()),
+                other => SnapshotArchiveError::Store(other),
+            }),
         Err(error) => {
             data.discard().await;
-            return Err(error);
+            Err(error)
         }
     };
-    store
-        .write(move |store| store.create_imported_snapshot(resource, status, data))
+    if let (Err(_), Some(reference)) = (&created, &image) {
+        if let Err(error) = engine.remove_image(reference).await {
+            tracing::warn!(image = reference.as_str(), %error, "removing the image of a failed import failed");
+        }
+    }
+    created
+}
+
+/// Makes the image of imported Full snapshot `uid` from the base image (pulled first unless the
+/// pull policy is `Never`) and the validated `layer`; answers its reference.
+async fn load_rootfs(
+    store: &Arc<Store>,
+    settings: &Settings,
+    engine: &dyn Engine,
+    manifest: &Manifest,
+    uid: &str,
+    layer: std::fs::File,
+    entry: &super::ManifestEntry,
+) -> Result<String> {
+    let base = &manifest.base_image;
+    if !engine.image_exists(base).await.unwrap_or(false) {
+        // check_image refused the import already when the policy is Never.
+        let pulled = engine
+            .pull_image(
+                base,
+                settings.registry_auth_file.as_deref(),
+                Box::new(|_, _| {}),
+            )
+            .await;
+        if let Err(error) = pulled {
+            let why = match error {
+                EngineError::PullFailed { message, .. } => message,
+                other => other.to_string(),
+            };
+            return Err(refused(format!(
+                "the snapshot's base image {base} is not on this Docker host and pulling it \
+                 failed: {why}; the root filesystem changes of a Full snapshot need it: load or \
+                 pull the image first"
+            )));
+        }
+    }
+    let server = store
+        .server_id()
+        .map_err(|e| SnapshotArchiveError::Internal(e.to_string()))?;
+    let labels = std::collections::BTreeMap::from([
+        (LABEL_SERVER.to_string(), server),
+        (LABEL_SNAPSHOT.to_string(), uid.to_string()),
+    ]);
+    let reference = format!("{SNAPSHOT_REPOSITORY}:{}", uid.to_ascii_lowercase());
+    match engine
+        .load_rootfs(
+            base,
+            layer,
+            entry.size_bytes,
+            &entry.digest,
+            &reference,
+            &labels,
+        )
         .await
-        .map_err(|error| match error {
-            StoreError::AlreadyExists { .. } => SnapshotArchiveError::Exists(error.to_string()),
-            other => SnapshotArchiveError::Store(other),
-        })
+    {
+        Ok(_) => Ok(reference),
+        Err(error) => {
+            // A load that failed part way may still have tagged the image.
+            let _ = engine.remove_image(&reference).await;
+            Err(refused(format!(
+                "Docker could not make the image of the root filesystem changes on base image \
+                 {base}: {error}"
+            )))
+        }
+    }
 }
 
 /// Whether the base image may be used here: allowed by the settings, and on this host or pulled
@@ -217,6 +324,7 @@ fn new_snapshot(
     name: &str,
     manifest: &Manifest,
     note: &str,
+    rootfs_image: Option<&str>,
 ) -> Result<(AnyResource, serde_json::Value)> {
     let source = &manifest.snapshot;
     let document = json!({
@@ -255,11 +363,15 @@ fn new_snapshot(
         }],
         size_bytes: Some(workspace.size_bytes),
         digest: Some(workspace.digest.clone()),
-        scope: Some(SnapshotScope::Workspace),
+        scope: Some(if rootfs_image.is_some() {
+            SnapshotScope::Full
+        } else {
+            SnapshotScope::Workspace
+        }),
         workspace_bytes: Some(workspace.size_bytes),
-        rootfs_bytes: None,
-        rootfs_digest: None,
-        rootfs_image: None,
+        rootfs_bytes: rootfs_image.and(source.status.rootfs_bytes),
+        rootfs_digest: rootfs_image.and(manifest.rootfs().map(|r| r.digest.clone())),
+        rootfs_image: rootfs_image.map(str::to_string),
         image: Some(manifest.base_image.clone()),
         sandbox_spec: source.status.sandbox_spec.clone(),
         ready_at: Some(now),
@@ -276,6 +388,7 @@ fn new_snapshot(
 fn read_archive<R: Read>(
     input: R,
     file: std::fs::File,
+    scratch: std::fs::File,
     max_workspace: u64,
     policy: &Policy,
 ) -> Result<(Received, std::fs::File)> {
@@ -325,50 +438,44 @@ fn read_archive<R: Read>(
             expected.size_bytes
         )));
     }
-    let workspace_end = second.raw_file_position() + padded(expected.size_bytes);
-    let out = HashedWriter::new(file, expected.size_bytes)
-        .map_err(|e| SnapshotArchiveError::Internal(e.to_string()))?;
-    let mut tee = Tee {
-        inner: (&mut second).take(expected.size_bytes),
-        out,
-        read: 0,
-    };
-    archive::validate(&mut tee, policy).map_err(|error| match error {
-        ArchiveError::TooLarge { limit } => SnapshotArchiveError::TooLarge(format!(
-            "the files of {WORKSPACE_NAME} hold more than {limit} bytes \
-             (AGENT_SANDBOX_MAX_SNAPSHOT_BYTES)"
-        )),
-        ArchiveError::Read(message) => refused(format!("reading the archive failed: {message}")),
-        other => refused(format!("{WORKSPACE_NAME} is refused: {other}")),
-    })?;
-    // What follows the inner end-of-archive marker belongs to the entry too (and to its digest).
-    io::copy(&mut tee, &mut io::sink()).map_err(|e| malformed(&e))?;
-    if tee.read != expected.size_bytes {
-        return Err(refused(format!(
-            "the archive is truncated inside {WORKSPACE_NAME}: {} of {} bytes",
-            tee.read, expected.size_bytes
-        )));
-    }
-    let (digest, file) = tee
-        .out
-        .finish()
-        .map_err(|e| SnapshotArchiveError::Internal(format!("writing the temp file: {e}")))?;
-    if digest != expected.digest {
-        return Err(refused(format!(
-            "{WORKSPACE_NAME} does not match its digest: the manifest says {}, its content is {digest}",
-            expected.digest
-        )));
-    }
+    let mut last_end = second.raw_file_position() + padded(expected.size_bytes);
+    let file = copy_checked(&mut second, file, &expected, policy)?;
     drop(second);
+
+    let mut rootfs = None;
+    let mut last = WORKSPACE_NAME;
+    if let Some(expected) = manifest.rootfs().cloned() {
+        let mut third = entries
+            .next()
+            .ok_or_else(|| {
+                refused(format!(
+                    "the archive ends after {WORKSPACE_NAME}: {ROOTFS_NAME} is missing"
+                ))
+            })?
+            .map_err(|e| malformed(&e))?;
+        expect_file(&third, ROOTFS_NAME, "the third entry")?;
+        if third.size() != expected.size_bytes {
+            return Err(refused(format!(
+                "{ROOTFS_NAME} is {} bytes but the manifest says {}",
+                third.size(),
+                expected.size_bytes
+            )));
+        }
+        last_end = third.raw_file_position() + padded(expected.size_bytes);
+        let mut layer = copy_checked(&mut third, scratch, &expected, policy)?;
+        layer
+            .rewind()
+            .map_err(|e| SnapshotArchiveError::Internal(format!("reading the temp file: {e}")))?;
+        rootfs = Some(layer);
+        last = ROOTFS_NAME;
+    }
 
     if let Some(next) = entries.next() {
         let next = next.map_err(|e| malformed(&e))?;
         let shown = String::from_utf8_lossy(&next.path_bytes()).into_owned();
-        return Err(refused(format!(
-            "unexpected entry {shown:?} after {WORKSPACE_NAME}"
-        )));
+        return Err(refused(format!("unexpected entry {shown:?} after {last}")));
     }
-    if consumed.get() < workspace_end + 512 {
+    if consumed.get() < last_end + 512 {
         return Err(refused(
             "the archive is truncated: its end-of-archive marker is missing",
         ));
@@ -388,7 +495,61 @@ fn read_archive<R: Read>(
             ));
         }
     }
-    Ok((Received { manifest }, file))
+    Ok((Received { manifest, rootfs }, file))
+}
+
+/// Copies entry `input` (announced as `expected`) to `file` while it passes the tar rules of
+/// `policy` and is hashed; refuses it unless it is complete and matches its digest. Answers the
+/// file, written through.
+fn copy_checked<R: Read>(
+    input: &mut R,
+    file: std::fs::File,
+    expected: &super::ManifestEntry,
+    policy: &Policy,
+) -> Result<std::fs::File> {
+    let which = expected.name.as_str();
+    let out = HashedWriter::new(file, expected.size_bytes)
+        .map_err(|e| SnapshotArchiveError::Internal(e.to_string()))?;
+    let mut tee = Tee {
+        inner: input.take(expected.size_bytes),
+        out,
+        read: 0,
+    };
+    let checked = archive::validate(&mut tee, policy);
+    // A body that ended inside the entry is named as such, whatever the tar reader made of it.
+    if checked.is_err() && tee.ended() && tee.read < expected.size_bytes {
+        return Err(refused(format!(
+            "the archive is truncated inside {which}: {} of {} bytes",
+            tee.read, expected.size_bytes
+        )));
+    }
+    checked.map_err(|error| match error {
+        ArchiveError::TooLarge { limit } => SnapshotArchiveError::TooLarge(format!(
+            "the files of {which} hold more than {limit} bytes \
+             (AGENT_SANDBOX_MAX_SNAPSHOT_BYTES)"
+        )),
+        ArchiveError::Read(message) => refused(format!("reading the archive failed: {message}")),
+        other => refused(format!("{which} is refused: {other}")),
+    })?;
+    // What follows the inner end-of-archive marker belongs to the entry too (and to its digest).
+    io::copy(&mut tee, &mut io::sink()).map_err(|e| malformed(&e))?;
+    if tee.read != expected.size_bytes {
+        return Err(refused(format!(
+            "the archive is truncated inside {which}: {} of {} bytes",
+            tee.read, expected.size_bytes
+        )));
+    }
+    let (digest, file) = tee
+        .out
+        .finish()
+        .map_err(|e| SnapshotArchiveError::Internal(format!("writing the temp file: {e}")))?;
+    if digest != expected.digest {
+        return Err(refused(format!(
+            "{which} does not match its digest: the manifest says {}, its content is {digest}",
+            expected.digest
+        )));
+    }
+    Ok(file)
 }
 
 fn expect_file<R: Read>(entry: &tar::Entry<'_, R>, name: &str, which: &str) -> Result<()> {
@@ -416,6 +577,13 @@ struct Tee<R, W> {
     inner: R,
     out: W,
     read: u64,
+}
+
+impl<R: Read, W: Write> Tee<R, W> {
+    /// Whether the input has nothing more to give.
+    fn ended(&mut self) -> bool {
+        matches!(self.inner.read(&mut [0u8; 1]), Ok(0))
+    }
 }
 
 impl<R: Read, W: Write> Read for Tee<R, W> {

@@ -1,6 +1,8 @@
 //! `manifest.json`, the first entry of a snapshot archive: what it holds, how it is made from a
-//! snapshot, and the checks an import applies to it before any content is read. Version 1 is
-//! strict: unknown fields are refused (a writer that adds any bumps the version).
+//! snapshot, and the checks an import applies to it before any content is read. Version 1 (a
+//! Workspace snapshot: the workspace only) and version 2 (a Full snapshot: the workspace, then
+//! the root filesystem changes) share every field; both are strict: unknown fields are refused
+//! (a writer that adds any bumps the version).
 
 use std::collections::BTreeMap;
 
@@ -11,14 +13,17 @@ use serde_json::Value;
 use super::{Result, SnapshotArchiveError};
 use crate::resource::{Snapshot, SnapshotPhase, SnapshotScope, SnapshotSpec, SnapshotStatus};
 
-/// The format version this server writes and reads.
+/// The format version of a Workspace snapshot's archive (unchanged since the first).
 pub const FORMAT_VERSION: u64 = 1;
+/// The format version of a Full snapshot's archive: version 1 plus [`ROOTFS_NAME`].
+pub const FORMAT_VERSION_FULL: u64 = 2;
 /// The name of the first entry.
 pub const MANIFEST_NAME: &str = "manifest.json";
 /// The name of the workspace entry: the stored tar of `/workspace`, byte for byte.
 pub const WORKSPACE_NAME: &str = "workspace.tar";
-/// The name a later version gives the root filesystem changes of a Full snapshot.
-const ROOTFS_NAME: &str = "rootfs.tar";
+/// The name of the root filesystem entry of a Full snapshot (version 2): the top layer of its
+/// image, Docker's uncompressed layer tar (deletions as `.wh.` whiteout entries), byte for byte.
+pub const ROOTFS_NAME: &str = "rootfs.tar";
 /// The largest manifest an import reads.
 pub const MAX_MANIFEST_BYTES: u64 = 1024 * 1024;
 
@@ -60,8 +65,9 @@ fn refused(message: impl Into<String>) -> SnapshotArchiveError {
 }
 
 impl Manifest {
-    /// The manifest of Ready `snapshot`, whose data file is `size` bytes.
-    pub fn of(snapshot: &Snapshot, size: u64) -> Result<Manifest> {
+    /// The manifest of Ready `snapshot`, whose data file is `size` bytes and, for a Full
+    /// snapshot, whose root filesystem layer is `rootfs_size` bytes.
+    pub fn of(snapshot: &Snapshot, size: u64, rootfs_size: Option<u64>) -> Result<Manifest> {
         let status = snapshot.status.clone().unwrap_or_default();
         let name = &snapshot.metadata.name;
         let missing = |field: &str| {
@@ -70,17 +76,32 @@ impl Manifest {
                  server can be exported"
             ))
         };
-        if snapshot.spec.scope() == SnapshotScope::Full || status.rootfs_image.is_some() {
-            return Err(SnapshotArchiveError::NotReady(format!(
-                "snapshot {name:?} is a Full snapshot: archive format version {FORMAT_VERSION} \
-                 carries a workspace only, and exporting root filesystem changes is not \
-                 supported yet; take a Workspace snapshot to move the workspace"
-            )));
-        }
         let digest = status.digest.clone().ok_or_else(|| missing("digest"))?;
         let base_image = status.image.clone().ok_or_else(|| missing("image"))?;
+        let mut entries = vec![ManifestEntry {
+            name: WORKSPACE_NAME.into(),
+            size_bytes: size,
+            digest,
+        }];
+        let full = snapshot.spec.scope() == SnapshotScope::Full || status.rootfs_image.is_some();
+        if full {
+            let rootfs_digest = status
+                .rootfs_digest
+                .clone()
+                .ok_or_else(|| missing("rootfsDigest"))?;
+            let size_bytes = rootfs_size.ok_or_else(|| missing("rootfsImage"))?;
+            entries.push(ManifestEntry {
+                name: ROOTFS_NAME.into(),
+                size_bytes,
+                digest: rootfs_digest,
+            });
+        }
         Ok(Manifest {
-            format_version: FORMAT_VERSION,
+            format_version: if full {
+                FORMAT_VERSION_FULL
+            } else {
+                FORMAT_VERSION
+            },
             exported_at: Utc::now(),
             snapshot: ManifestSnapshot {
                 name: name.clone(),
@@ -90,11 +111,7 @@ impl Manifest {
                 status,
             },
             base_image,
-            entries: vec![ManifestEntry {
-                name: WORKSPACE_NAME.into(),
-                size_bytes: size,
-                digest,
-            }],
+            entries,
         })
     }
 
@@ -109,11 +126,14 @@ impl Manifest {
         };
         match object.get("formatVersion") {
             None => return Err(refused("formatVersion is missing")),
-            Some(version) if version.as_u64() == Some(FORMAT_VERSION) => {}
+            Some(version)
+                if version.as_u64() == Some(FORMAT_VERSION)
+                    || version.as_u64() == Some(FORMAT_VERSION_FULL) => {}
             Some(version) => {
                 return Err(refused(format!(
-                    "formatVersion {version} is not supported: this server reads version \
-                     {FORMAT_VERSION}"
+                    "formatVersion {version} is not supported: this server reads versions \
+                     {FORMAT_VERSION} (Workspace snapshots) and {FORMAT_VERSION_FULL} (Full \
+                     snapshots)"
                 )))
             }
         }
@@ -131,18 +151,27 @@ impl Manifest {
                 status.phase
             )));
         }
-        let [entry] = self.entries.as_slice() else {
-            if self.entries.iter().any(|e| e.name == ROOTFS_NAME) {
+        let full = self.format_version == FORMAT_VERSION_FULL;
+        let expected: &[&str] = if full {
+            &[WORKSPACE_NAME, ROOTFS_NAME]
+        } else {
+            &[WORKSPACE_NAME]
+        };
+        let names: Vec<&str> = self.entries.iter().map(|e| e.name.as_str()).collect();
+        if names != expected {
+            if !full && names.contains(&ROOTFS_NAME) {
                 return Err(refused(format!(
                     "entries name {ROOTFS_NAME} (root filesystem changes of a Full snapshot), \
-                     which this server does not import"
+                     which format version {FORMAT_VERSION} does not carry: a Full snapshot's \
+                     archive is format version {FORMAT_VERSION_FULL}"
                 )));
             }
             return Err(refused(format!(
-                "entries must list exactly one entry, {WORKSPACE_NAME}; it lists {}",
-                self.entries.len()
+                "entries must be {expected:?} for format version {}; they are {names:?}",
+                self.format_version
             )));
-        };
+        }
+        let entry = &self.entries[0];
         if entry.name != WORKSPACE_NAME {
             return Err(refused(format!(
                 "entries[0].name is {:?}; expected {WORKSPACE_NAME:?}",
@@ -175,11 +204,34 @@ impl Manifest {
         if status.image.as_deref() != Some(self.base_image.as_str()) || self.base_image.is_empty() {
             return Err(refused("snapshot.status.image differs from baseImage"));
         }
-        if self.snapshot.spec.scope() == SnapshotScope::Full || status.rootfs_image.is_some() {
-            return Err(refused(
-                "snapshot.spec.scope is Full, but this format version carries no root \
-                 filesystem changes",
-            ));
+        let scope_full = self.snapshot.spec.scope() == SnapshotScope::Full;
+        if scope_full != full || (!full && status.rootfs_image.is_some()) {
+            return Err(refused(format!(
+                "snapshot.spec.scope is {:?}, but format version {} is for {} snapshots",
+                self.snapshot.spec.scope(),
+                self.format_version,
+                if full { "Full" } else { "Workspace" }
+            )));
+        }
+        if let Some(rootfs) = self.rootfs() {
+            if !is_digest(&rootfs.digest) {
+                return Err(refused(format!(
+                    "entries[1].digest {:?} is not sha256:<64 lowercase hex digits>",
+                    rootfs.digest
+                )));
+            }
+            if rootfs.size_bytes > max_workspace {
+                return Err(SnapshotArchiveError::TooLarge(format!(
+                    "the archive's {ROOTFS_NAME} is {} bytes, over the limit of {max_workspace} \
+                     bytes (AGENT_SANDBOX_MAX_SNAPSHOT_BYTES)",
+                    rootfs.size_bytes
+                )));
+            }
+            if status.rootfs_digest.as_deref() != Some(rootfs.digest.as_str()) {
+                return Err(refused(
+                    "snapshot.status.rootfsDigest differs from entries[1].digest",
+                ));
+            }
         }
         if status.sandbox_spec.is_none() {
             return Err(refused(
@@ -193,6 +245,11 @@ impl Manifest {
     /// The workspace entry (present once [`Manifest::parse`] accepted the manifest).
     pub fn workspace(&self) -> &ManifestEntry {
         &self.entries[0]
+    }
+
+    /// The root filesystem entry of a Full snapshot's archive.
+    pub fn rootfs(&self) -> Option<&ManifestEntry> {
+        self.entries.get(1)
     }
 }
 
@@ -234,20 +291,21 @@ mod tests {
 
     #[test]
     fn a_manifest_reads_back_as_written() {
-        let manifest = Manifest::of(&snapshot(), 2048).unwrap();
+        let manifest = Manifest::of(&snapshot(), 2048, None).unwrap();
         assert_eq!(Manifest::parse(&text(&manifest), 4096).unwrap(), manifest);
     }
 
     #[test]
     fn other_versions_are_named() {
-        let mut value = serde_json::to_value(Manifest::of(&snapshot(), 2048).unwrap()).unwrap();
-        value["formatVersion"] = 2.into();
+        let mut value =
+            serde_json::to_value(Manifest::of(&snapshot(), 2048, None).unwrap()).unwrap();
+        value["formatVersion"] = 3.into();
         value["somethingNew"] = true.into();
         let error = Manifest::parse(value.to_string().as_bytes(), 4096).unwrap_err();
         assert!(
             error
                 .to_string()
-                .contains("formatVersion 2 is not supported"),
+                .contains("formatVersion 3 is not supported"),
             "{error}"
         );
         value.as_object_mut().unwrap().remove("formatVersion");
@@ -257,7 +315,7 @@ mod tests {
 
     #[test]
     fn disagreeing_or_oversized_manifests_are_refused() {
-        let good = Manifest::of(&snapshot(), 2048).unwrap();
+        let good = Manifest::of(&snapshot(), 2048, None).unwrap();
         let mut bad = good.clone();
         bad.entries[0].digest = format!("sha256:{}", "cd".repeat(32));
         let error = Manifest::parse(&text(&bad), 4096).unwrap_err();
@@ -281,6 +339,39 @@ mod tests {
         });
         let error = Manifest::parse(&text(&bad), 4096).unwrap_err();
         assert!(error.to_string().contains("rootfs.tar"), "{error}");
+        let mut full = good.clone();
+        full.snapshot.spec.scope = Some(SnapshotScope::Full);
+        full.snapshot.status.rootfs_digest = Some(good.entries[0].digest.clone());
+        full.format_version = FORMAT_VERSION_FULL;
+        full.entries.push(ManifestEntry {
+            name: ROOTFS_NAME.into(),
+            size_bytes: 1024,
+            digest: good.entries[0].digest.clone(),
+        });
+        assert_eq!(Manifest::parse(&text(&full), 4096).unwrap(), full);
+        let error = Manifest::parse(&text(&full), 1023).unwrap_err();
+        assert!(
+            matches!(error, SnapshotArchiveError::TooLarge(_)),
+            "{error}"
+        );
+        let mut bad = full.clone();
+        bad.entries[1].digest = format!("sha256:{}", "ef".repeat(32));
+        let error = Manifest::parse(&text(&bad), 4096).unwrap_err();
+        assert!(
+            error.to_string().contains("rootfsDigest differs"),
+            "{error}"
+        );
+        let mut bad = full.clone();
+        bad.entries.pop();
+        let error = Manifest::parse(&text(&bad), 4096).unwrap_err();
+        assert!(error.to_string().contains("entries must be"), "{error}");
+        let mut bad = full;
+        bad.snapshot.spec.scope = None;
+        let error = Manifest::parse(&text(&bad), 4096).unwrap_err();
+        assert!(
+            error.to_string().contains("is for Full snapshots"),
+            "{error}"
+        );
         let mut bad = good;
         bad.snapshot.status.phase = SnapshotPhase::Pending;
         assert!(Manifest::parse(&text(&bad), 4096).is_err());

@@ -2,7 +2,8 @@
 //! (`GET .../snapshots/{name}/export`, `POST .../snapshots/import?name=`). The format is
 //! documented in `docs/snapshot-archive.md`: an outer tar holding `manifest.json` first (format
 //! version, the snapshot's spec and status, entry sizes and digests, the base image), then the
-//! stored workspace tar, byte for byte, so its digest travels unchanged.
+//! stored workspace tar, byte for byte, so its digest travels unchanged, and for a Full snapshot
+//! (format version 2) the top layer of its image, byte for byte, so its `rootfsDigest` does too.
 //!
 //! An export streams the archive straight from the data file ([`export`]), never holding it. An
 //! import treats the archive as hostile ([`import`]): it is read as it streams in, within the size
@@ -11,8 +12,9 @@
 //! written to a temp file; only then does the store make the file and a Ready snapshot appear
 //! together. Any failure leaves nothing: no resource, no data file, no temp file.
 //!
-//! This module never talks to Docker beyond asking whether the base image is there, never
-//! writes a workspace, and leaves where files live to the store. Where things are: the manifest
+//! This module reaches Docker only through the engine (whether the base image is there, pulling
+//! it, reading a Full snapshot's layer out and loading one in), never writes a workspace, and
+//! leaves where files live to the store. Where things are: the manifest
 //! and its checks, `manifest.rs`; the export stream, `export.rs`; the import, `import.rs`.
 
 mod export;
@@ -22,8 +24,8 @@ mod manifest;
 pub use export::{export, Export};
 pub use import::{import, ImportRequest};
 pub use manifest::{
-    Manifest, ManifestEntry, ManifestSnapshot, FORMAT_VERSION, MANIFEST_NAME, MAX_MANIFEST_BYTES,
-    WORKSPACE_NAME,
+    Manifest, ManifestEntry, ManifestSnapshot, FORMAT_VERSION, FORMAT_VERSION_FULL, MANIFEST_NAME,
+    MAX_MANIFEST_BYTES, ROOTFS_NAME, WORKSPACE_NAME,
 };
 
 /// Why an export or import was refused or failed.

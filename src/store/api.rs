@@ -244,6 +244,7 @@ pub(super) fn create_with_status(
     store: &Store,
     resource: AnyResource,
     status: serde_json::Value,
+    uid: Option<String>,
     place_data: impl FnOnce() -> StoreResult<()>,
     remove_data: impl FnOnce(),
 ) -> StoreResult<AnyResource> {
@@ -253,6 +254,9 @@ pub(super) fn create_with_status(
     let declaration = resource.declaration();
     let last_rv = inner.last_rv;
     let mut created = index::fresh(&mut inner, &declaration);
+    if uid.is_some() {
+        created.metadata_mut().uid = uid;
+    }
     if let Err(e) = created.set_status_json(Some(status)) {
         inner.last_rv = last_rv;
         return Err(StoreError::Invalid(format!("status: {e}")));

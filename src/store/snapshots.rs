@@ -46,6 +46,12 @@ impl Store {
         self.offload(move || DataStamp::of(&path)).await.ok()?
     }
 
+    /// A fresh uid, for a snapshot whose uid must be known before it is created (an imported
+    /// Full snapshot's image is labeled with it); see [`Store::create_imported_snapshot`].
+    pub fn new_uid() -> String {
+        super::index::new_uid()
+    }
+
     /// Starts writing snapshot `name`'s data. Nothing is on disk until [`SnapshotWrite::create`];
     /// until the write is published or dropped, collection leaves its temp file alone.
     pub fn begin_snapshot(self: &Arc<Self>, name: &str) -> SnapshotWrite {
@@ -84,11 +90,13 @@ impl Store {
     /// and synced) its data file, as one step: the data is renamed into place once the name is
     /// reserved and free, and removed again if the resource cannot be written, so a failure
     /// leaves neither. For imported snapshots, which have no sandbox to be taken from: the
-    /// controller never sees them Pending. Blocking.
+    /// controller never sees them Pending. `uid`, when given, is the new snapshot's uid (from
+    /// [`Store::new_uid`]); otherwise a fresh one. Blocking.
     pub fn create_imported_snapshot(
         &self,
         resource: AnyResource,
         status: serde_json::Value,
+        uid: Option<String>,
         mut data: SnapshotWrite,
     ) -> StoreResult<AnyResource> {
         if resource.kind() != Kind::Snapshot || resource.name() != data.name {
@@ -109,7 +117,7 @@ impl Store {
         let remove = || {
             let _ = std::fs::remove_file(&target);
         };
-        let created = api::create_with_status(self, resource, status, place, remove)?;
+        let created = api::create_with_status(self, resource, status, uid, place, remove)?;
         data.published = true;
         Ok(created)
     }
@@ -176,7 +184,7 @@ pub struct SnapshotWrite {
 
 impl SnapshotWrite {
     /// Creates the temp file anew (whatever an earlier attempt of this write left there goes)
-    /// and opens it for writing.
+    /// and opens it for writing (and reading back: an import hands a scratch file to Docker).
     pub async fn create(&self) -> std::io::Result<File> {
         let temp = self.temp.clone();
         self.store
@@ -187,6 +195,7 @@ impl SnapshotWrite {
                     Err(e) => return Err(e),
                 }
                 std::fs::OpenOptions::new()
+                    .read(true)
                     .write(true)
                     .create_new(true)
                     .open(&temp)

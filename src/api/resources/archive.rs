@@ -19,7 +19,7 @@ pub(super) async fn export(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    let export = snapshot_archive::export(&state.store, &name).await?;
+    let export = snapshot_archive::export(&state.store, state.engine.as_ref(), &name).await?;
     let disposition =
         HeaderValue::from_str(&format!("attachment; filename=\"{}\"", export.file_name))
             .map_err(|e| ApiError::Internal(e.to_string()))?;

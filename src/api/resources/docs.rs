@@ -383,8 +383,9 @@ pub fn export_snapshot(op: Op<'_>) -> Op<'_> {
         .description(
             "Streams a snapshot archive (docs/snapshot-archive.md): a tar holding `manifest.json` \
              (format version, the snapshot's spec and status, sizes, digests, base image), then \
-             `workspace.tar`, the stored workspace byte for byte. Only a Ready snapshot (else \
-             409). `Content-Length` is exact.",
+             `workspace.tar`, the stored workspace byte for byte, and for a Full snapshot \
+             (format version 2) `rootfs.tar`, the top layer of its image byte for byte. Only a \
+             Ready snapshot (else 409). `Content-Length` is exact.",
         )
         .tag(TAG)
         .path_param("name", "Snapshot name")
@@ -398,12 +399,14 @@ pub fn import_snapshot(op: Op<'_>) -> Op<'_> {
         .summary("Import a snapshot archive")
         .description(
             "The body is a snapshot archive as `exportSnapshot` answers it, read as hostile \
-             input: at most `AGENT_SANDBOX_MAX_SNAPSHOT_BYTES` of workspace (413), a manifest of \
-             format version 1, a workspace tar that passes every rule a restore enforces and \
-             matches the manifest's size and digest (else 422, nothing stored). Creates the \
-             snapshot `name`, Ready (409 when the name exists). A base image missing here is \
-             pulled by the pull policy when a sandbox starts from it; with `Never` the import \
-             is refused naming it.",
+             input: at most `AGENT_SANDBOX_MAX_SNAPSHOT_BYTES` of workspace and as much of root \
+             filesystem layer (413), a manifest of format version 1 (Workspace) or 2 (Full), a \
+             workspace tar and a layer tar that pass every rule a restore enforces and match the \
+             manifest's sizes and digests (else 422, nothing stored, no image left). Creates the \
+             snapshot `name`, Ready (409 when the name exists); for a Full snapshot, its image \
+             too. A base image missing here is pulled by the pull policy (during the import for \
+             a Full snapshot, else when a sandbox starts from it); with `Never` the import is \
+             refused naming it.",
         )
         .tag(TAG)
         .query_with_schema(

@@ -11,7 +11,7 @@ use crate::docker::{Engine, EngineError, LABEL_SERVER, LABEL_SNAPSHOT};
 use crate::resource::{Snapshot, SnapshotScope};
 
 /// Repository of the images of Full snapshots; the tag is the snapshot's `metadata.uid`.
-pub(in crate::controller) const REPOSITORY: &str = "agent-sandbox-snapshot";
+pub(in crate::controller) const REPOSITORY: &str = crate::docker::SNAPSHOT_REPOSITORY;
 
 /// The image reference a Full snapshot's root filesystem is committed as; `None` for a
 /// Workspace snapshot (or one without a uid, which the store always gives).

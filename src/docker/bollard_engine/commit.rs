@@ -136,6 +136,7 @@ impl BollardEngine {
                     .filter(|tag| tag != "<none>:<none>")
                     .collect(),
                 labels: image.labels.into_iter().collect(),
+                created: image.created,
             })
             .collect())
     }
