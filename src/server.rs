@@ -140,6 +140,15 @@ pub async fn run(
             .map_err(|e| StartError::Auth(format!("preview tokens: {e}")))?;
         ports = ports.with_previews(previews);
     }
+    let exporter = Arc::new(Exporter::new(
+        metrics.clone(),
+        Arc::clone(&store),
+        Arc::clone(&engine),
+        Box::new({
+            let queue = Arc::clone(controller.queue());
+            move || queue.len()
+        }),
+    ));
     let state = AppState {
         settings: Arc::clone(&settings),
         store: Arc::clone(&store),
@@ -154,17 +163,10 @@ pub async fn run(
         keys: Arc::new(keys),
         activity: Arc::clone(controller.activity()),
         ports: Arc::new(ports),
-        metrics: Arc::new(Exporter::new(
-            metrics,
-            Arc::clone(&store),
-            Arc::clone(&engine),
-            Box::new({
-                let queue = Arc::clone(controller.queue());
-                move || queue.len()
-            }),
-        )),
+        metrics: Arc::clone(&exporter),
         egress: Some(egress),
     };
+    let _history = AbortOnDrop(tokio::spawn(Arc::clone(&exporter).keep_history()));
     let address = std::net::SocketAddr::new(settings.host, settings.port);
     let listener = tokio::net::TcpListener::bind(address)
         .await

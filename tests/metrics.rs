@@ -95,6 +95,49 @@ fn metrics_need_the_key_report_usage_and_hold_no_secret() {
 }
 
 #[test]
+fn the_server_keeps_the_last_hour_of_a_sandboxs_cpu_and_memory() {
+    let server = Server::start();
+    let name = unique("history");
+    running_sandbox(&server, &name);
+    let path = format!("{API}/sandboxes/{name}/stats/history");
+    // Sampled every 15 s by the server itself, whether anyone looks or not.
+    let mut history = Value::Null;
+    wait_until("two samples", Duration::from_secs(60), || {
+        let (status, body) = server.request("GET", &path, None);
+        assert_eq!(status, 200, "{body}");
+        history = body;
+        history["items"].as_array().unwrap().len() >= 2
+    });
+    assert_eq!(history["intervalSeconds"], 15, "{history}");
+    let items = history["items"].as_array().unwrap();
+    for point in items {
+        assert!(point["memoryBytes"].as_u64().unwrap() > 0, "{point}");
+        assert_eq!(point["memoryLimitBytes"], 256 * 1024 * 1024, "{point}");
+        assert!(point["cpuSeconds"].as_f64().unwrap() > 0.0, "{point}");
+    }
+    let at =
+        |i: usize| chrono::DateTime::parse_from_rfc3339(items[i]["at"].as_str().unwrap()).unwrap();
+    let gap = (at(1) - at(0)).num_milliseconds();
+    assert!((10_000..=20_000).contains(&gap), "{gap} ms between samples");
+    assert!(items[1]["cpuSeconds"].as_f64() >= items[0]["cpuSeconds"].as_f64());
+
+    let (status, body) = server.request(
+        "GET",
+        &format!("{API}/sandboxes/no-such-sandbox/stats/history"),
+        None,
+    );
+    assert_eq!(status, 404, "{body}");
+    let (status, _) = http(
+        "GET",
+        &format!("{}{path}", server.url),
+        None,
+        None,
+        "application/json",
+    );
+    assert_eq!(status, 401);
+}
+
+#[test]
 fn stats_report_what_a_sandbox_uses() {
     let server = Server::start();
     let name = unique("stats");

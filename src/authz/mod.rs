@@ -265,6 +265,7 @@ pub fn classify(method: &str, path: &str) -> Classified {
                         (*plural, sub),
                         (_, [])
                             | ("sandboxes", ["egress" | "stats" | "processes"])
+                            | ("sandboxes", ["stats", "history"])
                             | ("sandboxes", ["processes", _])
                     );
                 let missing = if sub.is_empty() {
@@ -332,6 +333,7 @@ mod tests {
         allow("GET", "/apis/agent-sandbox.io/v1/sandboxes");
         allow("GET", "/apis/agent-sandbox.io/v1/sandboxes/a");
         allow("GET", "/apis/agent-sandbox.io/v1/sandboxes/a/stats");
+        allow("GET", "/apis/agent-sandbox.io/v1/sandboxes/a/stats/history");
         allow("GET", "/apis/agent-sandbox.io/v1/sandboxes/a/processes");
         allow("GET", "/apis/agent-sandbox.io/v1/events");
         allow("GET", "/v1/sandboxes/a");

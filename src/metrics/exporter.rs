@@ -1,5 +1,6 @@
 //! Reads what is, for a scrape and for one sandbox's usage: resources from the store, each
-//! running sandbox's cgroup on this host (no Docker call), and its workspace's size on disk.
+//! running sandbox's cgroup on this host (no Docker call), and its workspace's size on disk. It
+//! also samples those cgroups into the last hour of history charts draw from (`history.rs`).
 //!
 //! Sizing a workspace walks its files, which no scrape should wait for: each scrape reports the
 //! size last measured and, when that is older than [`WORKSPACE_REFRESH`], has it measured again
@@ -7,13 +8,14 @@
 //! container, remembered while the container lives). A workspace is only measured when its
 //! container's cgroup is on this host, so a remote daemon's path is never walked here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
+use super::history::{self, UsageHistory, UsagePoint};
 use super::usage::{network_bytes, CgroupUsage, Cgroups};
 use super::{Metrics, PoolSample, SandboxSample, SnapshotSample, State, DEFAULT_NAMESPACE};
 use crate::docker::Engine;
@@ -103,6 +105,8 @@ pub struct Exporter {
     workspaces: Mutex<HashMap<String, Workspace>>,
     /// One workspace measured at a time.
     measuring: tokio::sync::Semaphore,
+    /// The last hour of each running sandbox's CPU and memory (see `history.rs`).
+    history: UsageHistory,
 }
 
 impl Exporter {
@@ -121,7 +125,58 @@ impl Exporter {
             queue_depth,
             workspaces: Mutex::default(),
             measuring: tokio::sync::Semaphore::new(1),
+            history: UsageHistory::default(),
         }
+    }
+
+    /// The kept points of `sandbox`'s usage, oldest first.
+    pub fn history(&self, sandbox: &str) -> Vec<UsagePoint> {
+        self.history.of(sandbox)
+    }
+
+    /// Samples every running or paused sandbox's cgroup into the history every
+    /// [`history::INTERVAL`], for as long as the task runs (the server aborts it on its way out).
+    pub async fn keep_history(self: Arc<Self>) {
+        let mut ticks = tokio::time::interval(history::INTERVAL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            ticks.tick().await;
+            self.sample_history();
+        }
+    }
+
+    fn sample_history(&self) {
+        let mut live = HashSet::new();
+        for entry in self.store.list(Kind::Sandbox) {
+            let Some(sandbox) = entry.resource.as_sandbox() else {
+                continue;
+            };
+            let Some(status) = sandbox.status.as_ref() else {
+                continue;
+            };
+            let name = &sandbox.metadata.name;
+            live.insert(name.clone());
+            if !matches!(status.phase, SandboxPhase::Running | SandboxPhase::Paused) {
+                continue;
+            }
+            let Some(usage) = status
+                .container_id
+                .as_deref()
+                .and_then(|id| self.cgroups.read(id))
+            else {
+                continue;
+            };
+            self.history.record(
+                name,
+                UsagePoint {
+                    at: Utc::now(),
+                    cpu_seconds: usage.cpu_seconds,
+                    memory_bytes: usage.memory_bytes,
+                    memory_limit_bytes: usage.memory_limit_bytes,
+                },
+            );
+        }
+        self.history.retain(&live);
     }
 
     /// Where what happens is recorded.

@@ -17,6 +17,7 @@
 
 mod disk;
 mod exporter;
+pub mod history;
 pub mod usage;
 
 use std::sync::Arc;

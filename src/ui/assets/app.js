@@ -170,7 +170,7 @@ function maskedSpec(spec) {
   return copy;
 }
 
-// ---- usage samples: kept per sandbox for an hour in this tab's session storage ----------------
+// ---- usage samples: the server's last hour, then this tab's own, kept in its session storage --
 
 const usage = {
   key: (name) => `usage:${name}`,
@@ -188,6 +188,20 @@ const usage = {
     const kept = samples.filter((s) => s.at >= Date.now() - HISTORY_MS);
     try { sessionStorage.setItem(this.key(name), JSON.stringify(kept)); } catch (_) { /* full: keep going */ }
     return cores;
+  },
+  // Puts the server's last hour (`…/stats/history`) before what this tab sampled itself.
+  seed(name, history) {
+    const mine = this.load(name);
+    const samples = [];
+    for (const p of history.items) {
+      const at = Date.parse(p.at);
+      const last = samples[samples.length - 1];
+      const cores = last && at > last.at && p.cpuSeconds >= last.cpu ? (p.cpuSeconds - last.cpu) / ((at - last.at) / 1000) : null;
+      samples.push({ at, cpu: p.cpuSeconds, mem: p.memoryBytes, limit: p.memoryLimitBytes, cores });
+    }
+    const newest = samples.length ? samples[samples.length - 1].at : -Infinity;
+    const kept = samples.concat(mine.filter((s) => s.at > newest)).filter((s) => s.at >= Date.now() - HISTORY_MS);
+    try { sessionStorage.setItem(this.key(name), JSON.stringify(kept)); } catch (_) { /* full: keep going */ }
   },
 };
 
@@ -624,7 +638,11 @@ function sandboxView(main, name) {
     }
   }
 
-  refresh(); listFiles(); listSnapshots(); listProcesses();
+  // The server's last hour first, so that the charts have a past from the start.
+  call("GET", `${base}/stats/history`, undefined, abort.signal)
+    .then((history) => { usage.seed(name, history); drawCharts(); }).catch(() => {})
+    .finally(refresh);
+  listFiles(); listSnapshots(); listProcesses();
   const timers = [setInterval(whenIdle(refresh), STATS_EVERY_MS), setInterval(whenIdle(listProcesses), 10000)];
   return () => { abort.abort(); timers.forEach(clearInterval); };
 }
