@@ -581,6 +581,32 @@ fn a_full_snapshot_archive_imports_with_its_root_filesystem_on_another_server() 
         "rootfs.tar is refused",
     );
 
+    // A base image this host does not have: pulled first, and when that fails (a registry on a
+    // closed loopback port) the import is refused naming the image; with the pull policy Never
+    // it is not even tried.
+    let missing_base = "127.0.0.1:9/agent-sandbox-test/missing:latest";
+    let mut elsewhere = manifest.clone();
+    elsewhere["baseImage"] = json!(missing_base);
+    elsewhere["snapshot"]["status"]["image"] = json!(missing_base);
+    elsewhere["snapshot"]["status"]["sandboxSpec"]["image"] = json!(missing_base);
+    refused(
+        &target,
+        &bad,
+        &archive_of(&elsewhere, workspace, layer),
+        422,
+        &format!("base image {missing_base} is not on this Docker host and pulling it failed"),
+    );
+    elsewhere["snapshot"]["status"]["sandboxSpec"]["imagePullPolicy"] = json!("Never");
+    refused(
+        &target,
+        &bad,
+        &archive_of(&elsewhere, workspace, layer),
+        422,
+        &format!(
+            "base image {missing_base} is not on this Docker host and the pull policy is Never"
+        ),
+    );
+
     // The good archive: a Ready Full snapshot with the same digests and an image of its own.
     let imported = unique("fximp");
     let (code, answer) = import(&target, &imported, &archive);
