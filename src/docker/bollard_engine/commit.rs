@@ -3,11 +3,13 @@
 //! (files added, changed and deleted, with modes, owners and symlinks: Docker's own layer diff,
 //! deletions as whiteouts) and how a new container starts with them already in place.
 //!
-//! The committed image gets a config of its own: only the labels given (never the container's,
-//! which name its sandbox) and the base image's environment, so nothing the server put into the
-//! container's environment (its `HOME`, the egress gateway's proxy settings) becomes part of the
-//! image. Docker appends every container variable the config does not name, so those are named
-//! with an empty value. Volumes (`/workspace`) and tmpfs mounts (`/tmp`) are never part of it.
+//! The committed image gets a config of its own: the labels given and the base image's
+//! environment, so nothing the server put into the container's environment (its `HOME`, the
+//! egress gateway's proxy settings) becomes part of the image. Docker appends every container
+//! variable the config does not name, so those are named with an empty value. It merges the
+//! container's labels the same way, and labels cannot be emptied out: the image also carries the
+//! source sandbox's name, uid and spec hash (nothing secret), which the labels of any container
+//! made from it replace. Volumes (`/workspace`) and tmpfs mounts (`/tmp`) are never part of it.
 
 use std::collections::{BTreeMap, HashMap};
 
