@@ -178,19 +178,7 @@ impl Manifest {
                 entry.name
             )));
         }
-        if !is_digest(&entry.digest) {
-            return Err(refused(format!(
-                "entries[0].digest {:?} is not sha256:<64 lowercase hex digits>",
-                entry.digest
-            )));
-        }
-        if entry.size_bytes > max_workspace {
-            return Err(SnapshotArchiveError::TooLarge(format!(
-                "the archive's {WORKSPACE_NAME} is {} bytes, over the limit of {max_workspace} \
-                 bytes (AGENT_SANDBOX_MAX_SNAPSHOT_BYTES)",
-                entry.size_bytes
-            )));
-        }
+        check_entry(0, WORKSPACE_NAME, entry, max_workspace)?;
         if status.digest.as_deref() != Some(entry.digest.as_str()) {
             return Err(refused(
                 "snapshot.status.digest differs from entries[0].digest",
@@ -214,19 +202,7 @@ impl Manifest {
             )));
         }
         if let Some(rootfs) = self.rootfs() {
-            if !is_digest(&rootfs.digest) {
-                return Err(refused(format!(
-                    "entries[1].digest {:?} is not sha256:<64 lowercase hex digits>",
-                    rootfs.digest
-                )));
-            }
-            if rootfs.size_bytes > max_workspace {
-                return Err(SnapshotArchiveError::TooLarge(format!(
-                    "the archive's {ROOTFS_NAME} is {} bytes, over the limit of {max_workspace} \
-                     bytes (AGENT_SANDBOX_MAX_SNAPSHOT_BYTES)",
-                    rootfs.size_bytes
-                )));
-            }
+            check_entry(1, ROOTFS_NAME, rootfs, max_workspace)?;
             if status.rootfs_digest.as_deref() != Some(rootfs.digest.as_str()) {
                 return Err(refused(
                     "snapshot.status.rootfsDigest differs from entries[1].digest",
@@ -251,6 +227,24 @@ impl Manifest {
     pub fn rootfs(&self) -> Option<&ManifestEntry> {
         self.entries.get(1)
     }
+}
+
+/// Entry `index` (named `name`) gives a well-formed digest and a size within `max` bytes.
+fn check_entry(index: usize, name: &str, entry: &ManifestEntry, max: u64) -> Result<()> {
+    if !is_digest(&entry.digest) {
+        return Err(refused(format!(
+            "entries[{index}].digest {:?} is not sha256:<64 lowercase hex digits>",
+            entry.digest
+        )));
+    }
+    if entry.size_bytes > max {
+        return Err(SnapshotArchiveError::TooLarge(format!(
+            "the archive's {name} is {} bytes, over the limit of {max} bytes \
+             (AGENT_SANDBOX_MAX_SNAPSHOT_BYTES)",
+            entry.size_bytes
+        )));
+    }
+    Ok(())
 }
 
 fn is_digest(text: &str) -> bool {
