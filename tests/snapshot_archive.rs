@@ -7,12 +7,11 @@
 
 mod common;
 
-use std::io::Read;
 use std::time::Duration;
 
+use common::archive::{archive_with, entries, import, sha256};
 use common::*;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 const LONG: Duration = Duration::from_secs(90);
 /// The importing server's cap on a snapshot's workspace, so that an oversized archive is cheap.
@@ -86,53 +85,9 @@ fn export(server: &Server, name: &str) -> (u16, Vec<u8>) {
     )
 }
 
-fn import(server: &Server, name: &str, archive: &[u8]) -> (u16, Value) {
-    let (status, body) = http_bytes(
-        server,
-        "POST",
-        &format!("{API}/snapshots/import?name={name}"),
-        archive,
-    );
-    let value = serde_json::from_slice(&body)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
-    (status, value)
-}
-
-fn sha256(bytes: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
-}
-
-/// The entries of a tar, as (name, bytes).
-fn entries(archive: &[u8]) -> Vec<(String, Vec<u8>)> {
-    let mut tar = tar::Archive::new(archive);
-    tar.entries()
-        .unwrap()
-        .map(|entry| {
-            let mut entry = entry.unwrap();
-            let name = entry.path().unwrap().to_string_lossy().into_owned();
-            let mut data = Vec::new();
-            entry.read_to_end(&mut data).unwrap();
-            (name, data)
-        })
-        .collect()
-}
-
 /// A snapshot archive of `manifest` and `workspace`, as a well-behaved writer makes it.
 fn archive_of(manifest: &Value, workspace: &[u8]) -> Vec<u8> {
-    let mut builder = tar::Builder::new(Vec::new());
-    for (name, data) in [
-        ("manifest.json", serde_json::to_vec(manifest).unwrap()),
-        ("workspace.tar", workspace.to_vec()),
-    ] {
-        let mut header = tar::Header::new_ustar();
-        header.set_size(data.len() as u64);
-        header.set_mode(0o644);
-        header.set_entry_type(tar::EntryType::Regular);
-        builder
-            .append_data(&mut header, name, data.as_slice())
-            .unwrap();
-    }
-    builder.into_inner().unwrap()
+    archive_with(manifest, &[("workspace.tar", workspace)])
 }
 
 /// `manifest` made to describe `workspace` truthfully (size and digest), so that only what is

@@ -12,12 +12,11 @@
 
 mod common;
 
-use std::io::Read;
 use std::time::Duration;
 
+use common::archive::{archive_with, entries, import, sha256};
 use common::*;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 const LONG: Duration = Duration::from_secs(120);
 
@@ -358,42 +357,12 @@ fn a_full_snapshot_of_a_read_only_root_is_refused_with_its_reason() {
     delete(&server, "sandboxes", &name);
 }
 
-/// The entries of a tar, as (name, bytes).
-fn entries(archive: &[u8]) -> Vec<(String, Vec<u8>)> {
-    let mut tar = tar::Archive::new(archive);
-    tar.entries()
-        .unwrap()
-        .map(|entry| {
-            let mut entry = entry.unwrap();
-            let name = entry.path().unwrap().to_string_lossy().into_owned();
-            let mut data = Vec::new();
-            entry.read_to_end(&mut data).unwrap();
-            (name, data)
-        })
-        .collect()
-}
-
-fn sha256(bytes: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
-}
-
 /// A snapshot archive of `manifest` and its entries, as a well-behaved writer makes it.
 fn archive_of(manifest: &Value, workspace: &[u8], rootfs: &[u8]) -> Vec<u8> {
-    let mut builder = tar::Builder::new(Vec::new());
-    for (name, data) in [
-        ("manifest.json", serde_json::to_vec(manifest).unwrap()),
-        ("workspace.tar", workspace.to_vec()),
-        ("rootfs.tar", rootfs.to_vec()),
-    ] {
-        let mut header = tar::Header::new_ustar();
-        header.set_size(data.len() as u64);
-        header.set_mode(0o644);
-        header.set_entry_type(tar::EntryType::Regular);
-        builder
-            .append_data(&mut header, name, data.as_slice())
-            .unwrap();
-    }
-    builder.into_inner().unwrap()
+    archive_with(
+        manifest,
+        &[("workspace.tar", workspace), ("rootfs.tar", rootfs)],
+    )
 }
 
 /// `manifest` made to describe `rootfs` truthfully, so that only its content can be refused.
@@ -419,18 +388,6 @@ fn raw_entry(name: &str, data: &[u8]) -> Vec<u8> {
     out.resize(out.len().div_ceil(512) * 512, 0);
     out.extend_from_slice(&[0u8; 1024]);
     out
-}
-
-fn import(server: &Server, name: &str, archive: &[u8]) -> (u16, Value) {
-    let (status, body) = http_bytes(
-        server,
-        "POST",
-        &format!("{API}/snapshots/import?name={name}"),
-        archive,
-    );
-    let value = serde_json::from_slice(&body)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
-    (status, value)
 }
 
 /// The images labeled as this server's snapshots.
