@@ -132,18 +132,6 @@ fn raw_tar(entries: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
-fn snapshot_files(server: &Server) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(server.data_dir.join("snapshots"))
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
-}
-
 fn snapshot_names(server: &Server) -> Vec<String> {
     let (status, list) = server.request("GET", &format!("{API}/snapshots"), None);
     assert_eq!(status, 200, "{list}");

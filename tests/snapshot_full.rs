@@ -51,24 +51,6 @@ fn snapshot(server: &Server, name: &str, of: &str, scope: &str) -> Value {
         .unwrap()
 }
 
-/// Runs `script` as root (without capabilities, as the server's own execs do) in the sandbox.
-fn as_root(name: &str, script: &str) -> String {
-    let out = std::process::Command::new("docker")
-        .args([
-            "exec",
-            "-u",
-            "0",
-            &format!("agent-sandbox-{name}"),
-            "sh",
-            "-c",
-            script,
-        ])
-        .output()
-        .expect("docker exec");
-    assert!(out.status.success(), "{script}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
-
 /// The four changes: a tool installed (with a symlink to it), motd written, an image file
 /// deleted, a workspace file.
 const CHANGES: &str = r#"
@@ -412,22 +394,10 @@ fn snapshot_images(server: &Server) -> Vec<String> {
     ids
 }
 
-fn data_files(server: &Server) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(server.data_dir.join("snapshots"))
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
-}
-
 /// `archive` imported as `name` is refused with `status`, in words containing `says`, leaving
 /// no snapshot, no data or temp file and no image.
 fn refused(server: &Server, name: &str, archive: &[u8], status: u16, says: &str) {
-    let files = data_files(server);
+    let files = snapshot_files(server);
     let images = snapshot_images(server);
     let (got, answer) = import(server, name, archive);
     let message = answer["error"]["message"].as_str().unwrap_or_default();
@@ -437,7 +407,7 @@ fn refused(server: &Server, name: &str, archive: &[u8], status: u16, says: &str)
     wait_until(
         "the import's temp files to go",
         Duration::from_secs(10),
-        || data_files(server) == files,
+        || snapshot_files(server) == files,
     );
     assert_eq!(snapshot_images(server), images, "{says}: an image was left");
 }

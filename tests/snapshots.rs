@@ -112,18 +112,6 @@ fn sha256_file(path: &std::path::Path) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(&bytes)))
 }
 
-fn snapshot_files(server: &Server) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(server.data_dir.join("snapshots"))
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().to_string())
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
-}
-
 /// Volumes named after the sandbox's workspace, by name (a label filter makes Docker inspect every
 /// volume, which fails when another test removes one at the same moment).
 fn workspace_volumes(name: &str) -> Vec<String> {

@@ -253,23 +253,6 @@ fn bad_templates_are_refused_naming_the_field() {
     );
 }
 
-/// Runs `script` as root in the sandbox (as the server's own execs would, without capabilities).
-fn as_root(name: &str, script: &str) {
-    let out = std::process::Command::new("docker")
-        .args([
-            "exec",
-            "-u",
-            "0",
-            &format!("agent-sandbox-{name}"),
-            "sh",
-            "-c",
-            script,
-        ])
-        .output()
-        .expect("docker exec");
-    assert!(out.status.success(), "{script}: {out:?}");
-}
-
 #[test]
 fn template_create_from_a_sandbox_carries_its_root_filesystem_into_new_sandboxes() {
     let server = Server::start();

@@ -418,6 +418,38 @@ impl Drop for NetworkGuard {
     }
 }
 
+/// Runs `script` as root in the sandbox's container (without capabilities, as the server's own
+/// execs do); fails the test unless it succeeds, and answers its stdout.
+pub fn as_root(name: &str, script: &str) -> String {
+    let out = Command::new("docker")
+        .args([
+            "exec",
+            "-u",
+            "0",
+            &format!("agent-sandbox-{name}"),
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .expect("docker exec");
+    assert!(out.status.success(), "{script}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The files of the server's snapshot directory, sorted (stored snapshots and temp files).
+pub fn snapshot_files(server: &Server) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(server.data_dir.join("snapshots"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
 /// Managed containers carrying `io.agent-sandbox.id=<name>`.
 pub fn containers_of(name: &str) -> Vec<String> {
     docker(&[
