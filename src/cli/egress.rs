@@ -9,9 +9,10 @@ use clap::Args;
 use reqwest::Method;
 use serde_json::Value;
 
-use super::client::{encode, Client, Connection, NdjsonReader};
+use super::client::{Client, Connection, NdjsonReader};
 use super::util::table;
 use super::{emit, CliError};
+use crate::resource::Kind;
 
 const HEADERS: [&str; 7] = [
     "TIME", "PROTOCOL", "HOST", "ADDRESS", "DECISION", "RULE", "OUT/IN",
@@ -43,8 +44,8 @@ pub struct EgressArgs {
 pub async fn egress(args: EgressArgs) -> Result<ExitCode, CliError> {
     let client = Client::new(&args.connection)?;
     let path = format!(
-        "/apis/agent-sandbox.io/v1/sandboxes/{}/egress",
-        encode(&args.name)
+        "{}/egress",
+        Client::resource_path(Kind::Sandbox, Some(&args.name))
     );
     let follow = if args.follow { "true" } else { "false" };
     let response = client
