@@ -172,6 +172,13 @@ function maskedSpec(spec) {
 
 // ---- usage samples: the server's last hour, then this tab's own, kept in its session storage --
 
+// A sample of a /stats answer or a history point taken at `at`, with the CPU use (cores) since
+// `last` when it can be told (a later sample whose CPU seconds did not go back).
+function usageSample(last, at, point) {
+  const cores = last && at > last.at && point.cpuSeconds >= last.cpu ? (point.cpuSeconds - last.cpu) / ((at - last.at) / 1000) : null;
+  return { at, cpu: point.cpuSeconds, mem: point.memoryBytes, limit: point.memoryLimitBytes, cores };
+}
+
 const usage = {
   key: (name) => `usage:${name}`,
   load(name) {
@@ -180,25 +187,18 @@ const usage = {
   // Adds a /stats answer; returns the CPU use (cores) since the previous sample, if there is one.
   add(name, stats) {
     const samples = this.load(name);
-    const at = Date.parse(stats.sampledAt);
     const last = samples[samples.length - 1];
-    let cores = null;
-    if (last && at > last.at && stats.cpuSeconds >= last.cpu) cores = (stats.cpuSeconds - last.cpu) / ((at - last.at) / 1000);
-    if (!last || at > last.at) samples.push({ at, cpu: stats.cpuSeconds, mem: stats.memoryBytes, limit: stats.memoryLimitBytes, cores });
+    const next = usageSample(last, Date.parse(stats.sampledAt), stats);
+    if (!last || next.at > last.at) samples.push(next);
     const kept = samples.filter((s) => s.at >= Date.now() - HISTORY_MS);
     try { sessionStorage.setItem(this.key(name), JSON.stringify(kept)); } catch (_) { /* full: keep going */ }
-    return cores;
+    return next.cores;
   },
   // Puts the server's last hour (`…/stats/history`) before what this tab sampled itself.
   seed(name, history) {
     const mine = this.load(name);
     const samples = [];
-    for (const p of history.items) {
-      const at = Date.parse(p.at);
-      const last = samples[samples.length - 1];
-      const cores = last && at > last.at && p.cpuSeconds >= last.cpu ? (p.cpuSeconds - last.cpu) / ((at - last.at) / 1000) : null;
-      samples.push({ at, cpu: p.cpuSeconds, mem: p.memoryBytes, limit: p.memoryLimitBytes, cores });
-    }
+    for (const p of history.items) samples.push(usageSample(samples[samples.length - 1], Date.parse(p.at), p));
     const newest = samples.length ? samples[samples.length - 1].at : -Infinity;
     const kept = samples.concat(mine.filter((s) => s.at > newest)).filter((s) => s.at >= Date.now() - HISTORY_MS);
     try { sessionStorage.setItem(this.key(name), JSON.stringify(kept)); } catch (_) { /* full: keep going */ }
