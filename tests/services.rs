@@ -175,6 +175,7 @@ fn readiness_gates_ready_and_names_the_service_not_ready() {
                 r["status"]["phase"] == "Running"
                     && service(r, "web")["ready"] == true
                     && service(r, "gate")["state"] == "Running"
+                    && service(r, "plain")["state"] == "Running"
             })
         })
         .unwrap();
