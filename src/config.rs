@@ -394,6 +394,17 @@ impl Settings {
         !self.egress_default.is_empty()
     }
 
+    /// What a sandbox that leaves a property out gets.
+    pub fn sandbox_defaults(&self) -> crate::resource::SandboxDefaults {
+        crate::resource::SandboxDefaults {
+            image: self.default_image.clone(),
+            cpus: self.default_cpus,
+            memory_mb: self.default_memory_mb,
+            pids_limit: self.default_pids_limit,
+            egress_by_default: self.egress_by_default(),
+        }
+    }
+
     /// The Docker network of sandboxes whose egress goes through the gateway: created
     /// `--internal`, so it has no route out of the host.
     pub fn egress_network_name(&self) -> String {

@@ -41,6 +41,8 @@
 //! - [`ui`]: the web dashboard at `/ui` (page, script and style embedded in the binary); its
 //!   routes are `api/ui.rs`, its session cookie and CSRF check `api/session.rs`.
 //! - [`authz`]: who a key is (role, namespaces) and what it may do; the keys file, reloaded live.
+//! - [`quota`]: what a namespace's sandboxes and snapshots use, and whether a change fits its
+//!   `ResourceQuota`s.
 //! - [`audit`]: which requests the audit trail records, and its lines (kept by the store).
 //! - [`activity`]: which sandboxes are in use (API calls, running commands), for idle policies.
 //! - [`config`]: settings; [`server`]: wiring it all together for `agent-sandbox serve`;
@@ -67,6 +69,7 @@ pub mod helper_binary;
 pub mod metrics;
 pub mod ports;
 pub mod processes;
+pub mod quota;
 pub mod resource;
 pub mod secrets;
 pub mod server;

@@ -272,7 +272,8 @@ fn reconcile(store: &Store, resource: &AnyResource) {
         | AnyResource::SandboxPool(_)
         | AnyResource::Secret(_)
         | AnyResource::Webhook(_)
-        | AnyResource::SandboxTemplate(_) => {}
+        | AnyResource::SandboxTemplate(_)
+        | AnyResource::ResourceQuota(_) => {}
     }
 }
 

@@ -19,7 +19,7 @@ pub struct ErrorDetail {
     /// Machine-readable: `invalid_request`, `unauthorized`, `forbidden`, `not_found`,
     /// `method_not_allowed`, `conflict`, `sandbox_paused`, `payload_too_large`, `unsupported_media_type`,
     /// `validation_error`,
-    /// `limit_exceeded`, `backend_error`, `unavailable` or `internal_error`.
+    /// `limit_exceeded`, `quota_exceeded`, `backend_error`, `unavailable` or `internal_error`.
     pub code: String,
     /// For people.
     pub message: String,
@@ -68,6 +68,10 @@ pub enum ApiError {
     /// 429 `limit_exceeded`
     #[error("{0}")]
     LimitExceeded(String),
+    /// 403 `quota_exceeded`: the change would take its namespace past a `ResourceQuota` (the
+    /// message names the quota, the resource and the numbers).
+    #[error("{0}")]
+    QuotaExceeded(String),
     /// 502 `backend_error`
     #[error("{0}")]
     Backend(String),
@@ -95,6 +99,7 @@ impl ApiError {
             }
             ApiError::Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation_error"),
             ApiError::LimitExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "limit_exceeded"),
+            ApiError::QuotaExceeded(_) => (StatusCode::FORBIDDEN, "quota_exceeded"),
             ApiError::Backend(_) => (StatusCode::BAD_GATEWAY, "backend_error"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),

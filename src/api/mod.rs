@@ -17,6 +17,7 @@ pub mod power;
 pub mod previews;
 pub mod processes;
 pub mod processes_ws;
+pub mod quota;
 pub mod resources;
 pub mod root;
 pub mod session;

@@ -44,8 +44,8 @@ mod selector;
 mod state;
 
 use docs::{
-    DocumentedKind, ForkResource, SandboxPoolResource, SandboxResource, SandboxTemplateResource,
-    SecretResource, SnapshotResource, WebhookResource,
+    DocumentedKind, ForkResource, ResourceQuotaResource, SandboxPoolResource, SandboxResource,
+    SandboxTemplateResource, SecretResource, SnapshotResource, WebhookResource,
 };
 
 pub use selector::LabelSelector;
@@ -77,6 +77,7 @@ pub fn routes() -> ApiRouter<AppState> {
         .merge(kind_routes::<SecretResource>())
         .merge(kind_routes::<WebhookResource>())
         .merge(kind_routes::<SandboxTemplateResource>())
+        .merge(kind_routes::<ResourceQuotaResource>())
         .api_route(
             &format!("{PREFIX}/sandboxes/{{name}}/pause"),
             post_with(state::pause, docs::pause),
@@ -221,6 +222,7 @@ fn generated_name(kind: Kind) -> String {
         Kind::Secret => "secret",
         Kind::Webhook => "webhook",
         Kind::SandboxTemplate => "template",
+        Kind::ResourceQuota => "quota",
     };
     format!("{prefix}_{}", hex::encode(rand::random::<[u8; 8]>()))
 }
@@ -462,6 +464,8 @@ async fn create<K: DocumentedKind>(
         resource.metadata_mut().name = generated_name(kind);
     }
     check_name(resource.name())?;
+    let _admission = super::quota::lock_for(&state, kind).await;
+    super::quota::check(&state, &resource)?;
     let created = state
         .store
         .write(move |store| {
@@ -514,6 +518,8 @@ async fn replace<K: DocumentedKind>(
             resource.name()
         )));
     }
+    let _admission = super::quota::lock_for(&state, kind).await;
+    super::quota::check(&state, &resource)?;
     let replaced = state
         .store
         .write(move |store| {

@@ -228,6 +228,7 @@ fn kind_of(plural: &str) -> Option<&'static str> {
         "forks" => "Fork",
         "sandboxpools" => "SandboxPool",
         "sandboxtemplates" => "SandboxTemplate",
+        "resourcequotas" => "ResourceQuota",
         "secrets" => "Secret",
         "events" => "Event",
         _ => return None,
@@ -245,6 +246,10 @@ pub fn classify(method: &str, path: &str) -> Classified {
     };
     if let Some(rest) = path.strip_prefix(APIS) {
         let segments: Vec<&str> = rest.split('/').collect();
+        if segments.first() == Some(&"resourcequotas") && !read_method {
+            // A namespace's keys see its quotas; only an admin sets them.
+            return server;
+        }
         match segments.as_slice() {
             ["errors"] => Classified {
                 access: access(read_method),
@@ -385,6 +390,33 @@ mod tests {
         );
         assert!(!other.reaches(DEFAULT_NAMESPACE));
         assert_eq!(other.home_namespace(), "team-b");
+    }
+
+    #[test]
+    fn a_namespace_sees_its_quotas_and_only_an_admin_sets_them() {
+        let edit = scoped(Role::Edit, &["default"]);
+        let quotas = "/apis/agent-sandbox.io/v1/resourcequotas";
+        assert_eq!(decide(&edit, "GET", quotas), Decision::Allow);
+        assert_eq!(
+            decide(&edit, "GET", &format!("{quotas}/team")),
+            Decision::Allow
+        );
+        for (m, p) in [
+            ("POST", quotas.to_string()),
+            ("PUT", format!("{quotas}/team")),
+            ("PATCH", format!("{quotas}/team")),
+            ("DELETE", format!("{quotas}/team")),
+        ] {
+            assert!(
+                matches!(decide(&edit, m, &p), Decision::Forbidden(_)),
+                "{m} {p}"
+            );
+        }
+        let admin = Principal::admin("root");
+        assert_eq!(
+            decide(&admin, "PUT", &format!("{quotas}/team")),
+            Decision::Allow
+        );
     }
 
     #[test]

@@ -64,13 +64,7 @@ impl Containers {
 
     /// What a sandbox that leaves a property out gets.
     pub(super) fn defaults(&self) -> SandboxDefaults {
-        SandboxDefaults {
-            image: self.settings.default_image.clone(),
-            cpus: self.settings.default_cpus,
-            memory_mb: self.settings.default_memory_mb,
-            pids_limit: self.settings.default_pids_limit,
-            egress_by_default: self.settings.egress_by_default(),
-        }
+        self.settings.sandbox_defaults()
     }
 
     /// The shared read-only volume holding the in-sandbox helper, created on first use.

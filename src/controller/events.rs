@@ -255,6 +255,12 @@ impl Lifecycle for crate::resource::SecretStatus {
     }
 }
 
+impl Lifecycle for crate::resource::ResourceQuotaStatus {
+    fn notes(&self, _old: Option<&Self>) -> Vec<Note> {
+        Vec::new()
+    }
+}
+
 impl Lifecycle for crate::resource::SandboxTemplateStatus {
     fn notes(&self, _old: Option<&Self>) -> Vec<Note> {
         Vec::new()

@@ -26,6 +26,7 @@
 //! - `services.rs`: a running sandbox's declared services and listening ports in its status.
 //! - `template.rs`: a sandbox's `spec.template` resolved once into its status, and a
 //!   `SandboxTemplate`'s own status. `template_pool.rs`: a template's warm members (`spec.pool`).
+//! - `quota.rs`: a `ResourceQuota`'s `status.used`, and holding a sandbox no quota admits.
 //! - `secret.rs`: whether a `Secret` has a value, and the deletion of Secrets and Webhooks.
 //! - `gc.rs`: garbage collection of Docker objects that belong to no resource.
 //!
@@ -64,6 +65,7 @@ mod pool;
 mod power;
 mod pulls;
 pub mod queue;
+mod quota;
 mod replace;
 mod restore;
 mod sandbox;
@@ -337,6 +339,9 @@ impl Controller {
             Kind::Fork => fork::reconcile(&self.fork_context(), name).await,
             Kind::Secret => secret::reconcile_secret(&self.fork_context(), name).await,
             Kind::Webhook => secret::reconcile_webhook(&self.fork_context(), name).await,
+            Kind::ResourceQuota => {
+                quota::reconcile(&self.fork_context(), &self.containers.defaults(), name).await
+            }
             Kind::SandboxTemplate => {
                 // Its implicit pool (if any) follows every change of it, and its removal.
                 self.queue
@@ -424,6 +429,16 @@ impl Controller {
                         .and_then(|s| s.status.as_ref()?.claimed_from.clone())
                     {
                         self.pools.recount(pool);
+                    }
+                    // What a namespace uses changed: its quotas' status, and the sandboxes they
+                    // hold, are looked at again.
+                    if matches!(
+                        resource.kind(),
+                        Kind::Sandbox | Kind::Snapshot | Kind::ResourceQuota
+                    ) {
+                        for key in quota::affected_by(&self.store, resource) {
+                            self.queue.add(key);
+                        }
                     }
                     // Sandboxes may be waiting for the template.
                     if resource.kind() == Kind::SandboxTemplate {

@@ -9,11 +9,11 @@ use super::error::ReconcileError;
 use super::names::{self, container_name};
 use super::policy::{Cleanup, Failure, Outcome};
 use super::status::{generation, note_pulled, set_ready, write_status};
-use super::{power, replace, restore, services, template, template_pool};
+use super::{power, quota, replace, restore, services, template, template_pool};
 use crate::docker::EngineError;
 use crate::resource::{
-    ConditionStatus, EffectiveSandbox, ImagePullProgress, Kind, Sandbox, SandboxPhase,
-    SandboxState, SandboxStatus,
+    set_condition, Condition, ConditionStatus, EffectiveSandbox, ImagePullProgress, Kind, Sandbox,
+    SandboxPhase, SandboxState, SandboxStatus,
 };
 use crate::store::Entry;
 
@@ -74,6 +74,47 @@ pub(super) async fn reconcile(
     }
 
     let effective = sandbox.spec.effective(&ctl.containers.defaults());
+
+    // A sandbox no quota admits (one declared in a folder: the API refuses the others) waits
+    // with nothing started; the quota's changes and its namespace's look at it again.
+    let held_by = quota::holding(ctl.store, &ctl.containers.defaults(), &declared);
+    let was_held = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == quota::QUOTA_EXCEEDED);
+    if let Some(exceeded) = held_by {
+        let message = exceeded.to_string();
+        set_condition(
+            &mut status.conditions,
+            Condition {
+                type_: quota::QUOTA_EXCEEDED.into(),
+                status: ConditionStatus::True,
+                reason: quota::QUOTA_EXCEEDED.into(),
+                message: message.clone(),
+                last_transition_time: now,
+                observed_generation: Some(generation),
+            },
+        );
+        set_ready(
+            &mut status.conditions,
+            ConditionStatus::False,
+            quota::QUOTA_EXCEEDED,
+            &message,
+            generation,
+        );
+        status.phase = SandboxPhase::Pending;
+        status.message = message;
+        write_status(ctl.store, ctl.events, &sandbox, &status)
+            .await
+            .map_err(|error| Failure::reported(error, &sandbox, status.clone()))?;
+        return Ok(Outcome::done());
+    }
+    if was_held {
+        status
+            .conditions
+            .retain(|c| c.type_ != quota::QUOTA_EXCEEDED);
+        status.message.clear();
+    }
 
     // Paused or stopped as the spec asks, on the container it already has: nothing else to do
     // (a pending rollback or a container to rebuild goes the long way below).

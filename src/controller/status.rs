@@ -150,6 +150,11 @@ reported!(
     Kind::SandboxTemplate
 );
 reported!(
+    crate::resource::ResourceQuota,
+    crate::resource::ResourceQuotaStatus,
+    Kind::ResourceQuota
+);
+reported!(
     crate::resource::Secret,
     crate::resource::SecretStatus,
     Kind::Secret

@@ -240,6 +240,14 @@ pub fn export(resources: &[AnyResource], options: &ExportOptions) -> Result<Expo
                     .into(),
             }),
             AnyResource::Fork(f) => out.gaps.push(fork(f, &object)),
+            AnyResource::ResourceQuota(_) => out.gaps.push(Gap {
+                object: object.clone(),
+                field: None,
+                kind: GapKind::NotExpressed,
+                reason: "not exported: a Kubernetes namespace has ResourceQuotas of its own, \
+                         which count pods rather than sandboxes"
+                    .into(),
+            }),
             AnyResource::Secret(_) | AnyResource::Webhook(_) => out.gaps.push(Gap {
                 object: object.clone(),
                 field: None,

@@ -1,5 +1,5 @@
 //! Resource types and their documents: the `Sandbox`, `Snapshot`, `Fork`, `SandboxPool`,
-//! `SandboxTemplate`, `Secret` and `Webhook` kinds with the
+//! `SandboxTemplate`, `Secret`, `Webhook` and `ResourceQuota` kinds with the
 //! Kubernetes envelope, their JSON Schemas, and (in [`yaml`]) the only YAML parsing in the crate.
 //!
 //! This module owns what a valid document is. It knows nothing about disk, Docker or HTTP: the store
@@ -12,6 +12,7 @@ mod fork;
 pub mod keyfile;
 mod meta;
 mod pool;
+mod quota;
 mod sandbox;
 pub mod schema;
 mod secret;
@@ -37,6 +38,7 @@ pub use meta::{
     API_VERSION, NAME_PATTERN,
 };
 pub use pool::{SandboxPoolSpec, SandboxPoolStatus};
+pub use quota::{QuotaUsage, ResourceQuotaSpec, ResourceQuotaStatus};
 pub use sandbox::{
     AppliedLimits, EffectiveSandbox, IdleAction, IdlePolicy, ImagePullPolicy, ImagePullProgress,
     RollbackRecord, RollbackRequest, RootfsRecord, SandboxDefaults, SandboxPhase, SandboxSource,
@@ -63,10 +65,11 @@ pub enum Kind {
     Secret,
     Webhook,
     SandboxTemplate,
+    ResourceQuota,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Sandbox,
         Kind::Snapshot,
         Kind::Fork,
@@ -74,6 +77,7 @@ impl Kind {
         Kind::Secret,
         Kind::Webhook,
         Kind::SandboxTemplate,
+        Kind::ResourceQuota,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -85,6 +89,7 @@ impl Kind {
             Kind::Secret => "Secret",
             Kind::Webhook => "Webhook",
             Kind::SandboxTemplate => "SandboxTemplate",
+            Kind::ResourceQuota => "ResourceQuota",
         }
     }
 
@@ -98,6 +103,7 @@ impl Kind {
             Kind::Secret => "secrets",
             Kind::Webhook => "webhooks",
             Kind::SandboxTemplate => "sandboxtemplates",
+            Kind::ResourceQuota => "resourcequotas",
         }
     }
 
@@ -124,7 +130,7 @@ impl FromStr for Kind {
             .ok_or_else(|| {
                 format!(
                     "unknown kind {s:?} (expected sandbox, snapshot, fork, sandboxpool, secret, \
-                     webhook or sandboxtemplate)"
+                     webhook, sandboxtemplate or resourcequota)"
                 )
             })
     }
@@ -210,6 +216,12 @@ resource_kind!(
     SandboxTemplateSpec,
     SandboxTemplateStatus
 );
+resource_kind!(
+    /// Limits on what one namespace's sandboxes and snapshots use together.
+    ResourceQuota,
+    ResourceQuotaSpec,
+    ResourceQuotaStatus
+);
 
 /// A resource of any kind, as the store keeps it.
 // A sandbox is the largest kind by far, and the most common: boxing it would cost every
@@ -225,6 +237,7 @@ pub enum AnyResource {
     Secret(Secret),
     Webhook(Webhook),
     SandboxTemplate(SandboxTemplate),
+    ResourceQuota(ResourceQuota),
 }
 
 impl AnyResource {
@@ -237,6 +250,7 @@ impl AnyResource {
             AnyResource::Secret(_) => Kind::Secret,
             AnyResource::Webhook(_) => Kind::Webhook,
             AnyResource::SandboxTemplate(_) => Kind::SandboxTemplate,
+            AnyResource::ResourceQuota(_) => Kind::ResourceQuota,
         }
     }
 
@@ -253,6 +267,7 @@ impl AnyResource {
             AnyResource::Secret(r) => &r.metadata,
             AnyResource::Webhook(r) => &r.metadata,
             AnyResource::SandboxTemplate(r) => &r.metadata,
+            AnyResource::ResourceQuota(r) => &r.metadata,
         }
     }
 
@@ -265,6 +280,7 @@ impl AnyResource {
             AnyResource::Secret(r) => &mut r.metadata,
             AnyResource::Webhook(r) => &mut r.metadata,
             AnyResource::SandboxTemplate(r) => &mut r.metadata,
+            AnyResource::ResourceQuota(r) => &mut r.metadata,
         }
     }
 
@@ -278,6 +294,7 @@ impl AnyResource {
             AnyResource::Secret(r) => serde_json::to_value(&r.spec),
             AnyResource::Webhook(r) => serde_json::to_value(&r.spec),
             AnyResource::SandboxTemplate(r) => serde_json::to_value(&r.spec),
+            AnyResource::ResourceQuota(r) => serde_json::to_value(&r.spec),
         };
         value.unwrap_or(serde_json::Value::Null)
     }
@@ -295,6 +312,9 @@ impl AnyResource {
             AnyResource::Secret(r) => r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
             AnyResource::Webhook(r) => r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
             AnyResource::SandboxTemplate(r) => {
+                r.status.as_ref().and_then(|s| serde_json::to_value(s).ok())
+            }
+            AnyResource::ResourceQuota(r) => {
                 r.status.as_ref().and_then(|s| serde_json::to_value(s).ok())
             }
         }
@@ -317,6 +337,7 @@ impl AnyResource {
             AnyResource::Secret(r) => r.status = parse(status)?,
             AnyResource::Webhook(r) => r.status = parse(status)?,
             AnyResource::SandboxTemplate(r) => r.status = parse(status)?,
+            AnyResource::ResourceQuota(r) => r.status = parse(status)?,
         }
         Ok(())
     }
@@ -330,6 +351,7 @@ impl AnyResource {
             AnyResource::Secret(r) => r.status = None,
             AnyResource::Webhook(r) => r.status = None,
             AnyResource::SandboxTemplate(r) => r.status = None,
+            AnyResource::ResourceQuota(r) => r.status = None,
         }
     }
 
@@ -417,6 +439,13 @@ impl AnyResource {
     pub fn as_template(&self) -> Option<&SandboxTemplate> {
         match self {
             AnyResource::SandboxTemplate(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn as_quota(&self) -> Option<&ResourceQuota> {
+        match self {
+            AnyResource::ResourceQuota(r) => Some(r),
             _ => None,
         }
     }

@@ -56,6 +56,7 @@ pub fn schema_of(kind: Kind) -> Value {
         Kind::Secret => root_schema::<crate::resource::Secret>(),
         Kind::Webhook => root_schema::<crate::resource::Webhook>(),
         Kind::SandboxTemplate => root_schema::<crate::resource::SandboxTemplate>(),
+        Kind::ResourceQuota => root_schema::<crate::resource::ResourceQuota>(),
     };
     let mut value = schema.to_value();
     if let Some(obj) = value.as_object_mut() {

@@ -290,7 +290,7 @@ pub fn value_to_resource(
         _ => {
             let message = match expected {
                 Some(k) => format!("kind must be {k:?}, found {kind_text:?}"),
-                None => format!("kind must be Sandbox, Snapshot, Fork, SandboxPool, Secret, Webhook or SandboxTemplate, found {kind_text:?}"),
+                None => format!("kind must be Sandbox, Snapshot, Fork, SandboxPool, Secret, Webhook, SandboxTemplate or ResourceQuota, found {kind_text:?}"),
             };
             return Err(fail(message, Some("kind".into()), "/kind"));
         }
@@ -323,6 +323,7 @@ pub fn value_to_resource(
         Kind::Secret => serde_json::from_value(value).map(AnyResource::Secret),
         Kind::Webhook => serde_json::from_value(value).map(AnyResource::Webhook),
         Kind::SandboxTemplate => serde_json::from_value(value).map(AnyResource::SandboxTemplate),
+        Kind::ResourceQuota => serde_json::from_value(value).map(AnyResource::ResourceQuota),
     };
     let resource = converted.map_err(|e| fail(e.to_string(), None, ""))?;
     let checked = match &resource {

@@ -12,7 +12,7 @@ use super::state::PauseRequest;
 use super::DocumentErrors;
 use crate::api::openapi::Describe;
 use crate::resource::{
-    Fork, Kind, Sandbox, SandboxPool, SandboxTemplate, Secret, Snapshot, Webhook,
+    Fork, Kind, ResourceQuota, Sandbox, SandboxPool, SandboxTemplate, Secret, Snapshot, Webhook,
 };
 
 /// A resource kind as routed and documented: the kind its routes fix, and the schemas of its
@@ -125,6 +125,12 @@ documented_kind!(
     SandboxTemplateResource,
     SandboxTemplateResourceList,
     SandboxTemplateWatchEvent
+);
+documented_kind!(
+    ResourceQuota,
+    ResourceQuotaResource,
+    ResourceQuotaResourceList,
+    ResourceQuotaWatchEvent
 );
 documented_kind!(
     Secret,

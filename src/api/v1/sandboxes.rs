@@ -57,6 +57,7 @@ pub async fn create_from_spec(
                 state.settings.max_sandboxes
             )));
         }
+        crate::api::quota::check(state, &Sandbox::new("", spec.clone()).into())?;
         let spec = spec.clone();
         create_with_new_id(&state.store, "sb_", move |id| {
             Sandbox::new(id, spec.clone()).into()

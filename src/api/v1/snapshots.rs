@@ -59,10 +59,14 @@ pub async fn create(
         display_name: name,
         scope,
     };
-    let created = create_with_new_id(&state.store, "snap_", move |id| {
-        Snapshot::new(id, spec.clone()).into()
-    })
-    .await?;
+    let created = {
+        let _admission = state.create_lock.lock().await;
+        crate::api::quota::check(&state, &Snapshot::new("", spec.clone()).into())?;
+        create_with_new_id(&state.store, "snap_", move |id| {
+            Snapshot::new(id, spec.clone()).into()
+        })
+        .await?
+    };
     let id = created.name().to_string();
     let result = wait::until(
         &state.store,

@@ -37,6 +37,7 @@ use chrono::Utc;
 use super::context::SnapshotContext;
 use super::error::ReconcileError;
 use super::policy::{Failure, Outcome};
+use super::quota;
 use super::status::{clear_condition, generation, note_immutable, set_ready, write_status};
 use crate::archive::{self, ArchiveError};
 use crate::docker::EngineError;
@@ -331,6 +332,17 @@ async fn take(
             return Ok(Outcome::done());
         }
     };
+    let defaults = ctl.settings.sandbox_defaults();
+    if let Some(exceeded) = quota::snapshot_over(ctl.store, &defaults, snapshot, exported.size) {
+        data.discard().await;
+        if let Some(reference) = &rootfs_reference {
+            rootfs::remove(ctl.engine.as_ref(), reference).await;
+        }
+        let message = format!("{exceeded}; nothing was stored");
+        fail(&mut status, snapshot, quota::QUOTA_EXCEEDED, &message);
+        write_status(ctl.store, ctl.events, snapshot, &status).await?;
+        return Ok(Outcome::done());
+    }
     if let Err(error) = data.publish().await {
         if let Some(reference) = &rootfs_reference {
             rootfs::remove(ctl.engine.as_ref(), reference).await;
