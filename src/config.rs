@@ -211,6 +211,11 @@ pub struct Settings {
         value_delimiter = ','
     )]
     pub egress_default: Vec<String>,
+    /// Refuse link-local destinations (cloud metadata) and the host's own addresses to sandboxes
+    /// on the open network (`network: true` without `egress`), with `iptables` rules on this
+    /// host. Turn off only where they cannot be applied (a Docker daemon on another host).
+    #[arg(long, env = "AGENT_SANDBOX_OPEN_NETWORK_GUARD", default_value = "true", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub open_network_guard: bool,
     /// Refuse sandboxes with an open network: every sandbox with `network: true` must set
     /// `egress` (or get `AGENT_SANDBOX_EGRESS_DEFAULT`).
     #[arg(long, env = "AGENT_SANDBOX_EGRESS_REQUIRED", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]

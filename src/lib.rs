@@ -34,6 +34,8 @@
 //! - [`secrets`]: a `Secret`'s write-only value, from the store, the environment or a file.
 //! - [`egress`]: the egress policy of sandboxes with `spec.egress` (which destinations a
 //!   connection may reach, which addresses are always refused).
+//! - [`firewall`]: the host's `iptables` rules that refuse link-local destinations and the
+//!   host's own addresses to sandboxes on the open network.
 //! - [`webhooks`]: delivering events to `Webhook` receivers, signed, from a durable outbox.
 //! - [`metrics`]: `GET /metrics` (what happens, recorded through a handle the working parts are
 //!   given; what is, read from the store and the host's cgroups at each scrape) and a sandbox's
@@ -64,6 +66,7 @@ pub mod docker;
 pub mod doctor;
 pub mod egress;
 pub mod export;
+pub mod firewall;
 pub mod gc;
 pub mod helper_binary;
 pub mod metrics;

@@ -584,13 +584,7 @@ fn cpu_limit_is_a_quota() {
 #[test]
 fn network_sandboxes_cannot_reach_each_other() {
     let net = unique("sec-net");
-    struct RemoveNetwork(String);
-    impl Drop for RemoveNetwork {
-        fn drop(&mut self) {
-            let _ = docker_status(&["network", "rm", &self.0]);
-        }
-    }
-    let _net_guard = RemoveNetwork(net.clone());
+    let _net_guard = NetworkGuard(vec![net.clone()]);
     let server = Server::start_with(&[("AGENT_SANDBOX_NETWORK_NAME", &net)]);
     let (a, b) = (unique("sec-net-a"), unique("sec-net-b"));
     create(&server, &a, json!({"network": true}));

@@ -35,6 +35,8 @@ pub(super) struct Containers {
     removing: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
     /// The egress gateway policed sandboxes go through, once the server attached one.
     pub(super) gateway: std::sync::OnceLock<Arc<Gateway>>,
+    /// Open bridges whose firewall guard this server has put in place (once per run each).
+    guarded: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// The network a container joins, and for a policed one where its gateway listens.
@@ -59,6 +61,7 @@ impl Containers {
             helper_volume: tokio::sync::Mutex::new(None),
             removing: Arc::default(),
             gateway: std::sync::OnceLock::new(),
+            guarded: std::sync::Mutex::default(),
         }
     }
 
@@ -97,11 +100,15 @@ impl Containers {
         } else {
             (self.settings.network_name.clone(), NetworkKind::Open)
         };
-        let address = self.engine.ensure_network(&name, kind).await?;
+        let info = self.engine.ensure_network(&name, kind).await?;
+        if kind == NetworkKind::Open && self.settings.open_network_guard {
+            self.guard(&name, info.bridge.as_deref()).await?;
+        }
         let gateway = match (egress, self.gateway.get()) {
             (true, Some(gateway)) => {
-                let address =
-                    address.ok_or_else(|| ReconcileError::EgressNoAddress(name.clone()))?;
+                let address = info
+                    .gateway
+                    .ok_or_else(|| ReconcileError::EgressNoAddress(name.clone()))?;
                 gateway
                     .listen_on(address)
                     .await
@@ -114,6 +121,31 @@ impl Containers {
             network: name,
             gateway,
         }))
+    }
+
+    /// Puts the firewall guard of the open network `network` (on host interface `bridge`) in
+    /// place, once per run: no sandbox joins it without the guard.
+    async fn guard(&self, network: &str, bridge: Option<&str>) -> Result<(), ReconcileError> {
+        let bridge = bridge.ok_or_else(|| ReconcileError::OpenNetworkGuard {
+            network: network.to_string(),
+            message: "Docker names no host interface for it".into(),
+        })?;
+        let done = |guarded: &std::sync::Mutex<std::collections::HashSet<String>>| {
+            guarded.lock().is_ok_and(|g| g.contains(bridge))
+        };
+        if done(&self.guarded) {
+            return Ok(());
+        }
+        crate::firewall::guard_open_bridge(bridge)
+            .await
+            .map_err(|error| ReconcileError::OpenNetworkGuard {
+                network: network.to_string(),
+                message: error.to_string(),
+            })?;
+        if let Ok(mut guarded) = self.guarded.lock() {
+            guarded.insert(bridge.to_string());
+        }
+        Ok(())
     }
 
     /// Tells the gateway the list of `sandbox`, running in `container`, when it is policed

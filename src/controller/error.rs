@@ -38,6 +38,14 @@ pub enum ReconcileError {
         "docker reports no gateway address for network {0}; the egress gateway cannot listen there"
     )]
     EgressNoAddress(String),
+    /// The firewall rules that keep open-network sandboxes from link-local destinations and the
+    /// host's own addresses could not be put in place; the sandbox does not start without them.
+    #[error(
+        "cannot guard the open network {network:?} (link-local and host addresses refused): \
+         {message}; set AGENT_SANDBOX_OPEN_NETWORK_GUARD=false to run open sandboxes without \
+         it (see SECURITY.md)"
+    )]
+    OpenNetworkGuard { network: String, message: String },
     #[error("docker: {0}")]
     Engine(#[from] EngineError),
     #[error("store: {0}")]

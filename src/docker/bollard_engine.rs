@@ -581,11 +581,7 @@ impl Engine for BollardEngine {
         }
     }
 
-    async fn ensure_network(
-        &self,
-        name: &str,
-        kind: NetworkKind,
-    ) -> EngineResult<Option<std::net::IpAddr>> {
+    async fn ensure_network(&self, name: &str, kind: NetworkKind) -> EngineResult<NetworkInfo> {
         let what = format!("network {name}");
         let internal = kind == NetworkKind::Internal;
         let _one_creator = self.networks.lock().await;
@@ -612,7 +608,16 @@ impl Engine for BollardEngine {
                         .into_iter()
                         .filter_map(|config| config.gateway?.parse().ok())
                         .find(std::net::IpAddr::is_ipv4);
-                    return Ok(gateway);
+                    // Docker names a bridge's interface after the network's ID unless an
+                    // option names it.
+                    let bridge = network
+                        .options
+                        .and_then(|o| o.get("com.docker.network.bridge.name").cloned())
+                        .or_else(|| {
+                            let id = network.id?;
+                            Some(format!("br-{}", id.get(..12)?))
+                        });
+                    return Ok(NetworkInfo { gateway, bridge });
                 }
                 Err(e) if is_status(&e, 404) && attempt == 0 => {}
                 Err(e) => return Err(map_err("inspect", &what)(e)),

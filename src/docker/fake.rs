@@ -536,14 +536,10 @@ impl Engine for FakeEngine {
         })
     }
 
-    async fn ensure_network(
-        &self,
-        name: &str,
-        _kind: NetworkKind,
-    ) -> EngineResult<Option<std::net::IpAddr>> {
+    async fn ensure_network(&self, name: &str, _kind: NetworkKind) -> EngineResult<NetworkInfo> {
         let mut state = self.enter("ensure_network", name)?;
         state.networks.insert(name.to_string());
-        Ok(None)
+        Ok(NetworkInfo::default())
     }
 
     async fn network_members(&self, name: &str) -> EngineResult<Vec<(String, std::net::IpAddr)>> {

@@ -183,6 +183,15 @@ pub enum NetworkKind {
     Internal,
 }
 
+/// A sandbox network as the host sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetworkInfo {
+    /// The host's own address on it (its gateway), when Docker reports one.
+    pub gateway: Option<IpAddr>,
+    /// The host's interface of the bridge (`br-…`, or the name its options give it).
+    pub bridge: Option<String>,
+}
+
 /// Everything that shapes one sandbox container. Limits can later change in place
 /// ([`Engine::update_limits`]); the rest needs a new container.
 #[derive(Clone, Debug, PartialEq)]
@@ -439,10 +448,10 @@ pub trait Engine: Send + Sync + 'static {
     async fn pause(&self, id: &str) -> EngineResult<()>;
     async fn unpause(&self, id: &str) -> EngineResult<()>;
     /// Creates the dedicated bridge (inter-container traffic disabled) unless it exists, and
-    /// returns the host's own address on it (its gateway), when Docker reports one. An
-    /// [`NetworkKind::Internal`] network that exists without Docker's `internal` flag is an
-    /// error, never used: its sandboxes would have a route out.
-    async fn ensure_network(&self, name: &str, kind: NetworkKind) -> EngineResult<Option<IpAddr>>;
+    /// returns the host's address and interface on it. An [`NetworkKind::Internal`] network
+    /// that exists without Docker's `internal` flag is an error, never used: its sandboxes
+    /// would have a route out.
+    async fn ensure_network(&self, name: &str, kind: NetworkKind) -> EngineResult<NetworkInfo>;
     /// The running managed containers on network `name`, by container name and address there:
     /// how the egress gateway tells who is speaking.
     async fn network_members(&self, name: &str) -> EngineResult<Vec<(String, IpAddr)>>;

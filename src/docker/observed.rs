@@ -18,7 +18,7 @@ use futures::stream::BoxStream;
 use super::{
     CommittedRootfs, ContainerDetails, ContainerPlan, Engine, EngineCapabilities, EngineEvent,
     EngineResult, ExecPlan, ExecSession, ExecState, LabeledImage, ManagedContainer, ManagedVolume,
-    NetworkKind, PullProgress,
+    NetworkInfo, NetworkKind, PullProgress,
 };
 
 /// Told about every Docker call: the operation's name (the [`Engine`] method's), whether it
@@ -155,11 +155,7 @@ impl Engine for ObservedEngine {
         self.timed("unpause", self.inner.unpause(id)).await
     }
 
-    async fn ensure_network(
-        &self,
-        name: &str,
-        kind: NetworkKind,
-    ) -> EngineResult<Option<std::net::IpAddr>> {
+    async fn ensure_network(&self, name: &str, kind: NetworkKind) -> EngineResult<NetworkInfo> {
         self.timed("ensure_network", self.inner.ensure_network(name, kind))
             .await
     }

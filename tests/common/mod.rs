@@ -413,9 +413,31 @@ pub struct NetworkGuard(pub Vec<String>);
 impl Drop for NetworkGuard {
     fn drop(&mut self) {
         for name in &self.0 {
-            let _ = docker_status(&["network", "rm", name]);
+            remove_network(name);
         }
     }
+}
+
+/// Removes a Docker network a test made, and the server's firewall guard rules that name its
+/// bridge (they would outlive it on the host).
+pub fn remove_network(name: &str) {
+    if let Some(id) =
+        inspect(&["--type", "network", name]).and_then(|n| n["Id"].as_str().map(String::from))
+    {
+        let bridge = format!("br-{}", &id[..12]);
+        for chain in ["INPUT", "DOCKER-USER"] {
+            let Ok(out) = Command::new("iptables").args(["-S", chain]).output() else {
+                continue;
+            };
+            for rule in String::from_utf8_lossy(&out.stdout).lines() {
+                if rule.contains(&bridge) && rule.contains("agent-sandbox open network guard") {
+                    let delete = format!("iptables -w {}", rule.replacen("-A ", "-D ", 1));
+                    let _ = Command::new("sh").args(["-c", &delete]).status();
+                }
+            }
+        }
+    }
+    let _ = docker_status(&["network", "rm", name]);
 }
 
 /// Runs `script` as root in the sandbox's container (without capabilities, as the server's own

@@ -1,0 +1,225 @@
+//! The open network (`network: true` without `egress`) refuses link-local destinations and the
+//! host's own addresses, proved against the real daemon under runc and runsc, and only with
+//! addresses the test owns: a listener of the test on all of the host's addresses, and a network
+//! namespace the test makes, holding a link-local address routed from the host. A plain container
+//! of the test (not a sandbox) reaches that namespace, so the path is real; a sandbox is refused
+//! at once. The rules are checked from `iptables` too.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+const LINK_LOCAL: &str = "169.254.77.77";
+
+fn run(args: &[&str]) -> (bool, String) {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn must(args: &[&str]) {
+    let (ok, out) = run(args);
+    assert!(ok, "{args:?}: {out}");
+}
+
+/// A network namespace with `169.254.77.77` on a veth pair, routed from the host, and a
+/// listener there that answers `reached-link-local`; gone with its value.
+struct LinkLocalPeer {
+    ns: String,
+    host_side: String,
+    listener: std::process::Child,
+}
+
+impl LinkLocalPeer {
+    fn start(port: u16) -> LinkLocalPeer {
+        let tag = format!("{:06x}", rand::random::<u32>() & 0xff_ffff);
+        let (ns, host_side, ns_side) = (
+            format!("asb-ll-{tag}"),
+            format!("asbh{tag}"),
+            format!("asbn{tag}"),
+        );
+        must(&["ip", "netns", "add", &ns]);
+        let mut peer = LinkLocalPeer {
+            ns: ns.clone(),
+            host_side: host_side.clone(),
+            listener: Command::new("true").spawn().unwrap(),
+        };
+        must(&[
+            "ip", "link", "add", &host_side, "type", "veth", "peer", "name", &ns_side,
+        ]);
+        must(&["ip", "link", "set", &ns_side, "netns", &ns]);
+        // The host side needs an address of its own: Docker masquerades what leaves a bridge.
+        must(&["ip", "addr", "add", "169.254.77.1/32", "dev", &host_side]);
+        must(&["ip", "link", "set", &host_side, "up"]);
+        let in_ns = |args: &[&str]| {
+            let mut all = vec!["ip", "netns", "exec", &ns];
+            all.extend_from_slice(args);
+            must(&all);
+        };
+        in_ns(&["ip", "link", "set", "lo", "up"]);
+        in_ns(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{LINK_LOCAL}/32"),
+            "dev",
+            &ns_side,
+        ]);
+        in_ns(&["ip", "link", "set", &ns_side, "up"]);
+        in_ns(&["ip", "route", "add", "default", "dev", &ns_side]);
+        must(&[
+            "ip",
+            "route",
+            "add",
+            &format!("{LINK_LOCAL}/32"),
+            "dev",
+            &host_side,
+        ]);
+        let script = format!(
+            "import socket\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+             s.bind(('{LINK_LOCAL}', {port}))\ns.listen(16)\nwhile True:\n    c, _ = s.accept()\n    \
+             c.sendall(b'reached-link-local\\n')\n    c.close()\n"
+        );
+        peer.listener = Command::new("ip")
+            .args(["netns", "exec", &ns, "python3", "-c", &script])
+            .spawn()
+            .unwrap();
+        peer
+    }
+}
+
+impl Drop for LinkLocalPeer {
+    fn drop(&mut self) {
+        let _ = self.listener.kill();
+        let _ = self.listener.wait();
+        // Deleting the namespace deletes its veth end, and with it the host's end and route.
+        let _ = run(&["ip", "netns", "del", &self.ns]);
+        let _ = run(&["ip", "link", "del", &self.host_side]);
+    }
+}
+
+fn inside(server: &Server, name: &str, script: &str) -> String {
+    let body = json!({"command": script, "timeout_seconds": 30});
+    let (status, out) = server.request("POST", &format!("/v1/sandboxes/{name}/exec"), Some(&body));
+    assert_eq!(status, 200, "{out}");
+    out["stdout"].as_str().unwrap_or_default().to_string()
+}
+
+fn network(name: &str) -> Value {
+    inspect(&["--type", "network", name]).expect("the open network exists")
+}
+
+#[test]
+fn an_open_sandbox_reaches_neither_link_local_nor_the_host() {
+    let server = Server::start();
+    let sb = unique("open-guard");
+    let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+                     "metadata": {"name": sb}, "spec": {"image": TEST_IMAGE, "network": true}});
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    server.wait_running(&sb);
+
+    // What was asked of the host: the rules name the open network's bridge.
+    let net = network("agent-sandbox-net");
+    let id = net["Id"].as_str().unwrap();
+    let bridge = format!("br-{}", &id[..12]);
+    let (_, input) = run(&["iptables", "-S", "INPUT"]);
+    let (_, user) = run(&["iptables", "-S", "DOCKER-USER"]);
+    for (rules, wanted) in [(&input, "--ctstate NEW"), (&user, "-d 169.254.0.0/16")] {
+        assert!(
+            rules.lines().any(|l| l.contains(&bridge)
+                && l.contains(wanted)
+                && l.contains("agent-sandbox open network guard")
+                && l.contains("REJECT")),
+            "no guard rule for {bridge}: {rules}"
+        );
+    }
+
+    // The host's own address on the bridge, where a listener of the test accepts on all of the
+    // host's addresses.
+    let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let gateway = net["IPAM"]["Config"][0]["Gateway"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = inside(
+        &server,
+        &sb,
+        &format!("nc -w 3 {gateway} {port} </dev/null; echo rc=$?"),
+    );
+    assert!(
+        out.contains("rc=1"),
+        "the sandbox connected to the host: {out}"
+    );
+    assert!(
+        listener.accept().is_err(),
+        "the host's listener was reached from the sandbox"
+    );
+
+    // A link-local address, in a namespace of the test's own.
+    let ll_port = free_port();
+    let _peer = LinkLocalPeer::start(ll_port);
+    // A plain container of the test, on Docker's default bridge, reaches it: the path is real.
+    wait_until(
+        "a plain container reaches the link-local peer",
+        Duration::from_secs(20),
+        || {
+            let (_, out) = run(&[
+                "docker",
+                "run",
+                "--rm",
+                "--network",
+                "bridge",
+                TEST_IMAGE,
+                "sh",
+                "-c",
+                &format!("nc -w 2 {LINK_LOCAL} {ll_port} </dev/null"),
+            ]);
+            out.contains("reached-link-local")
+        },
+    );
+    let out = inside(
+        &server,
+        &sb,
+        &format!("nc -w 3 {LINK_LOCAL} {ll_port} </dev/null; echo rc=$?"),
+    );
+    assert!(
+        !out.contains("reached-link-local"),
+        "the sandbox reached link-local: {out}"
+    );
+    assert!(out.contains("rc=1"), "{out}");
+
+    // The sandbox's own loopback still works.
+    let out = inside(
+        &server,
+        &sb,
+        "nc -ll -p 9000 -e echo reached-self >/dev/null 2>&1 & sleep 0.5; nc -w 2 127.0.0.1 9000 </dev/null; kill $! 2>/dev/null; true",
+    );
+    assert!(out.contains("reached-self"), "{out}");
+
+    // A listener the test owns on the host, connected from the host, proves it listens.
+    let mut own = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    own.write_all(b"x").unwrap();
+    let (mut accepted, _) = loop {
+        match listener.accept() {
+            Ok(pair) => break pair,
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let mut byte = [0u8; 1];
+    accepted.set_nonblocking(false).unwrap();
+    accepted.read_exact(&mut byte).unwrap();
+    assert_eq!(&byte, b"x");
+}
