@@ -24,13 +24,20 @@ use super::BollardEngine;
 const SETTLE: Duration = Duration::from_secs(2);
 
 impl BollardEngine {
-    /// Kills container `id` locally when it can: `true` once its processes are dead, `false`
-    /// when it was not done here (see the module doc) and Docker is to be asked.
+    /// Kills container `id` locally when it can: `true` once nothing of it runs (killed here,
+    /// or missing, or not running to begin with), `false` when it was not done here (see the
+    /// module doc) and Docker is to be asked. One inspect decides, so a name with no container
+    /// (a deletion tries all of a sandbox's names) costs one call.
     pub(super) async fn kill_locally(&self, id: &str) -> bool {
         let inspected = match self.docker.inspect_container(id, None).await {
             Ok(inspected) => inspected,
+            Err(e) if super::is_status(&e, 404) => return true,
             Err(_) => return false,
         };
+        let state = inspected.state.as_ref();
+        if state.and_then(|s| s.running) == Some(false) {
+            return true;
+        }
         // Frozen (by Docker or by this host's freezer): a SIGKILL would stay pending.
         let Some(freezer) = super::freezer::of_inspected(&inspected) else {
             return false;
