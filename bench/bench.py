@@ -291,6 +291,7 @@ def main() -> int:
 
     both = [ours, ref]
     section("create", paired.create_destroy, results, both, args.n)
+    section("create", ours_only.resource_destroy, results, ours, args.n)
     section("docker", docker_floor.floor, results, OURS, args.image, args.n)
     section("dataplane", paired.data_plane, results, both, args.n)
     section("snapshots", paired.snapshots, results, both, args.n)

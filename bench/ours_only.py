@@ -23,6 +23,16 @@ def sandbox_yaml(name: str, image: str, labels: dict | None = None, extra: str =
     )
 
 
+def resource_destroy(results: Results, server: Server, n: int) -> None:
+    """`DELETE` of a sandbox (made through `/v1` just before, untimed) through the resource API,
+    until its 200 answer: the sandbox gone and its processes killed, as `/v1`'s destroy."""
+    for _ in range(n):
+        sandbox = server.create()
+        path = f"{API}/sandboxes/{sandbox['id']}"
+        results.measure("destroy (resource API)", server.name,
+                        lambda: server.call("DELETE", path, expect=(200,)))
+
+
 def is_converged(doc, generation_above: int = 0, container_not: str | None = None) -> bool:
     if not doc:
         return False

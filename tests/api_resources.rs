@@ -441,7 +441,7 @@ async fn create_get_list_replace_delete_in_json_and_yaml() {
     assert_error(&body, "invalid_request");
 
     let (status, _, deleted) = api
-        .send(api.request(Method::DELETE, &format!("{API}/sandboxes/demo")))
+        .send(api.request(Method::DELETE, &format!("{API}/sandboxes/demo?wait=false")))
         .await;
     assert!(
         status == StatusCode::ACCEPTED || status == StatusCode::OK,
@@ -744,7 +744,7 @@ async fn watch_streams_added_modified_deleted() {
             .json(&changed),
     )
     .await;
-    api.send(api.request(Method::DELETE, &format!("{API}/sandboxes/live")))
+    api.send(api.request(Method::DELETE, &format!("{API}/sandboxes/live?wait=false")))
         .await;
     // The controller's part of deletion: finishing it removes the resource.
     api.store.finalize(Kind::Sandbox, "live").unwrap();
@@ -1268,7 +1268,10 @@ async fn a_list_with_limit_comes_in_pages_joined_by_continue() {
     let token = first["metadata"]["continue"].as_str().unwrap().to_string();
     let last = names(&first)[1].clone();
     let (status, _, _) = api
-        .send(api.request(Method::DELETE, &format!("{API}/sandboxes/{last}")))
+        .send(api.request(
+            Method::DELETE,
+            &format!("{API}/sandboxes/{last}?wait=false"),
+        ))
         .await;
     assert!(status.is_success(), "{status}");
     let (_, _, rest) = api

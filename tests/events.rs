@@ -269,7 +269,7 @@ fn a_sandbox_lifecycle_is_recorded_counted_watched_and_kept_across_a_crash() {
 
     // Deletion kills the container.
     let (status, body) = server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
-    assert_eq!(status, 202, "{body}");
+    assert_eq!(status, 200, "{body}");
     server.wait_gone("sandboxes", &name);
     wait_event(&server, &name, "Killed");
 }

@@ -30,6 +30,7 @@ use tokio::sync::broadcast;
 
 use super::body::{read_body, request_format, respond, response_format, Format, MAX_JSON_BODY};
 use super::error::ApiError;
+use super::v1::wait::Poll;
 use super::AppState;
 use crate::authz::{namespace_of, Principal};
 use crate::resource::yaml::{self, DocumentError};
@@ -541,12 +542,51 @@ async fn delete<K: DocumentedKind>(
 ) -> Result<Response, ApiError> {
     let kind = K::KIND;
     let opts = dry_run(&params)?;
+    // A sandbox's deletion is waited for unless `wait=false`: it is short (its processes killed
+    // and its container renamed away; the removal finishes in the background).
+    let wait = kind == Kind::Sandbox
+        && !opts.dry_run
+        && (!params.contains_key("wait") || flag(&params, "wait")?);
+    // Subscribed before the write, so the controller's finalization cannot slip by unseen.
+    let events = state.store.subscribe();
+    let target = name.clone();
     let deleted = state
         .store
-        .write(move |store| store.delete(kind, &name, opts))
+        .write(move |store| store.delete(kind, &target, opts))
         .await?;
+    if wait && sandbox_gone(&state.store, events, &name, &deleted).await {
+        return respond(StatusCode::OK, &deleted, response_format(&headers));
+    }
     // Deletion finishes asynchronously: the controller removes what the resource owns first.
     respond(StatusCode::ACCEPTED, &deleted, response_format(&headers))
+}
+
+/// How long a sandbox's DELETE waits for the controller before it answers 202 instead.
+const DELETE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether sandbox `name` (the one `deleted` is: a sandbox of that name created since is
+/// another) is gone from the store within [`DELETE_WAIT`].
+async fn sandbox_gone(
+    store: &Store,
+    events: broadcast::Receiver<WatchEvent>,
+    name: &str,
+    deleted: &AnyResource,
+) -> bool {
+    let uid = deleted.metadata().uid.clone();
+    let waited = super::v1::wait::until(
+        store,
+        events,
+        Kind::Sandbox,
+        name,
+        DELETE_WAIT,
+        "the deletion",
+        |entry| match entry {
+            Some(e) if e.resource.metadata().uid == uid => Poll::Pending(String::new()),
+            _ => Poll::Done(()),
+        },
+    )
+    .await;
+    waited.is_ok()
 }
 
 /// One document that did not apply, as `GET .../errors` reports it.

@@ -418,10 +418,13 @@ impl Containers {
     }
 
     /// Takes a deleted sandbox's processes down and its names away, the part of a deletion that
-    /// is waited for: each container under one of the sandbox's names is killed and renamed to
-    /// its [`names::deleted_container_name`] (one whose new name is taken is removed at once).
-    /// Returns the names the containers now have, for [`Containers::remove_deleted`]. Running it
-    /// again after a crash finds nothing left to do and returns the same names.
+    /// is waited for: each container under one of the sandbox's names is renamed to its
+    /// [`names::deleted_container_name`] (one whose new name is taken is removed at once), then
+    /// killed under that name. Renaming first frees the names while the kill runs (Docker
+    /// renames a running container), and a run after a crash between the two still finds the
+    /// container to kill under its deleted name, before the deletion answers. Returns the names
+    /// the containers now have, for [`Containers::remove_deleted`]. Running it again after a
+    /// crash returns the same names.
     pub(super) async fn retire_deleted(
         &self,
         name: &str,
@@ -429,23 +432,24 @@ impl Containers {
     ) -> Result<Vec<String>, ReconcileError> {
         let retirements = names::container_names(name).map(|container| async move {
             let deleted = names::deleted_container_name(&container, uid);
-            match self.engine.kill_container(&container).await {
+            match self.engine.rename_container(&container, &deleted).await {
+                // Missing: nothing had this name, or an earlier run renamed it already.
                 Ok(()) => {}
-                Err(EngineError::Unreachable(why)) => return Err(EngineError::Unreachable(why)),
-                Err(error) => {
-                    tracing::info!(%container, %error, "cannot kill; removing it instead");
+                Err(error) if error.is_not_found() => {}
+                Err(EngineError::Conflict { .. }) => {
                     self.engine.remove_container(&container).await?;
                     return Ok(deleted);
                 }
+                Err(error) => return Err(error),
             }
-            match self.engine.rename_container(&container, &deleted).await {
+            match self.engine.kill_container(&deleted).await {
                 Ok(()) => Ok(deleted),
-                Err(error) if error.is_not_found() => Ok(deleted),
-                Err(EngineError::Conflict { .. }) => {
-                    self.engine.remove_container(&container).await?;
+                Err(EngineError::Unreachable(why)) => Err(EngineError::Unreachable(why)),
+                Err(error) => {
+                    tracing::info!(container = %deleted, %error, "cannot kill; removing it instead");
+                    self.engine.remove_container(&deleted).await?;
                     Ok(deleted)
                 }
-                Err(error) => Err(error),
             }
         });
         let mut retired = Vec::new();

@@ -13,8 +13,8 @@
 //!
 //! Where things are. The reconcilers, one per kind:
 //!
-//! - `sandbox.rs`: a `Sandbox`: expiry, deletion (waited for only until its containers are killed
-//!   and renamed away; their removal and the workspaces' finish in the background), its container
+//! - `sandbox.rs`: a `Sandbox`: expiry, deletion (waited for only until its containers are renamed
+//!   away and killed; their removal and the workspaces' finish in the background), its container
 //!   kept running as the spec says.
 //! - `restore.rs`: a sandbox's first workspace from `spec.source`, and rollbacks
 //!   (`spec.rollback`: `ensure_rollback`).

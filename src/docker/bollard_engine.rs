@@ -5,7 +5,8 @@
 //! [`EngineError::NotFound`] (or success where the trait promises idempotence), a name clash on
 //! create is [`EngineError::Conflict`], a missing image is [`EngineError::ImageMissing`] (nothing
 //! is ever pulled), a broken connection is [`EngineError::Unreachable`]. The container's shape
-//! lives in [`plan`], events in [`events`], the helper volume in [`helper`].
+//! lives in [`plan`], events in [`events`], the helper volume in [`helper`], a local kill in
+//! [`kill`].
 //!
 //! Workspace ownership: a fresh volume's root belongs to root, and the sandbox user cannot
 //! change that (it has no capabilities; neither has `docker exec -u 0`). Instead of running an
@@ -24,6 +25,7 @@ mod dataplane;
 mod events;
 mod freezer;
 mod helper;
+mod kill;
 mod layer;
 mod plan;
 mod pull;
@@ -544,6 +546,9 @@ impl Engine for BollardEngine {
         // A frozen container takes no signal: Docker refuses to kill a paused one (409), and a
         // cgroup frozen here, by this run or one before it, would hold the SIGKILL pending.
         self.thaw_before_removal(id);
+        if self.kill_locally(id).await {
+            return Ok(());
+        }
         self.thaw_if_paused(id).await?;
         // Docker answers a SIGKILL only once the container has stopped.
         let options = bollard::query_parameters::KillContainerOptions {

@@ -536,8 +536,10 @@ pub trait Engine: Send + Sync + 'static {
     /// if there is no such container. Pools and rollbacks depend on it.
     async fn rename_container(&self, id: &str, new_name: &str) -> EngineResult<()>;
 
-    /// Kills the container's processes (SIGKILL) and returns once it has stopped; the container
-    /// itself stays, to be renamed or removed later. A missing or stopped container is not an
+    /// Kills the container's processes (SIGKILL) and returns once they are dead: directly through
+    /// its PID 1 when that is a local runc process (Docker then reports the container running
+    /// for a few milliseconds more, until it notices), else through Docker, which answers once
+    /// it has stopped. The container itself stays, to be renamed or removed later. A missing or stopped container is not an
     /// error. A deletion depends on it.
     async fn kill_container(&self, id: &str) -> EngineResult<()>;
 

@@ -331,11 +331,27 @@ pub fn delete<K: DocumentedKind>(op: Op<'_>) -> Op<'_> {
         .summary(&format!("Delete a {kind}"))
         .description(
             "Marks the resource for deletion; the controller removes what it owns, then the \
-             resource disappears.",
+             resource disappears. A Sandbox's DELETE waits for that (unless `wait=false`): it \
+             answers 200 once the sandbox is gone from the API and its processes are killed, \
+             with its name free for a new sandbox at once; its container and workspace are \
+             removed in the background, and a server restarted meanwhile finishes that. If the \
+             controller does not get there within 60 s, or for any other kind, the answer is 202 \
+             and the deletion goes on.",
         )
         .tag(TAG)
-        .path_param("name", NAME);
+        .path_param("name", NAME)
+        .query_with_schema(
+            "wait",
+            false,
+            "Sandboxes only: `false` answers 202 at once instead of waiting for the deletion \
+             (default `true`)",
+            serde_json::json!({"type": "boolean"}),
+        );
     dry_run(op)
+        .resource::<K>(
+            200,
+            "Deleted (a Sandbox, waited for): the object as its deletion began",
+        )
         .resource::<K>(202, "Deletion started (the object shows deletionTimestamp)")
         .errors(&[400, 403, 404, 409])
 }

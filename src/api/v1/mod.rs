@@ -97,7 +97,11 @@ pub fn routes_with(settings: &Settings, options: V1Options) -> ApiRouter<AppStat
                 v1(op, "v1DeleteSandbox", "Delete a sandbox")
                     .description("Its snapshots remain.")
                     .path_param("id", SANDBOX_ID)
-                    .empty(204, "Deleted: container and workspace are gone")
+                    .empty(
+                        204,
+                        "Deleted: gone from the API and its processes killed; its container and \
+                         workspace are removed in the background",
+                    )
                     .errors(&[400, 403, 404, 503])
             }),
         )
