@@ -9,8 +9,13 @@ mod common;
 
 use std::time::Duration;
 
+use common::routed::RoutedPeer;
 use common::*;
 use serde_json::{json, Value};
+
+/// An address beyond the host for the open sandbox to reach (TEST-NET-1, documentation only),
+/// held by a namespace of the test's own and routed there alone.
+const OUTSIDE: &str = "192.0.2.77";
 
 struct ContainerGuard(String);
 
@@ -149,16 +154,16 @@ fn an_egress_sandbox_has_no_way_out_and_edits_keep_its_container() {
             .expect("gateway")
             .to_string()
     };
-    let (open_gateway, egress_gateway) = (gateway(&net), gateway(&format!("{net}-egress")));
+    let egress_gateway = gateway(&format!("{net}-egress"));
 
     // A service of the test's own, on a network of its own, published only on the host's
-    // addresses on the two sandbox bridges: reaching it means leaving one's own network.
+    // address on the internal bridge: reaching it means leaving one's own network.
     let upstream_net = unique("eg-upstream-net");
     let _upstream_net = NetworkGuard(vec![upstream_net.clone()]);
     docker(&["network", "create", &upstream_net]);
     let upstream = unique("eg-upstream");
     let _upstream = ContainerGuard(upstream.clone());
-    let (open_port, egress_port) = (free_port(), free_port());
+    let egress_port = free_port();
     docker(&[
         "run",
         "-d",
@@ -167,8 +172,6 @@ fn an_egress_sandbox_has_no_way_out_and_edits_keep_its_container() {
         "--network",
         &upstream_net,
         "-p",
-        &format!("{open_gateway}:{open_port}:8000"),
-        "-p",
         &format!("{egress_gateway}:{egress_port}:8000"),
         TEST_IMAGE,
         "sh",
@@ -176,21 +179,32 @@ fn an_egress_sandbox_has_no_way_out_and_edits_keep_its_container() {
         "while true; do echo reached-upstream | nc -l -p 8000; done",
     ]);
 
-    // The open sandbox gets out to it (the control); the policed one does not.
+    // The open sandbox gets out (the control): to an address beyond the host, in a namespace of
+    // the test's own (the host's own addresses are refused to open sandboxes). The policed one
+    // reaches neither that nor the upstream published on the host's address on its bridge.
+    let outside_port = free_port();
+    let _outside = RoutedPeer::start(OUTSIDE, "192.0.2.1", outside_port, "reached-outside");
     let mut out = String::new();
     wait_until(
-        "the open sandbox reaches the upstream",
+        "the open sandbox reaches the outside",
         Duration::from_secs(15),
         || {
             out = inside(
                 &server,
                 &open,
-                &format!("nc -w 2 {open_gateway} {open_port} </dev/null"),
+                &format!("nc -w 2 {OUTSIDE} {outside_port} </dev/null"),
             )
             .1;
-            out.contains("reached-upstream")
+            out.contains("reached-outside")
         },
     );
+    let (_, out) = inside(
+        &server,
+        &policed,
+        &format!("nc -w 3 {OUTSIDE} {outside_port} </dev/null; echo rc=$?"),
+    );
+    assert!(!out.contains("reached-outside"), "{out}");
+    assert!(!out.contains("rc=0"), "{out}");
     let (_, out) = inside(
         &server,
         &policed,

@@ -12,6 +12,7 @@ use std::net::TcpListener;
 use std::process::Command;
 use std::time::Duration;
 
+use common::routed::RoutedPeer;
 use common::*;
 use serde_json::{json, Value};
 
@@ -25,87 +26,6 @@ fn run(args: &[&str]) -> (bool, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.success(), text)
-}
-
-fn must(args: &[&str]) {
-    let (ok, out) = run(args);
-    assert!(ok, "{args:?}: {out}");
-}
-
-/// A network namespace with `169.254.77.77` on a veth pair, routed from the host, and a
-/// listener there that answers `reached-link-local`; gone with its value.
-struct LinkLocalPeer {
-    ns: String,
-    host_side: String,
-    listener: std::process::Child,
-}
-
-impl LinkLocalPeer {
-    fn start(port: u16) -> LinkLocalPeer {
-        let tag = format!("{:06x}", rand::random::<u32>() & 0xff_ffff);
-        let (ns, host_side, ns_side) = (
-            format!("asb-ll-{tag}"),
-            format!("asbh{tag}"),
-            format!("asbn{tag}"),
-        );
-        must(&["ip", "netns", "add", &ns]);
-        let mut peer = LinkLocalPeer {
-            ns: ns.clone(),
-            host_side: host_side.clone(),
-            listener: Command::new("true").spawn().unwrap(),
-        };
-        must(&[
-            "ip", "link", "add", &host_side, "type", "veth", "peer", "name", &ns_side,
-        ]);
-        must(&["ip", "link", "set", &ns_side, "netns", &ns]);
-        // The host side needs an address of its own: Docker masquerades what leaves a bridge.
-        must(&["ip", "addr", "add", "169.254.77.1/32", "dev", &host_side]);
-        must(&["ip", "link", "set", &host_side, "up"]);
-        let in_ns = |args: &[&str]| {
-            let mut all = vec!["ip", "netns", "exec", &ns];
-            all.extend_from_slice(args);
-            must(&all);
-        };
-        in_ns(&["ip", "link", "set", "lo", "up"]);
-        in_ns(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{LINK_LOCAL}/32"),
-            "dev",
-            &ns_side,
-        ]);
-        in_ns(&["ip", "link", "set", &ns_side, "up"]);
-        in_ns(&["ip", "route", "add", "default", "dev", &ns_side]);
-        must(&[
-            "ip",
-            "route",
-            "add",
-            &format!("{LINK_LOCAL}/32"),
-            "dev",
-            &host_side,
-        ]);
-        let script = format!(
-            "import socket\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-             s.bind(('{LINK_LOCAL}', {port}))\ns.listen(16)\nwhile True:\n    c, _ = s.accept()\n    \
-             c.sendall(b'reached-link-local\\n')\n    c.close()\n"
-        );
-        peer.listener = Command::new("ip")
-            .args(["netns", "exec", &ns, "python3", "-c", &script])
-            .spawn()
-            .unwrap();
-        peer
-    }
-}
-
-impl Drop for LinkLocalPeer {
-    fn drop(&mut self) {
-        let _ = self.listener.kill();
-        let _ = self.listener.wait();
-        // Deleting the namespace deletes its veth end, and with it the host's end and route.
-        let _ = run(&["ip", "netns", "del", &self.ns]);
-        let _ = run(&["ip", "link", "del", &self.host_side]);
-    }
 }
 
 fn inside(server: &Server, name: &str, script: &str) -> String {
@@ -170,7 +90,7 @@ fn an_open_sandbox_reaches_neither_link_local_nor_the_host() {
 
     // A link-local address, in a namespace of the test's own.
     let ll_port = free_port();
-    let _peer = LinkLocalPeer::start(ll_port);
+    let _peer = RoutedPeer::start(LINK_LOCAL, "169.254.77.1", ll_port, "reached-link-local");
     // A plain container of the test, on Docker's default bridge, reaches it: the path is real.
     wait_until(
         "a plain container reaches the link-local peer",

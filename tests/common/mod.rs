@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod archive;
+pub mod routed;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
