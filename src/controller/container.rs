@@ -147,8 +147,18 @@ impl Containers {
         if !gateway.is_listening() {
             self.network(true, true).await?;
         }
-        gateway.set_policy(name, container, rules);
+        gateway.set_policy(
+            name,
+            container,
+            rules,
+            super::sandbox_secrets::bindings(sandbox),
+        );
         Ok(())
+    }
+
+    /// Whether an egress gateway carries policed sandboxes' traffic.
+    pub(super) fn polices(&self) -> bool {
+        self.gateway.get().is_some()
     }
 
     /// Forgets a deleted sandbox's list and decision log.

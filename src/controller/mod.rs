@@ -67,6 +67,7 @@ pub mod queue;
 mod replace;
 mod restore;
 mod sandbox;
+mod sandbox_secrets;
 mod secret;
 mod services;
 mod snapshot;
@@ -424,6 +425,12 @@ impl Controller {
                         .and_then(|s| s.status.as_ref()?.claimed_from.clone())
                     {
                         self.pools.recount(pool);
+                    }
+                    // Sandboxes say in their status whether the Secrets they name are usable.
+                    if resource.kind() == Kind::Secret {
+                        for sandbox in sandbox_secrets::users_of(&self.store, resource.name()) {
+                            self.queue.add((Kind::Sandbox, sandbox));
+                        }
                     }
                     // Sandboxes may be waiting for the template.
                     if resource.kind() == Kind::SandboxTemplate {

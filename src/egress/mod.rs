@@ -8,10 +8,12 @@
 
 mod dns;
 mod gateway;
+mod inject;
 mod listen;
 pub mod policy;
 mod proxy;
 mod resolve;
 
-pub use gateway::{Decision, Gateway, GatewaySettings, PROXY_PORT};
+pub use gateway::{Decision, Gateway, GatewaySettings, SecretBinding, PROXY_PORT};
+pub use inject::placeholder;
 pub use policy::{decide_address, decide_name, protected_block, Protected, Verdict};

@@ -1,5 +1,6 @@
-//! The gateway's HTTP proxy: absolute-URI requests (plain HTTP, routed by their host) and
-//! `CONNECT` tunnels (TLS carried end to end, never intercepted). Each is decided against the
+//! The gateway's HTTP proxy: absolute-URI requests (plain HTTP, routed by their host, with the
+//! sandbox's Secrets put in where they apply, see `inject`) and `CONNECT` tunnels (TLS carried
+//! end to end, never intercepted). Each is decided against the
 //! speaking sandbox's list before anything leaves; the name is resolved here and the connection
 //! goes to an address that was checked, so a name that rebinds to a protected address gets
 //! nowhere. Refusals are a `403` with the reason, at once.
@@ -13,6 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use super::gateway::{Decision, Shared};
+use super::inject::inject;
 use super::policy;
 
 /// The largest request head read.
@@ -275,8 +277,11 @@ async fn serve_client(
             .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
             .await?;
     } else {
-        upstream.write_all(&request.upstream_head).await?;
-        sent += request.upstream_head.len() as u64;
+        // Only the head is read: a placeholder in the body or a later request on the same
+        // connection stays as it is (the upstream is told `Connection: close`).
+        let (head, _) = inject(&shared.store, &tenant, host, port, request.upstream_head).await;
+        upstream.write_all(&head).await?;
+        sent += head.len() as u64;
     }
     if !early.is_empty() {
         upstream.write_all(&early).await?;
