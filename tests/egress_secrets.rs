@@ -1,0 +1,386 @@
+//! Secrets through the egress gateway, against the real daemon (runc, and gVisor with
+//! `AGENT_SANDBOX_TEST_RUNTIME=runsc`): a sandbox holds a placeholder, the gateway puts the value
+//! in the Secret's header of requests to the Secret's hosts only, a rotated value applies to the
+//! next request, and the value is nowhere else: not in API answers, the server's log, status,
+//! events, `docker inspect`, a sandbox process's environment, or the data directory outside the
+//! Secret's own owner-only file. Bad Secrets are refused naming the field.
+//!
+//! The only addresses any request goes to are those of containers and networks this suite made.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+struct ContainerGuard(String);
+
+impl Drop for ContainerGuard {
+    fn drop(&mut self) {
+        let _ = docker_status(&["rm", "-f", &self.0]);
+    }
+}
+
+/// An upstream that answers every GET with the request headers it got.
+const ECHO_SERVER: &str = "import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ('path=' + self.path + '\\n' + str(self.headers)).encode()
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(('', 8000), H).serve_forever()
+";
+
+/// The test's own "internet": the echo server on a network of the test's own.
+struct Internet {
+    _container: ContainerGuard,
+    _network: NetworkGuard,
+    subnet: String,
+    ip: String,
+}
+
+fn internet() -> Internet {
+    let net = unique("sec-inet");
+    let network = NetworkGuard(vec![net.clone()]);
+    docker(&["network", "create", &net]);
+    let name = unique("sec-echo");
+    let container = ContainerGuard(name.clone());
+    docker(&[
+        "run",
+        "-d",
+        "--name",
+        &name,
+        "--network",
+        &net,
+        PYTHON_IMAGE,
+        "python3",
+        "-c",
+        ECHO_SERVER,
+    ]);
+    let ip = inspect(&[&name]).expect("container")["NetworkSettings"]["Networks"][&net]
+        ["IPAddress"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let subnet = inspect(&["--type", "network", &net]).expect("network")["IPAM"]["Config"][0]
+        ["Subnet"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    Internet {
+        _container: container,
+        _network: network,
+        subnet,
+        ip,
+    }
+}
+
+fn secret_doc(name: &str, spec: Value, value: Option<&str>) -> Value {
+    let mut doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Secret",
+                         "metadata": {"name": name}, "spec": spec});
+    if let Some(value) = value {
+        doc["value"] = json!(value);
+    }
+    doc
+}
+
+/// What a GET of `url` from inside `sandbox` printed, with `Authorization: Bearer $VAR`.
+fn fetch(server: &Server, sandbox: &str, var: &str, url: &str) -> String {
+    let body = json!({
+        "command": format!(
+            "wget -q -O - --header \"Authorization: Bearer ${var}\" {url} 2>&1; echo rc=$?"
+        ),
+        "timeout_seconds": 30,
+    });
+    let (status, out) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{sandbox}/exec"),
+        Some(&body),
+    );
+    assert_eq!(status, 200, "{out}");
+    format!(
+        "{}{}",
+        out["stdout"].as_str().unwrap_or_default(),
+        out["stderr"].as_str().unwrap_or_default()
+    )
+}
+
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+fn holds(bytes: &[u8], needle: &str) -> bool {
+    bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+#[test]
+fn a_secret_reaches_only_its_hosts_and_is_nowhere_else() {
+    if !python_image("the egress secrets test") {
+        return;
+    }
+    let world = internet();
+    let hosts = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        hosts.path(),
+        format!(
+            "{ip} api.example.test other.example.test denied.example.test\n",
+            ip = world.ip
+        ),
+    )
+    .unwrap();
+    let net = unique("sec-gw");
+    let _networks = NetworkGuard(vec![format!("{net}-egress"), net.clone()]);
+    let hosts_path = hosts.path().to_str().unwrap().to_string();
+    let server = Server::start_with(&[
+        ("AGENT_SANDBOX_NETWORK_NAME", &net),
+        ("AGENT_SANDBOX_EGRESS_HOSTS", &hosts_path),
+        ("AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW", &world.subnet),
+    ]);
+
+    let value = format!("sk-test-{:032x}", rand::random::<u128>());
+    let secret = unique("openai");
+    let spec = json!({"hosts": ["api.example.test:8000"], "header": "Authorization",
+                      "format": "Bearer {value}"});
+    let (status, answer) = server.request(
+        "POST",
+        &format!("{API}/secrets"),
+        Some(&secret_doc(&secret, spec.clone(), Some(&value))),
+    );
+    assert_eq!(status, 201, "{answer}");
+    assert!(!answer.to_string().contains(&value), "{answer}");
+
+    let name = unique("sec-sb");
+    let missing = unique("sec-missing");
+    let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+        "metadata": {"name": name},
+        "spec": {"image": TEST_IMAGE, "network": true,
+                 "egress": {"allow": ["api.example.test:8000", "other.example.test:8000"]},
+                 "secrets": [{"env": "OPENAI_API_KEY", "secret": secret},
+                             {"env": "MISSING_KEY", "secret": missing}]}});
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    server.wait_running(&name);
+
+    // Inside, the variable holds a placeholder, not the value.
+    let (_, placeholder) = server.exec(&name, "printf %s \"$OPENAI_API_KEY\"");
+    assert!(
+        placeholder.starts_with("agent-sandbox-secret-"),
+        "{placeholder}"
+    );
+    assert!(!placeholder.contains(&value));
+
+    // The listed host gets the real header.
+    let out = fetch(&server, &name, "OPENAI_API_KEY", "http://api.example.test:8000/v1");
+    assert!(out.contains("rc=0"), "{out}\n{}", server.log());
+    assert!(
+        out.contains(&format!("Authorization: Bearer {value}")),
+        "{out}"
+    );
+    assert!(!out.contains(&placeholder), "{out}");
+    // An allowed host the Secret does not list sees only the placeholder.
+    let out = fetch(
+        &server,
+        &name,
+        "OPENAI_API_KEY",
+        "http://other.example.test:8000/",
+    );
+    assert!(out.contains("rc=0"), "{out}");
+    assert!(
+        out.contains(&format!("Authorization: Bearer {placeholder}")),
+        "{out}"
+    );
+    assert!(!out.contains(&value), "{out}");
+    // A denied host gets nothing at all.
+    let out = fetch(
+        &server,
+        &name,
+        "OPENAI_API_KEY",
+        "http://denied.example.test:8000/",
+    );
+    assert!(!out.contains("rc=0") && !out.contains(&value), "{out}");
+    // The placeholder anywhere but the Secret's header stays what it is.
+    let (_, out) = server.exec(
+        &name,
+        "wget -q -O - --header \"X-Other: $OPENAI_API_KEY\" \
+         \"http://api.example.test:8000/$OPENAI_API_KEY\" 2>&1",
+    );
+    assert!(
+        out.contains(&format!("path=/{placeholder}")) && !out.contains(&value),
+        "{out}"
+    );
+
+    // A rotated value is used from the next request on.
+    let rotated = format!("sk-rotated-{:032x}", rand::random::<u128>());
+    let (status, answer) = server.request(
+        "PUT",
+        &format!("{API}/secrets/{secret}"),
+        Some(&secret_doc(&secret, spec.clone(), Some(&rotated))),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert!(!answer.to_string().contains(&rotated), "{answer}");
+    let out = fetch(&server, &name, "OPENAI_API_KEY", "http://api.example.test:8000/");
+    assert!(
+        out.contains(&format!("Authorization: Bearer {rotated}")),
+        "{out}"
+    );
+    // An edit of the Secret's hosts applies within a second, with no restart.
+    let mut narrowed = spec.clone();
+    narrowed["hosts"] = json!(["other.example.test:8000"]);
+    let (status, answer) = server.request(
+        "PUT",
+        &format!("{API}/secrets/{secret}"),
+        Some(&secret_doc(&secret, narrowed, None)),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let out = fetch(&server, &name, "OPENAI_API_KEY", "http://api.example.test:8000/");
+    assert!(
+        out.contains(&placeholder) && !out.contains(&rotated),
+        "{out}"
+    );
+    let out = fetch(
+        &server,
+        &name,
+        "OPENAI_API_KEY",
+        "http://other.example.test:8000/",
+    );
+    assert!(out.contains(&format!("Bearer {rotated}")), "{out}");
+
+    // The missing Secret is named in the sandbox's status; the sandbox runs all the same.
+    let mut sandbox = Value::Null;
+    wait_until("SecretsReady names the missing Secret", Duration::from_secs(15), || {
+        sandbox = server.get("sandboxes", &name).unwrap();
+        sandbox["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == "SecretsReady"
+                    && c["status"] == "False"
+                    && c["message"].as_str().is_some_and(|m| {
+                        m.contains(&missing) && m.contains("not found") && m.contains("MISSING_KEY")
+                    })
+            })
+    });
+    assert_eq!(sandbox["status"]["phase"], "Running", "{sandbox}");
+
+    // Nowhere else: the sandbox's processes, docker inspect, API answers, the log, the disk.
+    for secret_value in [&value, &rotated] {
+        let environ = as_root(&name, "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'");
+        assert!(!environ.contains(secret_value.as_str()));
+        let (_, mine) = server.exec(&name, "cat /proc/self/environ | tr '\\0' '\\n'");
+        assert!(mine.contains(&placeholder) && !mine.contains(secret_value.as_str()), "{mine}");
+        let inspected = container(&name).expect("container").to_string();
+        assert!(!inspected.contains(secret_value.as_str()));
+        for path in [
+            format!("{API}/secrets/{secret}"),
+            format!("{API}/secrets"),
+            format!("{API}/sandboxes/{name}"),
+            format!("{API}/sandboxes"),
+            format!("{API}/events"),
+            format!("{API}/events?involvedObject={secret}"),
+        ] {
+            let (status, body) = server.request("GET", &path, None);
+            assert_eq!(status, 200, "{path}: {body}");
+            assert!(!body.to_string().contains(secret_value.as_str()), "{path}");
+        }
+        let (_, log) = server.request_raw(
+            "GET",
+            &format!("{API}/sandboxes/{name}/egress?follow=false"),
+            None,
+            "application/json",
+        );
+        assert!(!log.contains(secret_value.as_str()));
+        assert!(!server.log().contains(secret_value.as_str()));
+        let holders: Vec<PathBuf> = files(&server.data_dir)
+            .into_iter()
+            .filter(|p| holds(&std::fs::read(p).unwrap_or_default(), secret_value))
+            .collect();
+        if secret_value == &rotated {
+            // Only the Secret's own file, owner-only, outside manifests/.
+            let own = server.data_dir.join("secrets").join(&secret);
+            assert_eq!(holders, [own.clone()], "{holders:?}");
+            let mode = std::fs::metadata(&own).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        } else {
+            assert!(holders.is_empty(), "{holders:?}");
+        }
+    }
+
+    server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
+    server.wait_gone("sandboxes", &name);
+}
+
+#[test]
+fn bad_secrets_are_refused_naming_the_field() {
+    let server = Server::start();
+    let good = json!({"hosts": ["api.example.test"], "header": "Authorization",
+                      "format": "Bearer {value}"});
+    let with = |key: &str, value: Value| {
+        let mut spec = good.clone();
+        if value.is_null() {
+            spec.as_object_mut().unwrap().remove(key);
+        } else {
+            spec[key] = value;
+        }
+        spec
+    };
+    for (spec, field) in [
+        (with("header", Value::Null), "spec.header"),
+        (with("format", json!("Bearer")), "spec.format"),
+        (with("hosts", json!(["api.example.test", "*.com"])), "spec.hosts[1]"),
+        (with("hosts", json!(["10.0.0.0/8"])), "spec.hosts[0]"),
+        (with("header", json!("Bad Header")), "spec.header"),
+        (with("surprise", json!(true)), "surprise"),
+    ] {
+        let doc = secret_doc(&unique("bad-secret"), spec.clone(), Some("v"));
+        let (status, body) = server.request("POST", &format!("{API}/secrets"), Some(&doc));
+        assert_eq!(status, 422, "{spec}: {body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(field), "{field} in {message}");
+    }
+    // A sandbox's secrets need the gateway, a variable name, and no clash with env.
+    for (spec, needle) in [
+        (
+            json!({"network": true, "secrets": [{"env": "K", "secret": "s"}]}),
+            "spec.secrets needs",
+        ),
+        (
+            json!({"network": true, "egress": {"allow": ["a.example"]},
+                   "secrets": [{"env": "1K", "secret": "s"}]}),
+            "spec.secrets[0].env",
+        ),
+        (
+            json!({"network": true, "egress": {"allow": ["a.example"]}, "env": {"K": "x"},
+                   "secrets": [{"env": "K", "secret": "s"}]}),
+            "spec.secrets[0].env",
+        ),
+        (
+            json!({"network": true, "egress": {"allow": ["a.example"]},
+                   "secrets": [{"env": "K", "secret": "Bad/Name"}]}),
+            "spec.secrets[0].secret",
+        ),
+    ] {
+        let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+                         "metadata": {"name": unique("bad-sb")}, "spec": spec});
+        let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+        assert_eq!(status, 422, "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(needle), "{needle} in {message}");
+    }
+}
