@@ -24,8 +24,9 @@ impl Drop for ContainerGuard {
     }
 }
 
-/// An upstream that answers every GET with the request headers it got.
-const ECHO_SERVER: &str = "import http.server
+/// An upstream that answers every GET with the request headers it got: plain HTTP on 8000 and,
+/// when `/certs` holds a certificate, HTTPS on 8443.
+const ECHO_SERVER: &str = "import http.server, os, ssl, threading
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         body = ('path=' + self.path + '\\n' + str(self.headers)).encode()
@@ -35,7 +36,16 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *args):
         pass
-http.server.ThreadingHTTPServer(('', 8000), H).serve_forever()
+def serve(port, tls):
+    server = http.server.ThreadingHTTPServer(('', port), H)
+    if tls:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain('/certs/up.pem', '/certs/up.key')
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.serve_forever()
+if os.path.exists('/certs/up.pem'):
+    threading.Thread(target=serve, args=(8443, True), daemon=True).start()
+serve(8000, False)
 ";
 
 /// The test's own "internet": the echo server on a network of the test's own.
@@ -47,23 +57,23 @@ struct Internet {
 }
 
 fn internet() -> Internet {
+    internet_with(None)
+}
+
+/// [`internet`], serving HTTPS too with the certificate and key in `certs` (`up.pem`, `up.key`).
+fn internet_with(certs: Option<&Path>) -> Internet {
     let net = unique("sec-inet");
     let network = NetworkGuard(vec![net.clone()]);
     docker(&["network", "create", &net]);
     let name = unique("sec-echo");
     let container = ContainerGuard(name.clone());
-    docker(&[
-        "run",
-        "-d",
-        "--name",
-        &name,
-        "--network",
-        &net,
-        PYTHON_IMAGE,
-        "python3",
-        "-c",
-        ECHO_SERVER,
-    ]);
+    let mount = certs.map(|dir| format!("{}:/certs:ro", dir.display()));
+    let mut args = vec!["run", "-d", "--name", &name, "--network", &net];
+    if let Some(mount) = &mount {
+        args.extend(["-v", mount.as_str()]);
+    }
+    args.extend([PYTHON_IMAGE, "python3", "-c", ECHO_SERVER]);
+    docker(&args);
     let ip = inspect(&[&name]).expect("container")["NetworkSettings"]["Networks"][&net]
         ["IPAddress"]
         .as_str()
@@ -186,7 +196,12 @@ fn a_secret_reaches_only_its_hosts_and_is_nowhere_else() {
     assert!(!placeholder.contains(&value));
 
     // The listed host gets the real header.
-    let out = fetch(&server, &name, "OPENAI_API_KEY", "http://api.example.test:8000/v1");
+    let out = fetch(
+        &server,
+        &name,
+        "OPENAI_API_KEY",
+        "http://api.example.test:8000/v1",
+    );
     assert!(out.contains("rc=0"), "{out}\n{}", server.log());
     assert!(
         out.contains(&format!("Authorization: Bearer {value}")),
@@ -234,7 +249,12 @@ fn a_secret_reaches_only_its_hosts_and_is_nowhere_else() {
     );
     assert_eq!(status, 200, "{answer}");
     assert!(!answer.to_string().contains(&rotated), "{answer}");
-    let out = fetch(&server, &name, "OPENAI_API_KEY", "http://api.example.test:8000/");
+    let out = fetch(
+        &server,
+        &name,
+        "OPENAI_API_KEY",
+        "http://api.example.test:8000/",
+    );
     assert!(
         out.contains(&format!("Authorization: Bearer {rotated}")),
         "{out}"
@@ -248,7 +268,12 @@ fn a_secret_reaches_only_its_hosts_and_is_nowhere_else() {
         Some(&secret_doc(&secret, narrowed, None)),
     );
     assert_eq!(status, 200, "{answer}");
-    let out = fetch(&server, &name, "OPENAI_API_KEY", "http://api.example.test:8000/");
+    let out = fetch(
+        &server,
+        &name,
+        "OPENAI_API_KEY",
+        "http://api.example.test:8000/",
+    );
     assert!(
         out.contains(&placeholder) && !out.contains(&rotated),
         "{out}"
@@ -263,28 +288,40 @@ fn a_secret_reaches_only_its_hosts_and_is_nowhere_else() {
 
     // The missing Secret is named in the sandbox's status; the sandbox runs all the same.
     let mut sandbox = Value::Null;
-    wait_until("SecretsReady names the missing Secret", Duration::from_secs(15), || {
-        sandbox = server.get("sandboxes", &name).unwrap();
-        sandbox["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| {
-                c["type"] == "SecretsReady"
-                    && c["status"] == "False"
-                    && c["message"].as_str().is_some_and(|m| {
-                        m.contains(&missing) && m.contains("not found") && m.contains("MISSING_KEY")
-                    })
-            })
-    });
+    wait_until(
+        "SecretsReady names the missing Secret",
+        Duration::from_secs(15),
+        || {
+            sandbox = server.get("sandboxes", &name).unwrap();
+            sandbox["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c["type"] == "SecretsReady"
+                        && c["status"] == "False"
+                        && c["message"].as_str().is_some_and(|m| {
+                            m.contains(&missing)
+                                && m.contains("not found")
+                                && m.contains("MISSING_KEY")
+                        })
+                })
+        },
+    );
     assert_eq!(sandbox["status"]["phase"], "Running", "{sandbox}");
 
     // Nowhere else: the sandbox's processes, docker inspect, API answers, the log, the disk.
     for secret_value in [&value, &rotated] {
-        let environ = as_root(&name, "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'");
+        let environ = as_root(
+            &name,
+            "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'",
+        );
         assert!(!environ.contains(secret_value.as_str()));
         let (_, mine) = server.exec(&name, "cat /proc/self/environ | tr '\\0' '\\n'");
-        assert!(mine.contains(&placeholder) && !mine.contains(secret_value.as_str()), "{mine}");
+        assert!(
+            mine.contains(&placeholder) && !mine.contains(secret_value.as_str()),
+            "{mine}"
+        );
         let inspected = container(&name).expect("container").to_string();
         assert!(!inspected.contains(secret_value.as_str()));
         for path in [
@@ -314,7 +351,7 @@ fn a_secret_reaches_only_its_hosts_and_is_nowhere_else() {
         if secret_value == &rotated {
             // Only the Secret's own file, owner-only, outside manifests/.
             let own = server.data_dir.join("secrets").join(&secret);
-            assert_eq!(holders, [own.clone()], "{holders:?}");
+            assert_eq!(holders, std::slice::from_ref(&own), "{holders:?}");
             let mode = std::fs::metadata(&own).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         } else {
@@ -343,7 +380,10 @@ fn bad_secrets_are_refused_naming_the_field() {
     for (spec, field) in [
         (with("header", Value::Null), "spec.header"),
         (with("format", json!("Bearer")), "spec.format"),
-        (with("hosts", json!(["api.example.test", "*.com"])), "spec.hosts[1]"),
+        (
+            with("hosts", json!(["api.example.test", "*.com"])),
+            "spec.hosts[1]",
+        ),
         (with("hosts", json!(["10.0.0.0/8"])), "spec.hosts[0]"),
         (with("header", json!("Bad Header")), "spec.header"),
         (with("surprise", json!(true)), "surprise"),
@@ -383,4 +423,164 @@ fn bad_secrets_are_refused_naming_the_field() {
         let message = body["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(needle), "{needle} in {message}");
     }
+}
+
+/// A CA of the test's own and a certificate it issued for `hosts`: (CA PEM, leaf PEM, key PEM).
+fn upstream_certificates(hosts: &[&str]) -> (String, String, String) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "test upstream CA");
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf =
+        rcgen::CertificateParams::new(hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>())
+            .unwrap()
+            .signed_by(&key, &ca, &ca_key)
+            .unwrap();
+    (ca.pem(), leaf.pem(), key.serialize_pem())
+}
+
+#[test]
+fn https_to_a_secrets_host_is_intercepted_and_every_other_host_tunnelled() {
+    if !python_image("the egress secrets HTTPS test") {
+        return;
+    }
+    let certs = tempfile::tempdir().unwrap();
+    let (up_ca, up_cert, up_key) =
+        upstream_certificates(&["api.example.test", "other.example.test"]);
+    std::fs::write(certs.path().join("up.pem"), &up_cert).unwrap();
+    std::fs::write(certs.path().join("up.key"), &up_key).unwrap();
+    std::fs::write(certs.path().join("ca.pem"), &up_ca).unwrap();
+    std::fs::set_permissions(certs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for file in ["up.pem", "up.key", "ca.pem"] {
+        std::fs::set_permissions(
+            certs.path().join(file),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+    }
+    let world = internet_with(Some(certs.path()));
+    let hosts = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        hosts.path(),
+        format!("{ip} api.example.test other.example.test\n", ip = world.ip),
+    )
+    .unwrap();
+    let net = unique("sec-tls");
+    let _networks = NetworkGuard(vec![format!("{net}-egress"), net.clone()]);
+    let hosts_path = hosts.path().to_str().unwrap().to_string();
+    let extra_ca = certs.path().join("ca.pem").to_str().unwrap().to_string();
+    let server = Server::start_with(&[
+        ("AGENT_SANDBOX_NETWORK_NAME", &net),
+        ("AGENT_SANDBOX_EGRESS_HOSTS", &hosts_path),
+        ("AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW", &world.subnet),
+        ("AGENT_SANDBOX_EGRESS_EXTRA_CA", &extra_ca),
+    ]);
+    // The authority is made once, its key owner-only.
+    let key = server.data_dir.join("egress-ca/ca.key");
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    let value = format!("sk-tls-{:032x}", rand::random::<u128>());
+    let secret = unique("openai");
+    let spec = json!({"hosts": ["api.example.test"], "header": "Authorization",
+                      "format": "Bearer {value}"});
+    let (status, answer) = server.request(
+        "POST",
+        &format!("{API}/secrets"),
+        Some(&secret_doc(&secret, spec, Some(&value))),
+    );
+    assert_eq!(status, 201, "{answer}");
+    let name = unique("sec-tls-sb");
+    let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+        "metadata": {"name": name},
+        "spec": {"image": PYTHON_IMAGE, "network": true,
+                 "egress": {"allow": ["api.example.test:8443", "other.example.test:8443"]},
+                 "secrets": [{"env": "OPENAI_API_KEY", "secret": secret}]}});
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    server.wait_running(&name);
+    let (_, placeholder) = server.exec(&name, "printf %s \"$OPENAI_API_KEY\"");
+    let (_, env) = server.exec(&name, "env");
+    for var in [
+        "SSL_CERT_FILE=/etc/agent-sandbox-ca/bundle.pem",
+        "REQUESTS_CA_BUNDLE=",
+        "CURL_CA_BUNDLE=",
+        "GIT_SSL_CAINFO=",
+        "PIP_CERT=",
+        "NODE_EXTRA_CA_CERTS=/etc/agent-sandbox-ca/ca.pem",
+    ] {
+        assert!(env.contains(var), "{var} in {env}");
+    }
+    // The sandbox's own trust, the upstream's CA, is written where the tunnel test reads it.
+    server.exec(
+        &name,
+        &format!("cat > /workspace/up-ca.pem <<'EOF'\n{up_ca}\nEOF"),
+    );
+    let get = |url: &str, cafile: Option<&str>| {
+        let context = match cafile {
+            Some(file) => format!("ssl.create_default_context(cafile='{file}')"),
+            None => "ssl.create_default_context()".to_string(),
+        };
+        let script = format!(
+            "import os, ssl, urllib.request as u\n\
+             r = u.Request('{url}', headers={{'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']}})\n\
+             print(u.urlopen(r, timeout=15, context={context}).read().decode())\n"
+        );
+        let body = json!({"command": format!("python3 -c \"$S\" 2>&1; echo rc=$?"),
+                          "env": {"S": script}, "timeout_seconds": 60});
+        let (status, out) =
+            server.request("POST", &format!("/v1/sandboxes/{name}/exec"), Some(&body));
+        assert_eq!(status, 200, "{out}");
+        out["stdout"].as_str().unwrap_or_default().to_string()
+    };
+
+    // To the Secret's host: intercepted (the sandbox trusts the gateway's CA through
+    // SSL_CERT_FILE), the value put in, the upstream verified against EGRESS_EXTRA_CA.
+    let out = get("https://api.example.test:8443/v1", None);
+    assert!(out.contains("rc=0"), "{out}\n{}", server.log());
+    assert!(
+        out.contains(&format!("Authorization: Bearer {value}")),
+        "{out}"
+    );
+    // Trusting only the upstream's own CA fails there: the connection was taken over.
+    let out = get(
+        "https://api.example.test:8443/",
+        Some("/workspace/up-ca.pem"),
+    );
+    assert!(!out.contains("rc=0") && !out.contains(&value), "{out}");
+    // To another allowed host: tunnelled end to end (the upstream's own certificate verifies),
+    // and the placeholder stays a placeholder.
+    let out = get(
+        "https://other.example.test:8443/",
+        Some("/workspace/up-ca.pem"),
+    );
+    assert!(out.contains("rc=0"), "{out}");
+    assert!(
+        out.contains(&format!("Authorization: Bearer {placeholder}")),
+        "{out}"
+    );
+    assert!(!out.contains(&value), "{out}");
+
+    // The value is in no answer, the log, or the container.
+    assert!(!server.log().contains(&value));
+    assert!(!container(&name).unwrap().to_string().contains(&value));
+    let environ = as_root(
+        &name,
+        "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'",
+    );
+    assert!(!environ.contains(&value));
+    let (_, decisions) = server.request_raw(
+        "GET",
+        &format!("{API}/sandboxes/{name}/egress?follow=false"),
+        None,
+        "application/json",
+    );
+    assert!(!decisions.contains(&value));
+    assert!(decisions.contains("api.example.test"), "{decisions}");
+
+    server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
+    server.wait_gone("sandboxes", &name);
 }

@@ -41,6 +41,8 @@ pub(super) struct Containers {
 struct Joined {
     network: String,
     gateway: Option<IpAddr>,
+    /// The gateway authority's public directory, mounted read-only in policed containers.
+    ca_dir: Option<std::path::PathBuf>,
 }
 
 impl Containers {
@@ -116,9 +118,14 @@ impl Containers {
             }
             _ => None,
         };
+        let ca_dir = match (gateway, self.gateway.get()) {
+            (Some(_), Some(gateway)) => gateway.ca_dir(),
+            _ => None,
+        };
         Ok(Some(Joined {
             network: name,
             gateway,
+            ca_dir,
         }))
     }
 
@@ -180,7 +187,7 @@ impl Containers {
             .ensure(&effective.image, sandbox.spec.image_pull_policy)
             .await?;
         let joined = self.network(effective.network, effective.egress).await?;
-        let (network, dns, env) = split_joined(joined);
+        let (network, dns, env, ca_dir) = split_joined(joined);
         Ok(ContainerPlan {
             sandbox: sandbox.metadata.name.clone(),
             name: None,
@@ -202,6 +209,7 @@ impl Containers {
             spec_hash: effective.container_hash(),
             helper_volume: self.helper_volume().await?,
             workspace_volume: volume.to_string(),
+            ca_dir,
         })
     }
 
@@ -221,7 +229,7 @@ impl Containers {
         let joined = self
             .network(network, network && self.settings.egress_by_default())
             .await?;
-        let (network, dns, env) = split_joined(joined);
+        let (network, dns, env, ca_dir) = split_joined(joined);
         let defaults = self.defaults();
         Ok(ContainerPlan {
             sandbox: member.to_string(),
@@ -243,6 +251,7 @@ impl Containers {
             helper_volume: self.helper_volume().await?,
             // The create makes the member's workspace volume, labeled for the member.
             workspace_volume: names::member_volume(member),
+            ca_dir,
         })
     }
 
@@ -573,18 +582,29 @@ fn non_empty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
 }
 
-/// The network name, name servers and environment a container gets from where it joins.
-fn split_joined(joined: Option<Joined>) -> (Option<String>, Vec<IpAddr>, BTreeMap<String, String>) {
+/// The network name, name servers, environment and CA directory a container gets from where it
+/// joins.
+#[allow(clippy::type_complexity)]
+fn split_joined(
+    joined: Option<Joined>,
+) -> (
+    Option<String>,
+    Vec<IpAddr>,
+    BTreeMap<String, String>,
+    Option<String>,
+) {
     let Some(joined) = joined else {
-        return (None, Vec::new(), BTreeMap::new());
+        return (None, Vec::new(), BTreeMap::new(), None);
     };
+    let ca = joined.ca_dir.is_some();
     let env = joined
         .gateway
-        .map(|address| Gateway::proxy_env(address).into_iter().collect())
+        .map(|address| Gateway::proxy_env(address, ca).into_iter().collect())
         .unwrap_or_default();
     (
         Some(joined.network),
         joined.gateway.into_iter().collect(),
         env,
+        joined.ca_dir.map(|d| d.display().to_string()),
     )
 }

@@ -37,6 +37,9 @@ pub struct GatewaySettings {
     pub hosts_file: Option<PathBuf>,
     /// `AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW`.
     pub private_allow: Vec<Cidr>,
+    /// The authority HTTPS to Secrets' hosts is intercepted with; without one such tunnels stay
+    /// end to end (and no value goes into them).
+    pub authority: Option<Arc<super::Authority>>,
 }
 
 /// One line of a sandbox's decision log.
@@ -94,6 +97,7 @@ pub(super) struct Shared {
     engine: Arc<dyn Engine>,
     /// Where Secrets (their spec and value) are read at each request that may carry one.
     pub(super) store: Arc<Store>,
+    pub(super) authority: Option<Arc<super::Authority>>,
     settings: GatewaySettings,
     policies: RwLock<HashMap<String, Policy>>,
     members: tokio::sync::Mutex<Members>,
@@ -128,6 +132,7 @@ impl Gateway {
         let shared = Arc::new(Shared {
             engine,
             store: Arc::clone(&store),
+            authority: settings.authority.clone(),
             settings,
             policies: RwLock::default(),
             members: Default::default(),
@@ -168,8 +173,17 @@ impl Gateway {
         read(&self.shared.listening).contains(&address)
     }
 
-    /// The environment a policed sandbox gets so that its clients use the proxy at `address`.
-    pub fn proxy_env(address: IpAddr) -> Vec<(String, String)> {
+    /// The authority's public directory (for policed containers to mount), when there is one.
+    pub fn ca_dir(&self) -> Option<PathBuf> {
+        self.shared
+            .authority
+            .as_ref()
+            .map(|a| a.public_dir().to_path_buf())
+    }
+
+    /// The environment a policed sandbox gets so that its clients use the proxy at `address`
+    /// (and, with `ca`, trust the gateway's authority mounted at [`super::CA_MOUNT`]).
+    pub fn proxy_env(address: IpAddr, ca: bool) -> Vec<(String, String)> {
         let url = format!("http://{}", std::net::SocketAddr::new(address, PROXY_PORT));
         let mut env = Vec::new();
         for key in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
@@ -177,6 +191,9 @@ impl Gateway {
         }
         for key in ["NO_PROXY", "no_proxy"] {
             env.push((key.to_string(), "localhost,127.0.0.1".to_string()));
+        }
+        if ca {
+            env.extend(super::Authority::env());
         }
         env
     }
@@ -193,7 +210,7 @@ impl Gateway {
         let Some(address) = address else {
             return Vec::new();
         };
-        let mut env = Gateway::proxy_env(address);
+        let mut env = Gateway::proxy_env(address, self.shared.authority.is_some());
         for binding in policy.secrets.iter() {
             env.push((binding.env.clone(), binding.placeholder.clone()));
         }
