@@ -472,7 +472,7 @@ fn https_to_a_secrets_host_is_intercepted_and_every_other_host_tunnelled() {
     let _networks = NetworkGuard(vec![format!("{net}-egress"), net.clone()]);
     let hosts_path = hosts.path().to_str().unwrap().to_string();
     let extra_ca = certs.path().join("ca.pem").to_str().unwrap().to_string();
-    let server = Server::start_with(&[
+    let mut server = Server::start_with(&[
         ("AGENT_SANDBOX_NETWORK_NAME", &net),
         ("AGENT_SANDBOX_EGRESS_HOSTS", &hosts_path),
         ("AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW", &world.subnet),
@@ -519,7 +519,7 @@ fn https_to_a_secrets_host_is_intercepted_and_every_other_host_tunnelled() {
         &name,
         &format!("cat > /workspace/up-ca.pem <<'EOF'\n{up_ca}\nEOF"),
     );
-    let get = |url: &str, cafile: Option<&str>| {
+    let get = |server: &Server, url: &str, cafile: Option<&str>| {
         let context = match cafile {
             Some(file) => format!("ssl.create_default_context(cafile='{file}')"),
             None => "ssl.create_default_context()".to_string(),
@@ -539,7 +539,7 @@ fn https_to_a_secrets_host_is_intercepted_and_every_other_host_tunnelled() {
 
     // To the Secret's host: intercepted (the sandbox trusts the gateway's CA through
     // SSL_CERT_FILE), the value put in, the upstream verified against EGRESS_EXTRA_CA.
-    let out = get("https://api.example.test:8443/v1", None);
+    let out = get(&server, "https://api.example.test:8443/v1", None);
     assert!(out.contains("rc=0"), "{out}\n{}", server.log());
     assert!(
         out.contains(&format!("Authorization: Bearer {value}")),
@@ -547,6 +547,7 @@ fn https_to_a_secrets_host_is_intercepted_and_every_other_host_tunnelled() {
     );
     // Trusting only the upstream's own CA fails there: the connection was taken over.
     let out = get(
+        &server,
         "https://api.example.test:8443/",
         Some("/workspace/up-ca.pem"),
     );
@@ -554,6 +555,7 @@ fn https_to_a_secrets_host_is_intercepted_and_every_other_host_tunnelled() {
     // To another allowed host: tunnelled end to end (the upstream's own certificate verifies),
     // and the placeholder stays a placeholder.
     let out = get(
+        &server,
         "https://other.example.test:8443/",
         Some("/workspace/up-ca.pem"),
     );
@@ -580,6 +582,21 @@ fn https_to_a_secrets_host_is_intercepted_and_every_other_host_tunnelled() {
     );
     assert!(!decisions.contains(&value));
     assert!(decisions.contains("api.example.test"), "{decisions}");
+
+    // The authority is made once: a restarted server keeps it, and intercepts with it.
+    let kept = std::fs::read(&key).unwrap();
+    server.restart();
+    server.wait_running(&name);
+    assert_eq!(std::fs::read(&key).unwrap(), kept);
+    let mut out = String::new();
+    wait_until(
+        "interception works after a restart",
+        Duration::from_secs(20),
+        || {
+            out = get(&server, "https://api.example.test:8443/", None);
+            out.contains(&format!("Authorization: Bearer {value}"))
+        },
+    );
 
     server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
     server.wait_gone("sandboxes", &name);

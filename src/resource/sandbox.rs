@@ -571,6 +571,9 @@ impl EffectiveSandbox {
         // The list itself is left out: the gateway reads it at each connection.
         if self.egress {
             shape["egress"] = serde_json::Value::Bool(true);
+            // Policed containers mount the gateway's CA bundle; those made before it existed
+            // are replaced once, since their commands are told to trust a file they lack.
+            shape["egressCa"] = serde_json::Value::Bool(true);
         }
         let digest = Sha256::digest(shape.to_string().as_bytes());
         hex::encode(&digest[..8])
