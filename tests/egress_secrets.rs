@@ -157,11 +157,33 @@ fn a_secret_reaches_only_its_hosts_and_is_nowhere_else() {
     let net = unique("sec-gw");
     let _networks = NetworkGuard(vec![format!("{net}-egress"), net.clone()]);
     let hosts_path = hosts.path().to_str().unwrap().to_string();
+    // A Secret declared in a folder reads its value from the server's environment.
+    let from_env = format!("sk-env-{:032x}", rand::random::<u128>());
     let server = Server::start_with(&[
         ("AGENT_SANDBOX_NETWORK_NAME", &net),
         ("AGENT_SANDBOX_EGRESS_HOSTS", &hosts_path),
         ("AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW", &world.subnet),
+        ("TEST_FOLDER_SECRET", &from_env),
     ]);
+    let folder_secret = unique("folder-key");
+    write_manifest(
+        &server.watch_dir,
+        "folder-key.yaml",
+        &format!(
+            "apiVersion: agent-sandbox.io/v1\nkind: Secret\nmetadata:\n  name: {folder_secret}\n\
+             spec:\n  valueFrom: {{env: TEST_FOLDER_SECRET}}\n  hosts: [\"api.example.test:8000\"]\n\
+             \x20 header: X-Api-Key\n"
+        ),
+    );
+    wait_until(
+        "the folder's Secret has its value",
+        Duration::from_secs(15),
+        || {
+            server
+                .get("secrets", &folder_secret)
+                .is_some_and(|s| s["status"]["hasValue"] == true)
+        },
+    );
 
     let value = format!("sk-test-{:032x}", rand::random::<u128>());
     let secret = unique("openai");
@@ -182,7 +204,8 @@ fn a_secret_reaches_only_its_hosts_and_is_nowhere_else() {
         "spec": {"image": TEST_IMAGE, "network": true,
                  "egress": {"allow": ["api.example.test:8000", "other.example.test:8000"]},
                  "secrets": [{"env": "OPENAI_API_KEY", "secret": secret},
-                             {"env": "MISSING_KEY", "secret": missing}]}});
+                             {"env": "MISSING_KEY", "secret": missing},
+                             {"env": "FOLDER_KEY", "secret": folder_secret}]}});
     let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
     assert_eq!(status, 201, "{body}");
     server.wait_running(&name);
@@ -208,6 +231,12 @@ fn a_secret_reaches_only_its_hosts_and_is_nowhere_else() {
         "{out}"
     );
     assert!(!out.contains(&placeholder), "{out}");
+    // The folder's Secret, in its own header, with the default format.
+    let (_, out) = server.exec(
+        &name,
+        "wget -q -O - --header \"X-Api-Key: $FOLDER_KEY\" http://api.example.test:8000/ 2>&1",
+    );
+    assert!(out.contains(&format!("X-Api-Key: {from_env}")), "{out}");
     // An allowed host the Secret does not list sees only the placeholder.
     let out = fetch(
         &server,
@@ -311,7 +340,7 @@ fn a_secret_reaches_only_its_hosts_and_is_nowhere_else() {
     assert_eq!(sandbox["status"]["phase"], "Running", "{sandbox}");
 
     // Nowhere else: the sandbox's processes, docker inspect, API answers, the log, the disk.
-    for secret_value in [&value, &rotated] {
+    for secret_value in [&value, &rotated, &from_env] {
         let environ = as_root(
             &name,
             "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'",
