@@ -205,7 +205,9 @@ fn a_secret_reaches_only_its_hosts_and_is_nowhere_else() {
                  "egress": {"allow": ["api.example.test:8000", "other.example.test:8000"]},
                  "secrets": [{"env": "OPENAI_API_KEY", "secret": secret},
                              {"env": "MISSING_KEY", "secret": missing},
-                             {"env": "FOLDER_KEY", "secret": folder_secret}]}});
+                             {"env": "FOLDER_KEY", "secret": folder_secret}],
+                 "services": [{"name": "keeper",
+                               "command": "printf %s \"$OPENAI_API_KEY\" > /workspace/service-saw; exec sleep 3600"}]}});
     let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
     assert_eq!(status, 201, "{body}");
     server.wait_running(&name);
@@ -217,6 +219,19 @@ fn a_secret_reaches_only_its_hosts_and_is_nowhere_else() {
         "{placeholder}"
     );
     assert!(!placeholder.contains(&value));
+    // A declared service gets the same placeholder.
+    let mut seen = String::new();
+    wait_until(
+        "the service wrote what it saw",
+        Duration::from_secs(20),
+        || {
+            seen = server
+                .exec(&name, "cat /workspace/service-saw 2>/dev/null")
+                .1;
+            !seen.is_empty()
+        },
+    );
+    assert_eq!(seen, placeholder);
 
     // The listed host gets the real header.
     let out = fetch(

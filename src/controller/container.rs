@@ -163,6 +163,21 @@ impl Containers {
         Ok(())
     }
 
+    /// `env` over the egress gateway's variables of `sandbox`, when it is policed.
+    pub(super) fn egress_env(
+        &self,
+        sandbox: &str,
+        env: &BTreeMap<String, String>,
+    ) -> BTreeMap<String, String> {
+        let mut merged: BTreeMap<String, String> = self
+            .gateway
+            .get()
+            .map(|g| g.sandbox_env(sandbox).into_iter().collect())
+            .unwrap_or_default();
+        merged.extend(env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        merged
+    }
+
     /// Whether an egress gateway carries policed sandboxes' traffic.
     pub(super) fn polices(&self) -> bool {
         self.gateway.get().is_some()
