@@ -354,6 +354,37 @@ fn a_secret_reaches_only_its_hosts_and_is_nowhere_else() {
     );
     assert_eq!(sandbox["status"]["phase"], "Running", "{sandbox}");
 
+    // A snapshot of the sandbox: its workspace holds what the service saw (the placeholder),
+    // and the search of the data directory below reads it too.
+    let snapshot = unique("sec-snap");
+    let (status, body) = server.request(
+        "POST",
+        &format!("{API}/snapshots"),
+        Some(
+            &json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Snapshot",
+                     "metadata": {"name": snapshot}, "spec": {"sandbox": name}}),
+        ),
+    );
+    assert_eq!(status, 201, "{body}");
+    let taken = server
+        .wait_for(
+            "snapshots",
+            &snapshot,
+            "ready",
+            Duration::from_secs(60),
+            |r| {
+                r.is_some_and(|r| {
+                    r["status"]["phase"] == "Ready" || r["status"]["phase"] == "Failed"
+                })
+            },
+        )
+        .unwrap();
+    assert_eq!(taken["status"]["phase"], "Ready", "{taken}");
+    let in_snapshots = files(&server.data_dir.join("snapshots"))
+        .iter()
+        .any(|p| holds(&std::fs::read(p).unwrap_or_default(), &placeholder));
+    assert!(in_snapshots, "the snapshot is searched as written");
+
     // Nowhere else: the sandbox's processes, docker inspect, API answers, the log, the disk.
     for secret_value in [&value, &rotated, &from_env] {
         let environ = as_root(
