@@ -231,6 +231,10 @@ pub struct Settings {
     /// A hosts-format file the egress gateway consults before the host's resolver.
     #[arg(long = "egress-hosts", env = "AGENT_SANDBOX_EGRESS_HOSTS")]
     pub egress_hosts: Option<PathBuf>,
+    /// A PEM file of certificates the egress gateway trusts for upstream TLS, besides the host's
+    /// roots (when it opens HTTPS to a Secret's host).
+    #[arg(long = "egress-extra-ca", env = "AGENT_SANDBOX_EGRESS_EXTRA_CA")]
+    pub egress_extra_ca: Option<PathBuf>,
     /// How many reconciles may run at once.
     #[arg(long, env = "AGENT_SANDBOX_RECONCILE_WORKERS", default_value_t = 8)]
     pub reconcile_workers: usize,

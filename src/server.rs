@@ -127,6 +127,13 @@ pub async fn run(
             network: settings.egress_network_name(),
             hosts_file: settings.egress_hosts.clone(),
             private_allow: settings.egress_private_allow()?,
+            authority: Some(Arc::new(
+                crate::egress::Authority::load_or_create(
+                    &store,
+                    settings.egress_extra_ca.as_deref(),
+                )
+                .map_err(|e| StartError::Auth(e.to_string()))?,
+            )),
         },
         Arc::clone(&engine),
         Arc::clone(&store),

@@ -108,6 +108,7 @@ fn plan(sandbox: &str) -> ContainerPlan {
         spec_hash: "hash-1".into(),
         helper_volume: None,
         workspace_volume: volume_name(sandbox),
+        ca_dir: None,
     }
 }
 

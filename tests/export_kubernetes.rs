@@ -396,6 +396,10 @@ fn full_documents() -> Vec<Value> {
                 "state": "Paused", "idle": { "afterSeconds": 600, "action": "Stop" },
                 "autoResume": false, "imagePullPolicy": "Never",
                 "egress": { "allow": ["pypi.org", "10.20.0.0/16:5432"] },
+                "secrets": [
+                    { "env": "OPENAI_API_KEY", "secret": "openai" },
+                    { "env": "GH_TOKEN", "secret": "github" },
+                ],
                 "services": [
                     { "name": "web", "command": "python3 -m http.server 8000" },
                     { "name": "worker", "argv": ["sleep", "1000"] },
@@ -521,6 +525,7 @@ fn every_schema_field_changes_the_output_or_is_listed() {
             if changed["spec"]["network"] == false {
                 if let Some(spec) = changed["spec"].as_object_mut() {
                     spec.remove("egress");
+                    spec.remove("secrets");
                 }
             }
             let after = rendered(&[resource(changed)]);

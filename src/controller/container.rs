@@ -43,6 +43,8 @@ pub(super) struct Containers {
 struct Joined {
     network: String,
     gateway: Option<IpAddr>,
+    /// The gateway authority's public directory, mounted read-only in policed containers.
+    ca_dir: Option<std::path::PathBuf>,
 }
 
 impl Containers {
@@ -117,9 +119,14 @@ impl Containers {
             }
             _ => None,
         };
+        let ca_dir = match (gateway, self.gateway.get()) {
+            (Some(_), Some(gateway)) => gateway.ca_dir(),
+            _ => None,
+        };
         Ok(Some(Joined {
             network: name,
             gateway,
+            ca_dir,
         }))
     }
 
@@ -173,8 +180,33 @@ impl Containers {
         if !gateway.is_listening() {
             self.network(true, true).await?;
         }
-        gateway.set_policy(name, container, rules);
+        gateway.set_policy(
+            name,
+            container,
+            rules,
+            super::sandbox_secrets::bindings(sandbox),
+        );
         Ok(())
+    }
+
+    /// `env` over the egress gateway's variables of `sandbox`, when it is policed.
+    pub(super) fn egress_env(
+        &self,
+        sandbox: &str,
+        env: &BTreeMap<String, String>,
+    ) -> BTreeMap<String, String> {
+        let mut merged: BTreeMap<String, String> = self
+            .gateway
+            .get()
+            .map(|g| g.sandbox_env(sandbox).into_iter().collect())
+            .unwrap_or_default();
+        merged.extend(env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        merged
+    }
+
+    /// Whether an egress gateway carries policed sandboxes' traffic.
+    pub(super) fn polices(&self) -> bool {
+        self.gateway.get().is_some()
     }
 
     /// Forgets a deleted sandbox's list and decision log.
@@ -196,7 +228,7 @@ impl Containers {
             .ensure(&effective.image, sandbox.spec.image_pull_policy)
             .await?;
         let joined = self.network(effective.network, effective.egress).await?;
-        let (network, dns, env) = split_joined(joined);
+        let (network, dns, env, ca_dir) = split_joined(joined);
         Ok(ContainerPlan {
             sandbox: sandbox.metadata.name.clone(),
             name: None,
@@ -218,6 +250,7 @@ impl Containers {
             spec_hash: effective.container_hash(),
             helper_volume: self.helper_volume().await?,
             workspace_volume: volume.to_string(),
+            ca_dir,
         })
     }
 
@@ -237,7 +270,7 @@ impl Containers {
         let joined = self
             .network(network, network && self.settings.egress_by_default())
             .await?;
-        let (network, dns, env) = split_joined(joined);
+        let (network, dns, env, ca_dir) = split_joined(joined);
         let defaults = self.defaults();
         Ok(ContainerPlan {
             sandbox: member.to_string(),
@@ -259,6 +292,7 @@ impl Containers {
             helper_volume: self.helper_volume().await?,
             // The create makes the member's workspace volume, labeled for the member.
             workspace_volume: names::member_volume(member),
+            ca_dir,
         })
     }
 
@@ -593,18 +627,29 @@ fn non_empty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
 }
 
-/// The network name, name servers and environment a container gets from where it joins.
-fn split_joined(joined: Option<Joined>) -> (Option<String>, Vec<IpAddr>, BTreeMap<String, String>) {
+/// The network name, name servers, environment and CA directory a container gets from where it
+/// joins.
+#[allow(clippy::type_complexity)]
+fn split_joined(
+    joined: Option<Joined>,
+) -> (
+    Option<String>,
+    Vec<IpAddr>,
+    BTreeMap<String, String>,
+    Option<String>,
+) {
     let Some(joined) = joined else {
-        return (None, Vec::new(), BTreeMap::new());
+        return (None, Vec::new(), BTreeMap::new(), None);
     };
+    let ca = joined.ca_dir.is_some();
     let env = joined
         .gateway
-        .map(|address| Gateway::proxy_env(address).into_iter().collect())
+        .map(|address| Gateway::proxy_env(address, ca).into_iter().collect())
         .unwrap_or_default();
     (
         Some(joined.network),
         joined.gateway.into_iter().collect(),
         env,
+        joined.ca_dir.map(|d| d.display().to_string()),
     )
 }

@@ -69,6 +69,7 @@ mod quota;
 mod replace;
 mod restore;
 mod sandbox;
+mod sandbox_secrets;
 mod secret;
 mod services;
 mod snapshot;
@@ -438,6 +439,12 @@ impl Controller {
                     ) {
                         for key in quota::affected_by(&self.store, resource) {
                             self.queue.add(key);
+                        }
+                    }
+                    // Sandboxes say in their status whether the Secrets they name are usable.
+                    if resource.kind() == Kind::Secret {
+                        for sandbox in sandbox_secrets::users_of(&self.store, resource.name()) {
+                            self.queue.add((Kind::Sandbox, sandbox));
                         }
                     }
                     // Sandboxes may be waiting for the template.

@@ -9,7 +9,7 @@ use super::error::ReconcileError;
 use super::names::{self, container_name};
 use super::policy::{Cleanup, Failure, Outcome};
 use super::status::{generation, note_pulled, set_ready, write_status};
-use super::{power, quota, replace, restore, services, template, template_pool};
+use super::{power, quota, replace, restore, sandbox_secrets, services, template, template_pool};
 use crate::docker::EngineError;
 use crate::resource::{
     set_condition, Condition, ConditionStatus, EffectiveSandbox, ImagePullProgress, Kind, Sandbox,
@@ -241,6 +241,8 @@ pub(super) async fn reconcile(
         }
         return Err(failure);
     }
+    let policed = effective.egress && ctl.containers.polices();
+    sandbox_secrets::report(ctl.store, &sandbox, &mut status, policed, generation);
     let not_ready = services::report(ctl, &sandbox, &mut status, generation);
     if not_ready.is_empty() {
         set_ready(

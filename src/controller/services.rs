@@ -30,7 +30,9 @@ pub(super) fn report(
         uid: sandbox.metadata.uid.clone().unwrap_or_default(),
         container_id: container_id.clone(),
         started_at: status.started_at,
-        env: sandbox.spec.env.clone(),
+        // Services get what commands through the API get: the egress gateway's variables (the
+        // proxy, the CA bundle, `spec.secrets` placeholders) under the spec's own.
+        env: ctl.containers.egress_env(name, &sandbox.spec.env),
     };
     let specs = &sandbox.spec.services;
     ctl.services.ensure(&running, specs, &status.services);

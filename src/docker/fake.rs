@@ -766,6 +766,7 @@ mod tests {
             spec_hash: "h1".into(),
             helper_volume: None,
             workspace_volume: volume_name(name),
+            ca_dir: None,
         }
     }
 

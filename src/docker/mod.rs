@@ -226,6 +226,9 @@ pub struct ContainerPlan {
     pub helper_volume: Option<String>,
     /// The volume mounted at `/workspace`; normally [`volume_name`] of the sandbox.
     pub workspace_volume: String,
+    /// A host directory mounted read-only at [`crate::egress::CA_MOUNT`]: the egress
+    /// gateway's CA bundle, for policed sandboxes.
+    pub ca_dir: Option<String>,
 }
 
 impl ContainerPlan {

@@ -37,6 +37,9 @@ pub struct GatewaySettings {
     pub hosts_file: Option<PathBuf>,
     /// `AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW`.
     pub private_allow: Vec<Cidr>,
+    /// The authority HTTPS to Secrets' hosts is intercepted with; without one such tunnels stay
+    /// end to end (and no value goes into them).
+    pub authority: Option<Arc<super::Authority>>,
 }
 
 /// One line of a sandbox's decision log.
@@ -57,16 +60,28 @@ pub struct Decision {
     pub bytes_in: u64,
 }
 
+/// One `spec.secrets` entry of a policed sandbox: the variable, the Secret, and the placeholder
+/// the variable holds (which the gateway replaces with the value in requests to the Secret's
+/// hosts). The placeholder is no secret: it is worth nothing outside that sandbox's requests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretBinding {
+    pub env: String,
+    pub secret: String,
+    pub placeholder: String,
+}
+
 /// A policed sandbox, as a connection of it sees it.
 #[derive(Clone)]
 pub(super) struct Tenant {
     pub sandbox: String,
     pub rules: Arc<Vec<AllowRule>>,
+    pub secrets: Arc<Vec<SecretBinding>>,
 }
 
 struct Policy {
     container: String,
     rules: Arc<Vec<AllowRule>>,
+    secrets: Arc<Vec<SecretBinding>>,
 }
 
 #[derive(Default)]
@@ -80,6 +95,9 @@ struct Members {
 
 pub(super) struct Shared {
     engine: Arc<dyn Engine>,
+    /// Where Secrets (their spec and value) are read at each request that may carry one.
+    pub(super) store: Arc<Store>,
+    pub(super) authority: Option<Arc<super::Authority>>,
     settings: GatewaySettings,
     policies: RwLock<HashMap<String, Policy>>,
     members: tokio::sync::Mutex<Members>,
@@ -113,6 +131,8 @@ impl Gateway {
         let (log, mut queued) = mpsc::channel::<(String, Decision)>(LOG_QUEUE);
         let shared = Arc::new(Shared {
             engine,
+            store: Arc::clone(&store),
+            authority: settings.authority.clone(),
             settings,
             policies: RwLock::default(),
             members: Default::default(),
@@ -153,8 +173,17 @@ impl Gateway {
         read(&self.shared.listening).contains(&address)
     }
 
-    /// The environment a policed sandbox gets so that its clients use the proxy at `address`.
-    pub fn proxy_env(address: IpAddr) -> Vec<(String, String)> {
+    /// The authority's public directory (for policed containers to mount), when there is one.
+    pub fn ca_dir(&self) -> Option<PathBuf> {
+        self.shared
+            .authority
+            .as_ref()
+            .map(|a| a.public_dir().to_path_buf())
+    }
+
+    /// The environment a policed sandbox gets so that its clients use the proxy at `address`
+    /// (and, with `ca`, trust the gateway's authority mounted at [`super::CA_MOUNT`]).
+    pub fn proxy_env(address: IpAddr, ca: bool) -> Vec<(String, String)> {
         let url = format!("http://{}", std::net::SocketAddr::new(address, PROXY_PORT));
         let mut env = Vec::new();
         for key in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
@@ -163,25 +192,46 @@ impl Gateway {
         for key in ["NO_PROXY", "no_proxy"] {
             env.push((key.to_string(), "localhost,127.0.0.1".to_string()));
         }
+        if ca {
+            env.extend(super::Authority::env());
+        }
         env
     }
 
-    /// The proxy variables commands in `sandbox` get, when it is policed and the gateway
-    /// listens (commands do not inherit the container's environment; the API adds these).
+    /// The variables commands in `sandbox` get, when it is policed and the gateway listens:
+    /// the proxy's, and each `spec.secrets` variable holding its placeholder (commands do not
+    /// inherit the container's environment; the API adds these).
     pub fn sandbox_env(&self, sandbox: &str) -> Vec<(String, String)> {
-        if !read(&self.shared.policies).contains_key(sandbox) {
+        let policies = read(&self.shared.policies);
+        let Some(policy) = policies.get(sandbox) else {
             return Vec::new();
-        }
+        };
         let address = read(&self.shared.listening).iter().next().copied();
-        address.map(Gateway::proxy_env).unwrap_or_default()
+        let Some(address) = address else {
+            return Vec::new();
+        };
+        let mut env = Gateway::proxy_env(address, self.shared.authority.is_some());
+        for binding in policy.secrets.iter() {
+            env.push((binding.env.clone(), binding.placeholder.clone()));
+        }
+        env
     }
 
-    /// Sets (or replaces) the list of `sandbox`, whose container is `container`: the next
-    /// lookup or connection is decided by it.
-    pub fn set_policy(&self, sandbox: &str, container: &str, rules: Vec<AllowRule>) {
+    /// Sets (or replaces) the list and secrets of `sandbox`, whose container is `container`:
+    /// the next lookup or connection is decided by them.
+    pub fn set_policy(
+        &self,
+        sandbox: &str,
+        container: &str,
+        rules: Vec<AllowRule>,
+        secrets: Vec<SecretBinding>,
+    ) {
         let mut policies = write(&self.shared.policies);
         if let Some(current) = policies.get(sandbox) {
-            if current.container == container && *current.rules == rules {
+            if current.container == container
+                && *current.rules == rules
+                && *current.secrets == secrets
+            {
                 return;
             }
         }
@@ -193,6 +243,7 @@ impl Gateway {
             Policy {
                 container: container.to_string(),
                 rules: Arc::new(rules),
+                secrets: Arc::new(secrets),
             },
         );
         drop(policies);
@@ -274,6 +325,7 @@ impl Shared {
             .map(|(sandbox, policy)| Tenant {
                 sandbox: sandbox.clone(),
                 rules: Arc::clone(&policy.rules),
+                secrets: Arc::clone(&policy.secrets),
             })
     }
 

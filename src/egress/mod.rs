@@ -6,12 +6,17 @@
 //! gateway asks the `docker` module who holds a source address and writes its decisions through
 //! the `store`. It never touches Docker or the data directory itself.
 
+mod ca;
 mod dns;
 mod gateway;
+mod inject;
+mod intercept;
 mod listen;
 pub mod policy;
 mod proxy;
 mod resolve;
 
-pub use gateway::{Decision, Gateway, GatewaySettings, PROXY_PORT};
+pub use ca::{Authority, CaError, CA_MOUNT};
+pub use gateway::{Decision, Gateway, GatewaySettings, SecretBinding, PROXY_PORT};
+pub use inject::placeholder;
 pub use policy::{decide_address, decide_name, protected_block, Protected, Verdict};

@@ -1,5 +1,6 @@
-//! The gateway's HTTP proxy: absolute-URI requests (plain HTTP, routed by their host) and
-//! `CONNECT` tunnels (TLS carried end to end, never intercepted). Each is decided against the
+//! The gateway's HTTP proxy: absolute-URI requests (plain HTTP, routed by their host, with the
+//! sandbox's Secrets put in where they apply, see `inject`) and `CONNECT` tunnels (TLS carried
+//! end to end, never intercepted). Each is decided against the
 //! speaking sandbox's list before anything leaves; the name is resolved here and the connection
 //! goes to an address that was checked, so a name that rebinds to a protected address gets
 //! nowhere. Refusals are a `403` with the reason, at once.
@@ -8,17 +9,18 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use super::gateway::{Decision, Shared};
+use super::inject::inject;
 use super::policy;
 
 /// The largest request head read.
-const MAX_HEAD: usize = 16 * 1024;
+pub(super) const MAX_HEAD: usize = 16 * 1024;
 /// A client gets this long to send its request head.
-const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once, all sandboxes together; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 1024;
@@ -153,7 +155,9 @@ fn split_authority(authority: &str, default: Option<u16>) -> Result<(String, u16
 }
 
 /// Reads the request head; returns it and whatever followed it in the same reads.
-async fn read_head(stream: &mut TcpStream) -> Result<(Vec<u8>, Vec<u8>), &'static str> {
+pub(super) async fn read_head<S: AsyncRead + Unpin>(
+    stream: &mut S,
+) -> Result<(Vec<u8>, Vec<u8>), &'static str> {
     let mut buffer = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
     loop {
@@ -172,7 +176,7 @@ async fn read_head(stream: &mut TcpStream) -> Result<(Vec<u8>, Vec<u8>), &'stati
     }
 }
 
-async fn reply(stream: &mut TcpStream, status: &str, reason: &str) {
+pub(super) async fn reply<S: AsyncWrite + Unpin>(stream: &mut S, status: &str, reason: &str) {
     tracing::debug!(status, reason, "egress proxy refusal");
     let body = format!("{reason}\n");
     let response = format!(
@@ -274,9 +278,18 @@ async fn serve_client(
         client
             .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
             .await?;
+        // To a host one of the sandbox's Secrets names, TLS ends here (a ClientHello sent
+        // before the 200 was read cannot be taken over: such a tunnel stays end to end).
+        if early.is_empty() && super::intercept::wanted(shared, &tenant, host, port) {
+            super::intercept::serve(shared, &tenant, client, upstream, host, port, decision).await;
+            return Ok(());
+        }
     } else {
-        upstream.write_all(&request.upstream_head).await?;
-        sent += request.upstream_head.len() as u64;
+        // Only the head is read: a placeholder in the body or a later request on the same
+        // connection stays as it is (the upstream is told `Connection: close`).
+        let (head, _) = inject(&shared.store, &tenant, host, port, request.upstream_head).await;
+        upstream.write_all(&head).await?;
+        sent += head.len() as u64;
     }
     if !early.is_empty() {
         upstream.write_all(&early).await?;

@@ -426,6 +426,18 @@ fn sandbox(
             ),
         });
     }
+    if !spec.secrets.is_empty() {
+        let vars: Vec<&str> = spec.secrets.iter().map(|s| s.env.as_str()).collect();
+        gaps.push(Gap {
+            object: object.to_string(),
+            field: Some("spec.secrets".into()),
+            kind: GapKind::NotExpressed,
+            reason: format!(
+                "{}: the server's egress gateway puts these Secrets' values into requests;                  nothing in the exported objects does, and the values are not exported",
+                vars.join(", ")
+            ),
+        });
+    }
     if let Some(auto_resume) = spec.auto_resume {
         gaps.push(Gap {
             object: object.to_string(),

@@ -44,7 +44,7 @@ pub use sandbox::{
     RollbackRecord, RollbackRequest, RootfsRecord, SandboxDefaults, SandboxPhase, SandboxSource,
     SandboxSpec, SandboxState, SandboxStatus, SpecError, Termination, TerminationReason,
 };
-pub use secret::{SecretSpec, SecretStatus, ValueFrom};
+pub use secret::{Injection, SecretSpec, SecretSpecError, SecretStatus, ValueFrom};
 pub use service::{
     check_services, ExecCheck, HttpGetCheck, Readiness, RestartPolicy, ServicePort, ServiceSpec,
     ServiceState, ServiceStatus, TcpSocketCheck,

@@ -84,6 +84,24 @@ pub struct SandboxSpec {
     /// restarts only the services it changes, in the same container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<super::ServiceSpec>,
+    /// Secrets the sandbox's requests may carry without the sandbox ever holding them: `env`
+    /// holds a placeholder, and the egress gateway writes the Secret's value into requests to
+    /// the Secret's hosts. Needs `network: true` and an egress list. Changes apply in place.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub secrets: Vec<SecretEnv>,
+}
+
+/// One entry of `spec.secrets`: which variable holds the placeholder of which Secret.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretEnv {
+    /// The environment variable that holds the placeholder (e.g. `OPENAI_API_KEY`).
+    #[schemars(length(min = 1, max = 128))]
+    pub env: String,
+    /// The name of a `Secret` on this server.
+    #[schemars(length(min = 1, max = 63))]
+    pub secret: String,
 }
 
 /// When a sandbox's image is pulled from its registry.
@@ -366,6 +384,16 @@ pub enum SpecError {
     EgressWithoutNetwork,
     #[error(transparent)]
     Allow(AllowEntryError),
+    #[error(
+        "spec.secrets needs spec.network: true and spec.egress (the gateway puts the values in)"
+    )]
+    SecretsWithoutEgress,
+    #[error("spec.secrets[{index}].{field}: {reason}")]
+    Secret {
+        index: usize,
+        field: &'static str,
+        reason: String,
+    },
 }
 
 impl SpecError {
@@ -374,6 +402,8 @@ impl SpecError {
         match self {
             SpecError::EgressWithoutNetwork => "/spec/egress".into(),
             SpecError::Allow(e) => format!("/spec/egress/allow/{}", e.index),
+            SpecError::SecretsWithoutEgress => "/spec/secrets".into(),
+            SpecError::Secret { index, field, .. } => format!("/spec/secrets/{index}/{field}"),
         }
     }
 }
@@ -430,6 +460,7 @@ impl SandboxSpec {
     /// What a schema cannot say: every `egress.allow` entry is one, and `egress` comes with
     /// `network: true`.
     pub fn check(&self) -> Result<(), SpecError> {
+        self.check_secrets()?;
         let Some(egress) = &self.egress else {
             return Ok(());
         };
@@ -437,6 +468,50 @@ impl SandboxSpec {
             return Err(SpecError::EgressWithoutNetwork);
         }
         egress.rules().map(|_| ()).map_err(SpecError::Allow)
+    }
+
+    /// `secrets` entries: a variable name each, used once and not in `env`, a Secret name, and
+    /// a network through the gateway (without it nothing would put the values in).
+    fn check_secrets(&self) -> Result<(), SpecError> {
+        if self.secrets.is_empty() {
+            return Ok(());
+        }
+        if self.network != Some(true) || self.egress.is_none() {
+            return Err(SpecError::SecretsWithoutEgress);
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (index, entry) in self.secrets.iter().enumerate() {
+            let bad = |field, reason: String| SpecError::Secret {
+                index,
+                field,
+                reason,
+            };
+            let env = entry.env.as_str();
+            let is_name = env
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+                && env.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !is_name {
+                return Err(bad(
+                    "env",
+                    format!("{env:?} is not a variable name (letters, digits, '_')"),
+                ));
+            }
+            if !seen.insert(env) || self.env.contains_key(env) {
+                return Err(bad(
+                    "env",
+                    format!("{env:?} is set twice (here and in spec.env or another entry)"),
+                ));
+            }
+            if !super::is_valid_name(&entry.secret) {
+                return Err(bad(
+                    "secret",
+                    format!("{:?} is not a Secret name", entry.secret),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The state the spec asks for.
@@ -496,6 +571,9 @@ impl EffectiveSandbox {
         // The list itself is left out: the gateway reads it at each connection.
         if self.egress {
             shape["egress"] = serde_json::Value::Bool(true);
+            // Policed containers mount the gateway's CA bundle; those made before it existed
+            // are replaced once, since their commands are told to trust a file they lack.
+            shape["egressCa"] = serde_json::Value::Bool(true);
         }
         let digest = Sha256::digest(shape.to_string().as_bytes());
         hex::encode(&digest[..8])

@@ -335,6 +335,10 @@ pub fn value_to_resource(
             .spec
             .check()
             .map_err(|e| (e.to_string(), e.pointer())),
+        AnyResource::Secret(secret) => secret
+            .spec
+            .check()
+            .map_err(|e| (e.to_string(), e.pointer())),
         _ => Ok(()),
     };
     if let Err((message, pointer)) = checked {

@@ -30,6 +30,7 @@
 mod api;
 mod atomic;
 mod audit_log;
+mod egress_ca;
 mod egress_log;
 mod event_log;
 mod folders;

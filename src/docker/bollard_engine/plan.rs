@@ -141,6 +141,10 @@ pub fn create_body(
         ),
     };
 
+    if let Some(ca_dir) = &plan.ca_dir {
+        mounts.push(read_only_file(ca_dir, crate::egress::CA_MOUNT));
+    }
+
     let loopback_hosts = loopback_hosts.filter(|_| plan.network.is_none());
     if let Some(hosts) = loopback_hosts {
         mounts.push(read_only_file(hosts, "/etc/hosts"));
@@ -191,7 +195,7 @@ pub fn create_body(
     })
 }
 
-/// A read-only bind of one file the server owns. Propagation stays Docker's default (`rslave`):
+/// A read-only bind of one file (or directory) the server owns. Propagation stays Docker's default (`rslave`):
 /// Docker refuses private propagation for sources under its own root, where volumes live.
 fn read_only_file(source: &str, target: &str) -> Mount {
     Mount {
@@ -260,6 +264,7 @@ mod tests {
             spec_hash: "h".into(),
             helper_volume: None,
             workspace_volume: "agent-sandbox-demo-workspace".into(),
+            ca_dir: None,
         }
     }
 
