@@ -9,24 +9,13 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::process::Command;
 use std::time::Duration;
 
-use common::routed::RoutedPeer;
+use common::routed::{run, RoutedPeer};
 use common::*;
 use serde_json::{json, Value};
 
 const LINK_LOCAL: &str = "169.254.77.77";
-
-fn run(args: &[&str]) -> (bool, String) {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
 
 fn inside(server: &Server, name: &str, script: &str) -> String {
     let body = json!({"command": script, "timeout_seconds": 30});

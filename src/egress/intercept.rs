@@ -13,8 +13,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use super::gateway::{Decision, Shared, Tenant};
+use super::http1::{end_to_end_headers, read_head, reply, HEAD_TIMEOUT};
 use super::inject::inject;
-use super::proxy::{read_head, reply, HEAD_TIMEOUT};
 use crate::resource::Kind;
 
 /// Whether a tunnel of `tenant` to `host:port` is one to take over: a Secret of it names the
@@ -124,22 +124,7 @@ fn origin_head(head: &[u8]) -> Result<Vec<u8>, &'static str> {
         return Err("an origin-form target (/path) is expected");
     }
     let mut out = format!("{request_line}\r\n");
-    let hop = [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authorization",
-        "te",
-        "upgrade",
-    ];
-    for line in lines.take_while(|l| !l.is_empty()) {
-        let name = line.split(':').next().unwrap_or_default().trim();
-        if !hop.iter().any(|h| name.eq_ignore_ascii_case(h)) {
-            out.push_str(line);
-            out.push_str("\r\n");
-        }
-    }
-    out.push_str("Connection: close\r\n\r\n");
+    end_to_end_headers(lines, &mut out);
     Ok(out.into_bytes())
 }
 

@@ -9,6 +9,7 @@
 mod ca;
 mod dns;
 mod gateway;
+mod http1;
 mod inject;
 mod intercept;
 mod listen;

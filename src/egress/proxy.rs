@@ -9,18 +9,15 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use super::gateway::{Decision, Shared};
+use super::http1::{end_to_end_headers, read_head, reply, HEAD_TIMEOUT};
 use super::inject::inject;
 use super::policy;
 
-/// The largest request head read.
-pub(super) const MAX_HEAD: usize = 16 * 1024;
-/// A client gets this long to send its request head.
-pub(super) const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once, all sandboxes together; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 1024;
@@ -93,24 +90,7 @@ pub(super) fn parse_head(head: &[u8]) -> Result<Request, &'static str> {
         p => format!("/{p}"),
     };
     let mut upstream = format!("{method} {path} {version}\r\n");
-    for line in lines.take_while(|l| !l.is_empty()) {
-        let name = line.split(':').next().unwrap_or_default().trim();
-        let hop = [
-            "connection",
-            "keep-alive",
-            "proxy-connection",
-            "proxy-authorization",
-            "te",
-            "upgrade",
-        ]
-        .iter()
-        .any(|h| name.eq_ignore_ascii_case(h));
-        if !hop {
-            upstream.push_str(line);
-            upstream.push_str("\r\n");
-        }
-    }
-    upstream.push_str("Connection: close\r\n\r\n");
+    end_to_end_headers(lines, &mut upstream);
     Ok(Request {
         connect: false,
         host,
@@ -152,39 +132,6 @@ fn split_authority(authority: &str, default: Option<u16>) -> Result<(String, u16
         return Err("bad host");
     }
     Ok((host, port))
-}
-
-/// Reads the request head; returns it and whatever followed it in the same reads.
-pub(super) async fn read_head<S: AsyncRead + Unpin>(
-    stream: &mut S,
-) -> Result<(Vec<u8>, Vec<u8>), &'static str> {
-    let mut buffer = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-            let rest = buffer.split_off(end + 4);
-            return Ok((buffer, rest));
-        }
-        if buffer.len() > MAX_HEAD {
-            return Err("request head too large");
-        }
-        let read = stream.read(&mut chunk).await.map_err(|_| "read failed")?;
-        if read == 0 {
-            return Err("closed before the request head ended");
-        }
-        buffer.extend_from_slice(&chunk[..read]);
-    }
-}
-
-pub(super) async fn reply<S: AsyncWrite + Unpin>(stream: &mut S, status: &str, reason: &str) {
-    tracing::debug!(status, reason, "egress proxy refusal");
-    let body = format!("{reason}\n");
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = stream.write_all(response.as_bytes()).await;
-    let _ = stream.shutdown().await;
 }
 
 async fn serve_client(

@@ -5,7 +5,8 @@
 
 use std::process::{Child, Command};
 
-fn run(args: &[&str]) -> (bool, String) {
+/// Runs a command of the host; whether it succeeded, and what it printed.
+pub fn run(args: &[&str]) -> (bool, String) {
     let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
     let text = format!(
         "{}{}",
