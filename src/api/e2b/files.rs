@@ -1,0 +1,155 @@
+//! envd's HTTP API: `GET /files` (download), `POST /files` (upload, multipart with one part per
+//! file, or one file as `application/octet-stream`) and `/health`, through the data plane's
+//! file reads and writes (writes confined to the workspace, as the sandbox user).
+
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+
+use super::envd;
+use super::E2bError;
+use crate::api::AppState;
+use crate::dataplane::SandboxTarget;
+use crate::e2b::connect::RpcError;
+use crate::e2b::{multipart, paths};
+
+#[derive(Debug, Default, Deserialize)]
+pub struct FileQuery {
+    path: Option<String>,
+    username: Option<String>,
+}
+
+fn rpc(e: RpcError) -> E2bError {
+    E2bError::new(e.code.status(), e.message)
+}
+
+/// The sandbox of a file call, its token and user checked.
+async fn target(
+    state: &AppState,
+    headers: &HeaderMap,
+    query: &FileQuery,
+) -> Result<SandboxTarget, E2bError> {
+    let sandbox = envd::sandbox(state, headers).map_err(rpc)?;
+    paths::check_user(query.username.as_deref()).map_err(|e| rpc(envd::user_error(e)))?;
+    envd::data_target(state, sandbox).await.map_err(rpc)
+}
+
+pub async fn download(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(query): Query<FileQuery>,
+) -> Result<Response, E2bError> {
+    let target = target(&state, &headers, &query).await?;
+    let path = query
+        .path
+        .as_deref()
+        .map(paths::resolve)
+        .ok_or_else(|| E2bError::new(StatusCode::BAD_REQUEST, "path is required"))?;
+    let bytes = state
+        .dataplane
+        .read_file(&target, &path)
+        .await
+        .map_err(|e| rpc(envd::dataplane_error(e)))?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        )],
+        bytes,
+    )
+        .into_response())
+}
+
+pub async fn upload(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(query): Query<FileQuery>,
+    body: Body,
+) -> Result<Json<Vec<serde_json::Value>>, E2bError> {
+    let target = target(&state, &headers, &query).await?;
+    if headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| !v.eq_ignore_ascii_case("identity"))
+    {
+        return Err(E2bError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "compressed uploads (gzip) are not supported by this server yet; upload uncompressed",
+        ));
+    }
+    // One file at the limit, with room for the multipart framing.
+    let limit = usize::try_from(state.settings.max_file_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1024 * 1024);
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        E2bError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the upload is larger than this server's limit of {} bytes per file",
+                state.settings.max_file_bytes
+            ),
+        )
+    })?;
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let files: Vec<(String, Vec<u8>)> = if content_type.starts_with("multipart/") {
+        let bad =
+            |e: multipart::MultipartError| E2bError::new(StatusCode::BAD_REQUEST, e.to_string());
+        let boundary = multipart::boundary(content_type).map_err(bad)?;
+        let parts = multipart::parse(&bytes, &boundary).map_err(bad)?;
+        let single = parts.len() == 1;
+        parts
+            .into_iter()
+            .map(|part| {
+                let path = match (&query.path, part.filename) {
+                    (Some(p), _) if single => p.clone(),
+                    (_, Some(f)) if !f.is_empty() => f,
+                    _ => {
+                        return Err(E2bError::new(
+                            StatusCode::BAD_REQUEST,
+                            format!("part {:?} names no file path (its filename)", part.name),
+                        ))
+                    }
+                };
+                Ok((path, part.data))
+            })
+            .collect::<Result<_, _>>()?
+    } else {
+        let path = query.path.clone().ok_or_else(|| {
+            E2bError::new(
+                StatusCode::BAD_REQUEST,
+                "path is required for an octet-stream upload",
+            )
+        })?;
+        vec![(path, bytes.to_vec())]
+    };
+    let mut written = Vec::with_capacity(files.len());
+    for (path, data) in files {
+        let info = state
+            .dataplane
+            .write_file(&target, &paths::resolve(&path), data.into(), 0o644)
+            .await
+            .map_err(|e| rpc(envd::dataplane_error(e)))?;
+        written.push(serde_json::json!({"name": info.name, "type": "file", "path": info.path}));
+    }
+    Ok(Json(written))
+}
+
+/// envd answers 204 while it runs; here, while the sandbox exists.
+pub async fn health(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<StatusCode, E2bError> {
+    let id = headers
+        .get("e2b-sandbox-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    crate::api::v1::common::live_sandbox(&state.store, id)
+        .map(|_| StatusCode::NO_CONTENT)
+        .map_err(|_| E2bError::new(StatusCode::BAD_GATEWAY, format!("sandbox {id} not found")))
+}

@@ -1,0 +1,265 @@
+"""E2B's published Python SDK, unmodified, against this server (see tests/e2b/run.sh).
+
+Only E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY point the SDK here. Every test checks what the
+SDK returns against what the sandbox really did (a command's output and exit code, a file read
+back, a network interface that is there or not)."""
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    PtySize,
+    Sandbox,
+    SandboxException,
+    SandboxQuery,
+)
+
+SERVER = os.environ["E2B_TEST_SERVER"]
+KEY = os.environ["E2B_API_KEY"]
+RUN = uuid.uuid4().hex[:8]
+
+
+def resource(sandbox_id):
+    """The sandbox as the resource API shows it (None when it is gone)."""
+    request = urllib.request.Request(
+        f"{SERVER}/apis/agent-sandbox.io/v1/sandboxes/{sandbox_id}",
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return json.load(r)
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        raise
+
+
+@pytest.fixture(scope="module")
+def sbx():
+    sandbox = Sandbox.create(timeout=600, metadata={"suite": RUN}, envs={"FROM_CREATE": "yes"})
+    yield sandbox
+    sandbox.kill()
+
+
+def test_a_created_sandbox_is_a_sandbox_resource(sbx):
+    doc = resource(sbx.sandbox_id)
+    assert doc is not None
+    assert doc["kind"] == "Sandbox"
+    assert doc["status"]["phase"] == "Running"
+    assert json.loads(doc["metadata"]["annotations"]["e2b.dev/metadata"]) == {"suite": RUN}
+    assert doc["spec"]["env"]["FROM_CREATE"] == "yes"
+    info = sbx.get_info()
+    assert info.sandbox_id == sbx.sandbox_id
+    assert info.metadata == {"suite": RUN}
+    assert info.template_id == "base"
+    assert sbx.is_running()
+
+
+def test_run_streams_stdout_and_stderr_to_callbacks(sbx):
+    out, err = [], []
+    result = sbx.commands.run(
+        "echo hello; echo oops >&2; echo $FROM_CREATE $FOO; pwd",
+        envs={"FOO": "bar"},
+        on_stdout=out.append,
+        on_stderr=err.append,
+    )
+    assert result.exit_code == 0
+    assert result.stdout == "hello\nyes bar\n/workspace\n"
+    assert result.stderr == "oops\n"
+    assert "".join(out) == result.stdout
+    assert "".join(err) == "oops\n"
+
+
+def test_exit_codes_are_truthful(sbx):
+    with pytest.raises(CommandExitException) as failed:
+        sbx.commands.run("echo partial; exit 3")
+    assert failed.value.exit_code == 3
+    assert failed.value.stdout == "partial\n"
+
+
+def test_cwd_under_the_e2b_home_is_the_workspace(sbx):
+    sbx.commands.run("mkdir -p /workspace/sub")
+    assert sbx.commands.run("pwd", cwd="/home/user/sub").stdout == "/workspace/sub\n"
+
+
+def test_background_command_wait_list_and_kill(sbx):
+    quick = sbx.commands.run("sleep 0.3; echo done", background=True)
+    assert quick.wait().stdout == "done\n"
+    slow = sbx.commands.run("sleep 120", background=True)
+    assert slow.pid in [p.pid for p in sbx.commands.list()]
+    assert sbx.commands.kill(slow.pid) is True
+    with pytest.raises(CommandExitException) as killed:
+        slow.wait()
+    assert killed.value.exit_code == -1
+    assert slow.pid not in [p.pid for p in sbx.commands.list()]
+    assert sbx.commands.kill(999999) is False
+
+
+def test_stdin_reaches_the_command(sbx):
+    cat = sbx.commands.run("cat", background=True, stdin=True)
+    sbx.commands.send_stdin(cat.pid, "line one\n")
+    sbx.commands.send_stdin(cat.pid, b"line two\n")
+    sbx.commands.close_stdin(cat.pid)
+    assert cat.wait().stdout == "line one\nline two\n"
+
+
+def test_a_second_connection_follows_a_running_command(sbx):
+    handle = sbx.commands.run("sleep 1; echo first; sleep 1; echo second", background=True)
+    other = Sandbox.connect(sbx.sandbox_id)
+    followed = other.commands.connect(handle.pid)
+    result = followed.wait()
+    assert "second\n" in result.stdout
+    assert handle.wait().stdout == "first\nsecond\n"
+
+
+def test_root_is_refused_not_downgraded(sbx):
+    with pytest.raises(SandboxException) as refused:
+        sbx.commands.run("id -u", user="root")
+    assert "root is never granted" in str(refused.value)
+    assert sbx.commands.run("id -u", user="user").stdout.strip() != "0"
+
+
+def test_pty_runs_a_shell_and_resizes(sbx):
+    chunks = []
+    terminal = sbx.pty.create(PtySize(rows=24, cols=80))
+    sbx.pty.resize(terminal.pid, PtySize(rows=40, cols=100))
+    sbx.pty.send_stdin(terminal.pid, b"stty size; exit 7\n")
+    with pytest.raises(CommandExitException) as ended:
+        terminal.wait(on_pty=lambda data: chunks.append(bytes(data)))
+    assert ended.value.exit_code == 7
+    assert b"40 100" in b"".join(chunks)
+
+
+def test_files_text_and_binary(sbx):
+    info = sbx.files.write("notes/hello.txt", "hello world\n")
+    assert info.path == "/workspace/notes/hello.txt"
+    assert sbx.files.read("notes/hello.txt") == "hello world\n"
+    assert sbx.files.read("/home/user/notes/hello.txt") == "hello world\n"
+    assert sbx.commands.run("cat /workspace/notes/hello.txt").stdout == "hello world\n"
+    blob = bytes(range(256)) * 4096
+    sbx.files.write("/home/user/blob.bin", blob)
+    assert bytes(sbx.files.read("blob.bin", format="bytes")) == blob
+    sums = sbx.commands.run("sha256sum /workspace/blob.bin").stdout.split()[0]
+    import hashlib
+
+    assert sums == hashlib.sha256(blob).hexdigest()
+
+
+def test_files_list_exists_rename_remove_make_dir(sbx):
+    assert sbx.files.make_dir("tree/inner") is True
+    assert sbx.files.make_dir("tree/inner") is False
+    sbx.files.write("tree/a.txt", "a")
+    sbx.files.write("tree/inner/b.txt", "bb")
+    names = sorted(e.name for e in sbx.files.list("tree"))
+    assert names == ["a.txt", "inner"]
+    deep = sorted(e.path for e in sbx.files.list("tree", depth=2))
+    assert deep == ["/workspace/tree/a.txt", "/workspace/tree/inner", "/workspace/tree/inner/b.txt"]
+    assert sbx.files.exists("tree/a.txt") is True
+    assert sbx.files.exists("tree/missing") is False
+    info = sbx.files.get_info("tree/inner/b.txt")
+    assert info.size == 2 and info.type.value == "file"
+    moved = sbx.files.rename("tree/a.txt", "tree/c.txt")
+    assert moved.path == "/workspace/tree/c.txt"
+    assert sbx.files.exists("tree/a.txt") is False
+    assert sbx.files.read("tree/c.txt") == "a"
+    sbx.files.remove("tree/inner")
+    assert sbx.files.exists("tree/inner") is False
+    assert sorted(e.name for e in sbx.files.list("tree")) == ["c.txt"]
+
+
+def test_writing_several_files_at_once(sbx):
+    from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+    written = sbx.files.write_files(
+        [WriteEntry(path="multi/one.txt", data="1"), WriteEntry(path="multi/two.bin", data=b"\x00\x02")]
+    )
+    assert sorted(w.path for w in written) == ["/workspace/multi/one.txt", "/workspace/multi/two.bin"]
+    assert sbx.files.read("multi/one.txt") == "1"
+    assert bytes(sbx.files.read("multi/two.bin", format="bytes")) == b"\x00\x02"
+
+
+def test_unsupported_calls_say_so(sbx):
+    with pytest.raises(SandboxException) as watch:
+        sbx.files.watch_dir("/workspace")
+    assert "not supported" in str(watch.value)
+    with pytest.raises(SandboxException) as pause:
+        sbx.pause()
+    assert "not supported" in str(pause.value)
+
+
+def test_envd_calls_need_the_access_token(sbx):
+    request = urllib.request.Request(
+        f"{SERVER}/e2b/envd/filesystem.Filesystem/Stat",
+        data=b'{"path": "/workspace"}',
+        headers={
+            "Content-Type": "application/json",
+            "E2b-Sandbox-Id": sbx.sandbox_id,
+            "X-Access-Token": "forged",
+        },
+    )
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen(request, timeout=10)
+    assert denied.value.code == 401
+    assert json.load(denied.value)["code"] == "unauthenticated"
+
+
+def test_list_filters_by_metadata_and_set_timeout_moves_the_end():
+    tag = f"{RUN}-list"
+    first = Sandbox.create(timeout=300, metadata={"group": tag, "which": "a b&c"})
+    second = Sandbox.create(timeout=300, metadata={"group": tag, "which": "other"})
+    try:
+        both = Sandbox.list(query=SandboxQuery(metadata={"group": tag})).next_items()
+        assert sorted(s.sandbox_id for s in both) == sorted([first.sandbox_id, second.sandbox_id])
+        one = Sandbox.list(query=SandboxQuery(metadata={"group": tag, "which": "a b&c"})).next_items()
+        assert [s.sandbox_id for s in one] == [first.sandbox_id]
+        before = first.get_info().end_at
+        first.set_timeout(3000)
+        after = first.get_info().end_at
+        assert (after - before).total_seconds() > 2000
+    finally:
+        assert second.kill() is True
+        first.kill()
+    assert resource(second.sandbox_id) is None
+    assert Sandbox.list(query=SandboxQuery(metadata={"group": tag})).next_items() == []
+    assert Sandbox.kill(second.sandbox_id) is False
+
+
+def test_a_sandbox_expires_at_its_timeout():
+    short = Sandbox.create(timeout=2)
+    short.commands.run("true")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and short.is_running():
+        time.sleep(0.5)
+    assert not short.is_running()
+
+
+def test_allow_internet_access_false_means_no_network(sbx):
+    assert "eth0" in sbx.commands.run("ls /sys/class/net").stdout.split()
+    offline = Sandbox.create(timeout=120, allow_internet_access=False)
+    try:
+        assert offline.commands.run("ls /sys/class/net").stdout.split() == ["lo"]
+        assert resource(offline.sandbox_id)["spec"]["network"] is False
+    finally:
+        offline.kill()
+
+
+def test_unknown_template_is_a_clear_error():
+    with pytest.raises(SandboxException) as missing:
+        Sandbox.create("no-such-template")
+    assert "no-such-template" in str(missing.value)
+    assert "not found" in str(missing.value)
+
+
+def test_a_wrong_key_is_refused():
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(api_key="e2b_" + "0" * 40)
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="wrong").next_items()
