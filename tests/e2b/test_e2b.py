@@ -241,11 +241,15 @@ def test_a_sandbox_expires_at_its_timeout():
     assert not short.is_running()
 
 
+# The network interfaces a sandbox has (if_nameindex works under runc and gVisor alike).
+INTERFACES = "python3 -c 'import socket; print(*sorted(n for _, n in socket.if_nameindex()))'"
+
+
 def test_allow_internet_access_false_means_no_network(sbx):
-    assert "eth0" in sbx.commands.run("ls /sys/class/net").stdout.split()
+    assert "eth0" in sbx.commands.run(INTERFACES).stdout.split()
     offline = Sandbox.create(timeout=120, allow_internet_access=False)
     try:
-        assert offline.commands.run("ls /sys/class/net").stdout.split() == ["lo"]
+        assert offline.commands.run(INTERFACES).stdout.split() == ["lo"]
         assert resource(offline.sandbox_id)["spec"]["network"] is False
     finally:
         offline.kill()
@@ -263,3 +267,32 @@ def test_a_wrong_key_is_refused():
         Sandbox.create(api_key="e2b_" + "0" * 40)
     with pytest.raises(AuthenticationException):
         Sandbox.list(api_key="wrong").next_items()
+
+
+def test_a_template_id_names_a_sandbox_template():
+    name = f"e2b-tmpl-{RUN}"
+    body = json.dumps(
+        {
+            "apiVersion": "agent-sandbox.io/v1",
+            "kind": "SandboxTemplate",
+            "metadata": {"name": name},
+            "spec": {
+                "image": "agent-sandbox-test/python:latest",
+                "env": {"FROM_TEMPLATE": "t", "SHARED": "template"},
+            },
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"{SERVER}/apis/agent-sandbox.io/v1/sandboxtemplates",
+        data=body,
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as r:
+        assert r.status in (200, 201)
+    made = Sandbox.create(name, timeout=120, envs={"SHARED": "create"})
+    try:
+        assert made.get_info().template_id == name
+        assert resource(made.sandbox_id)["spec"]["template"] == name
+        assert made.commands.run("echo $FROM_TEMPLATE $SHARED").stdout == "t create\n"
+    finally:
+        made.kill()
