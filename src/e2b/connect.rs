@@ -5,13 +5,17 @@
 //! Unary calls carry a bare message (`application/json`); server-streaming calls carry one
 //! enveloped request message and answer enveloped messages (`application/connect+json`) ending
 //! with an end-of-stream envelope that holds the error, if any. The E2B SDKs send JSON for both
-//! kinds; the binary protobuf encoding is refused with `unimplemented`, naming the encoding.
+//! kinds; the binary protobuf encoding (`application/proto`, `application/connect+proto`) is
+//! served too, translated by [`super::protobuf`] from and to the same JSON values. Errors and
+//! the end of a stream are JSON in both encodings, as the protocol says.
 
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+use super::protobuf::{self, Schema};
 
 /// The largest request message taken (envd's requests are small; file content goes over HTTP).
 pub const MAX_MESSAGE: usize = 4 * 1024 * 1024;
@@ -127,46 +131,59 @@ fn content_type(headers: &HeaderMap) -> String {
         .unwrap_or_default()
 }
 
-fn protobuf_refused(what: &str) -> RpcError {
-    RpcError::new(
-        Code::Unimplemented,
-        format!(
-            "the binary protobuf encoding ({what}) is not supported by this server yet; \
-             send JSON (application/json, application/connect+json), as the E2B SDKs do"
-        ),
-    )
+/// How a call's messages are encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    Json,
+    Proto,
 }
 
-/// The message of a unary request, decoded from its JSON body.
-pub fn unary_request<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, RpcError> {
+/// The message of a unary request, decoded from its body (`schema` describes it for protobuf).
+pub fn unary_request<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: &[u8],
+    schema: &Schema,
+) -> Result<(T, Encoding), RpcError> {
     match content_type(headers).as_str() {
-        "application/json" | "" => decode(body),
-        "application/proto" => Err(protobuf_refused("application/proto")),
+        "application/json" | "" => Ok((decode(body)?, Encoding::Json)),
+        "application/proto" => Ok((decode_proto(schema, body)?, Encoding::Proto)),
         other => Err(RpcError::new(
             Code::InvalidArgument,
-            format!("unsupported content type {other:?} for a unary call; send application/json"),
+            format!(
+                "unsupported content type {other:?} for a unary call; send application/json or \
+                 application/proto"
+            ),
         )),
     }
 }
 
-/// The one message of a server-streaming request: a single enveloped JSON message.
+/// The encoding a streaming request says it uses (JSON when it says nothing usable).
+pub fn stream_encoding(headers: &HeaderMap) -> Encoding {
+    match content_type(headers).as_str() {
+        "application/connect+proto" => Encoding::Proto,
+        _ => Encoding::Json,
+    }
+}
+
+/// The one message of a server-streaming request: a single enveloped message.
 pub fn stream_request<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: &[u8],
+    schema: &Schema,
 ) -> Result<T, RpcError> {
-    match content_type(headers).as_str() {
-        "application/connect+json" => {}
-        "application/connect+proto" => return Err(protobuf_refused("application/connect+proto")),
+    let encoding = match content_type(headers).as_str() {
+        "application/connect+json" => Encoding::Json,
+        "application/connect+proto" => Encoding::Proto,
         other => {
             return Err(RpcError::new(
                 Code::InvalidArgument,
                 format!(
                     "unsupported content type {other:?} for a streaming call; send \
-                     application/connect+json"
+                     application/connect+json or application/connect+proto"
                 ),
             ))
         }
-    }
+    };
     let [flags, a, b, c, d, rest @ ..] = body else {
         return Err(RpcError::new(
             Code::InvalidArgument,
@@ -190,7 +207,21 @@ pub fn stream_request<T: DeserializeOwned>(
             ),
         ));
     }
-    decode(rest)
+    match encoding {
+        Encoding::Json => decode(rest),
+        Encoding::Proto => decode_proto(schema, rest),
+    }
+}
+
+fn decode_proto<T: DeserializeOwned>(schema: &Schema, bytes: &[u8]) -> Result<T, RpcError> {
+    let value = protobuf::decode(schema, bytes)
+        .map_err(|e| RpcError::new(Code::InvalidArgument, e.to_string()))?;
+    serde_json::from_value(value).map_err(|e| {
+        RpcError::new(
+            Code::InvalidArgument,
+            format!("the request message is not valid: {e}"),
+        )
+    })
 }
 
 fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, RpcError> {
@@ -207,14 +238,18 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, RpcError> {
     })
 }
 
-/// A unary call's answer.
-pub fn unary_response<T: Serialize>(message: &T) -> Response {
-    match serde_json::to_vec(message) {
+/// A unary call's answer, in the request's encoding.
+pub fn unary_response<T: Serialize>(message: &T, encoding: Encoding, schema: &Schema) -> Response {
+    let (body, kind) = match encoding {
+        Encoding::Json => (serde_json::to_vec(message), "application/json"),
+        Encoding::Proto => (
+            serde_json::to_value(message).map(|v| protobuf::encode(schema, &v)),
+            "application/proto",
+        ),
+    };
+    match body {
         Ok(body) => (
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
+            [(header::CONTENT_TYPE, HeaderValue::from_static(kind))],
             body,
         )
             .into_response(),
@@ -224,10 +259,14 @@ pub fn unary_response<T: Serialize>(message: &T) -> Response {
     }
 }
 
-/// One message of a streaming answer, enveloped.
-pub fn envelope<T: Serialize>(message: &T) -> Bytes {
-    let json = serde_json::to_vec(message).unwrap_or_else(|_| b"{}".to_vec());
-    frame(0, &json)
+/// One message of a streaming answer, enveloped, in the request's encoding.
+pub fn envelope<T: Serialize>(message: &T, encoding: Encoding, schema: &Schema) -> Bytes {
+    let value = serde_json::to_value(message).unwrap_or_default();
+    let payload = match encoding {
+        Encoding::Json => serde_json::to_vec(&value).unwrap_or_else(|_| b"{}".to_vec()),
+        Encoding::Proto => protobuf::encode(schema, &value),
+    };
+    frame(0, &payload)
 }
 
 /// The end of a streaming answer, with its error if it failed.
@@ -248,16 +287,17 @@ fn frame(flags: u8, payload: &[u8]) -> Bytes {
 }
 
 /// The headers of a streaming answer (always HTTP 200; errors travel in the last envelope).
-pub fn stream_headers() -> [(header::HeaderName, HeaderValue); 1] {
-    [(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/connect+json"),
-    )]
+pub fn stream_headers(encoding: Encoding) -> [(header::HeaderName, HeaderValue); 1] {
+    let kind = match encoding {
+        Encoding::Json => "application/connect+json",
+        Encoding::Proto => "application/connect+proto",
+    };
+    [(header::CONTENT_TYPE, HeaderValue::from_static(kind))]
 }
 
 /// A streaming call that fails before its first message: 200 and only the end envelope.
-pub fn stream_error(error: RpcError) -> Response {
-    (stream_headers(), end_of_stream(Some(&error))).into_response()
+pub fn stream_error(error: RpcError, encoding: Encoding) -> Response {
+    (stream_headers(encoding), end_of_stream(Some(&error))).into_response()
 }
 
 #[cfg(test)]
@@ -276,9 +316,14 @@ mod tests {
     #[test]
     fn an_enveloped_request_is_read_and_answers_are_framed() {
         let body = frame(0, br#"{"path":"/x"}"#);
-        let v: serde_json::Value = stream_request(&json_stream(), &body).unwrap();
+        let v: serde_json::Value =
+            stream_request(&json_stream(), &body, protobuf::PATH_REQUEST).unwrap();
         assert_eq!(v["path"], "/x");
-        let out = envelope(&serde_json::json!({"a": 1}));
+        let out = envelope(
+            &serde_json::json!({"a": 1}),
+            Encoding::Json,
+            protobuf::EMPTY,
+        );
         assert_eq!(out[0], 0);
         assert_eq!(&out[1..5], &7u32.to_be_bytes());
         let end = end_of_stream(Some(&RpcError::new(Code::NotFound, "gone")));
@@ -288,13 +333,14 @@ mod tests {
     }
 
     #[test]
-    fn bad_envelopes_and_protobuf_are_refused_by_name() {
-        let short = stream_request::<serde_json::Value>(&json_stream(), b"\0\0").unwrap_err();
+    fn bad_envelopes_are_refused_and_protobuf_is_read() {
+        let short = stream_request::<serde_json::Value>(&json_stream(), b"\0\0", protobuf::EMPTY)
+            .unwrap_err();
         assert_eq!(short.code, Code::InvalidArgument);
         let mut long = frame(0, b"{}").to_vec();
         long.extend_from_slice(&frame(0, b"{}"));
         assert_eq!(
-            stream_request::<serde_json::Value>(&json_stream(), &long)
+            stream_request::<serde_json::Value>(&json_stream(), &long, protobuf::EMPTY)
                 .unwrap_err()
                 .code,
             Code::InvalidArgument
@@ -304,9 +350,16 @@ mod tests {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/proto"),
         );
-        let err = unary_request::<serde_json::Value>(&proto, b"").unwrap_err();
-        assert_eq!(err.code, Code::Unimplemented);
-        assert!(err.message.contains("protobuf"));
+        let (v, encoding) =
+            unary_request::<serde_json::Value>(&proto, b"\x0a\x02/x", protobuf::PATH_REQUEST)
+                .unwrap();
+        assert_eq!(
+            (v["path"].as_str(), encoding),
+            (Some("/x"), Encoding::Proto)
+        );
+        let err = unary_request::<serde_json::Value>(&proto, b"\x0a\x09", protobuf::PATH_REQUEST)
+            .unwrap_err();
+        assert_eq!(err.code, Code::InvalidArgument);
         assert_eq!(Code::Unimplemented.status().as_u16(), 501);
     }
 }

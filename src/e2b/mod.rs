@@ -15,3 +15,4 @@ pub mod control;
 pub mod messages;
 pub mod multipart;
 pub mod paths;
+pub mod protobuf;

@@ -296,3 +296,49 @@ def test_a_template_id_names_a_sandbox_template():
         assert made.commands.run("echo $FROM_TEMPLATE $SHARED").stdout == "t create\n"
     finally:
         made.kill()
+
+
+def test_the_binary_protobuf_encoding_is_served_too(sbx):
+    """The SDK sends JSON; connectrpc's own default codec, binary protobuf, is served as well."""
+    from protobuf import Oneof
+
+    from e2b.envd.filesystem import filesystem_pb
+    from e2b.envd.filesystem.filesystem_connect import FilesystemClientSync
+    from e2b.envd.process import process_pb
+    from e2b.envd.process.process_connect import ProcessClientSync
+
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token}
+    base = os.environ["E2B_SANDBOX_URL"]
+    plain = {"send_compression": None, "accept_compression": ()}
+    process = ProcessClientSync(base, **plain)
+    events = list(
+        process.start(
+            process_pb.StartRequest(
+                process=process_pb.ProcessConfig(
+                    cmd="/bin/sh", args=["-c", "echo proto; echo err >&2; exit 4"], envs={"X": "1"}
+                ),
+                stdin=False,
+            ),
+            headers=headers,
+        )
+    )
+    kinds = [e.event.event.field for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "end"
+    assert events[0].event.event.value.pid > 0
+    output = {}
+    for e in events:
+        match e.event.event:
+            case Oneof(field="data", value=data):
+                output.setdefault(data.output.field, b"")
+                output[data.output.field] += data.output.value
+    assert output == {"stdout": b"proto\n", "stderr": b"err\n"}
+    end = events[-1].event.event.value
+    assert (end.exit_code, end.exited) == (4, True)
+
+    files = FilesystemClientSync(base, **plain)
+    sbx.files.write("proto/x.txt", "12345")
+    entry = files.stat(filesystem_pb.StatRequest(path="proto/x.txt"), headers=headers).entry
+    assert (entry.name, entry.path, entry.size) == ("x.txt", "/workspace/proto/x.txt", 5)
+    assert entry.type == filesystem_pb.FileType.FILE
+    listed = files.list_dir(filesystem_pb.ListDirRequest(path="/workspace/proto", depth=1), headers=headers)
+    assert [e.name for e in listed.entries] == ["x.txt"]

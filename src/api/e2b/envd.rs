@@ -147,7 +147,7 @@ pub async fn unimplemented(method: Method, uri: Uri, headers: HeaderMap) -> Resp
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/connect+"));
     if streaming {
-        connect::stream_error(error)
+        connect::stream_error(error, connect::stream_encoding(&headers))
     } else {
         error.into_response()
     }

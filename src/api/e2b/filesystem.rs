@@ -14,11 +14,12 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use super::envd::{self, dataplane_error};
 use crate::api::AppState;
 use crate::dataplane::{Command, ExecRequest, SandboxTarget};
-use crate::e2b::connect::{self, Code, RpcError};
+use crate::e2b::connect::{self, Code, Encoding, RpcError};
 use crate::e2b::messages::{
     Empty, EntryInfo, EntryResponse, ListDirRequest, ListDirResponse, MoveRequest, PathRequest,
 };
 use crate::e2b::paths;
+use crate::e2b::protobuf::{self, Schema};
 
 /// One line per entry: type, size, octal mode, symbolic mode, owner, group, mtime, path last (it
 /// may hold `|`).
@@ -154,6 +155,7 @@ async fn unary<Req, Res, F, Fut>(
     state: &AppState,
     headers: &HeaderMap,
     body: &[u8],
+    schemas: (&'static Schema, &'static Schema),
     call: F,
 ) -> Response
 where
@@ -162,16 +164,16 @@ where
     F: FnOnce(SandboxTarget, Req) -> Fut,
     Fut: std::future::Future<Output = Result<Res, RpcError>>,
 {
-    let result = async {
+    let result: Result<(Res, Encoding), RpcError> = async {
         let sandbox = envd::sandbox(state, headers)?;
         envd::check_rpc_user(headers)?;
-        let request: Req = connect::unary_request(headers, body)?;
+        let (request, encoding): (Req, _) = connect::unary_request(headers, body, schemas.0)?;
         let target = envd::data_target(state, sandbox).await?;
-        call(target, request).await
+        Ok((call(target, request).await?, encoding))
     }
     .await;
     match result {
-        Ok(answer) => connect::unary_response(&answer),
+        Ok((answer, encoding)) => connect::unary_response(&answer, encoding, schemas.1),
         Err(e) => e.into_response(),
     }
 }
@@ -182,6 +184,7 @@ pub async fn stat(State(state): State<AppState>, headers: HeaderMap, body: Bytes
         state,
         &headers,
         &body,
+        (protobuf::PATH_REQUEST, protobuf::ENTRY_RESPONSE),
         |target, req: PathRequest| async move {
             let entry = stat_path(state, &target, &paths::resolve(&req.path)).await?;
             Ok(EntryResponse { entry })
@@ -196,6 +199,7 @@ pub async fn list_dir(State(state): State<AppState>, headers: HeaderMap, body: B
         state,
         &headers,
         &body,
+        (protobuf::LIST_DIR_REQUEST, protobuf::LIST_DIR_RESPONSE),
         |target, req: ListDirRequest| async move {
             let depth = req.depth.filter(|d| *d > 0).unwrap_or(1);
             if depth > MAX_DEPTH {
@@ -224,6 +228,7 @@ pub async fn make_dir(State(state): State<AppState>, headers: HeaderMap, body: B
         state,
         &headers,
         &body,
+        (protobuf::PATH_REQUEST, protobuf::ENTRY_RESPONSE),
         |target, req: PathRequest| async move {
             let path = paths::resolve(&req.path);
             let script = format!(
@@ -247,6 +252,7 @@ pub async fn move_entry(
         state,
         &headers,
         &body,
+        (protobuf::MOVE_REQUEST, protobuf::ENTRY_RESPONSE),
         |target, req: MoveRequest| async move {
             let (source, destination) = (
                 paths::resolve(&req.source),
@@ -269,6 +275,7 @@ pub async fn remove(State(state): State<AppState>, headers: HeaderMap, body: Byt
         state,
         &headers,
         &body,
+        (protobuf::PATH_REQUEST, protobuf::EMPTY),
         |target, req: PathRequest| async move {
             let path = paths::resolve(&req.path);
             let script = format!(

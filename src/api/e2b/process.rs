@@ -15,13 +15,14 @@ use futures::StreamExt;
 
 use super::envd::{self, process_error};
 use crate::api::AppState;
-use crate::e2b::connect::{self, Code, RpcError};
+use crate::e2b::connect::{self, Code, Encoding, RpcError};
 use crate::e2b::messages::{
     ConnectRequest, DataEvent, Empty, EndEvent, EventResponse, ListResponse, ProcessConfig,
     ProcessEvent, ProcessInfo, ProcessSelector, SelectorRequest, SendInputRequest,
     SendSignalRequest, StartEvent, StartRequest, UpdateRequest,
 };
 use crate::e2b::paths;
+use crate::e2b::protobuf::{self, Schema};
 use crate::processes::{OutputEvent, Process, StartSpec, State as PState, Stream, Target};
 
 /// Keep-alive events when the client names no interval (envd's header `Keepalive-Ping-Interval`).
@@ -77,11 +78,13 @@ fn keepalive(headers: &HeaderMap) -> Duration {
 }
 
 pub async fn start(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let encoding = connect::stream_encoding(&headers);
     match start_process(&state, &headers, &body).await {
         Ok((target, process)) => {
-            stream_events(&state, target, process, 0, 0, keepalive(&headers)).await
+            let ping = keepalive(&headers);
+            stream_events(&state, target, process, (0, 0), ping, encoding).await
         }
-        Err(e) => connect::stream_error(e),
+        Err(e) => connect::stream_error(e, encoding),
     }
 }
 
@@ -91,7 +94,7 @@ async fn start_process(
     body: &[u8],
 ) -> Result<(Target, Process), RpcError> {
     let target = target(state, headers).await?;
-    let request: StartRequest = connect::stream_request(headers, body)?;
+    let request: StartRequest = connect::stream_request(headers, body, protobuf::START_REQUEST)?;
     let config = request.process.unwrap_or_default();
     if config.cmd.is_empty() {
         return Err(RpcError::new(
@@ -125,9 +128,11 @@ async fn start_process(
 }
 
 pub async fn connect(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let encoding = connect::stream_encoding(&headers);
     let found = async {
         let target = target(&state, &headers).await?;
-        let request: ConnectRequest = connect::stream_request(&headers, &body)?;
+        let request: ConnectRequest =
+            connect::stream_request(&headers, &body, protobuf::SELECTOR_REQUEST)?;
         let process = select(&state, &target, request.process).await?;
         Ok::<_, RpcError>((target, process))
     }
@@ -136,9 +141,10 @@ pub async fn connect(State(state): State<AppState>, headers: HeaderMap, body: By
         // Like envd, a connection sees what the process prints from now on.
         Ok((target, p)) => {
             let (out, err) = (p.stdout_bytes, p.stderr_bytes);
-            stream_events(&state, target, p, out, err, keepalive(&headers)).await
+            let ping = keepalive(&headers);
+            stream_events(&state, target, p, (out, err), ping, encoding).await
         }
-        Err(e) => connect::stream_error(e),
+        Err(e) => connect::stream_error(e, encoding),
     }
 }
 
@@ -196,9 +202,9 @@ async fn stream_events(
     state: &AppState,
     target: Target,
     process: Process,
-    stdout_from: u64,
-    stderr_from: u64,
+    (stdout_from, stderr_from): (u64, u64),
     ping: Duration,
+    encoding: Encoding,
 ) -> Response {
     let output = state
         .processes
@@ -206,11 +212,16 @@ async fn stream_events(
         .await;
     let output: BoxStream<'static, OutputEvent> = match output {
         Ok(o) => o,
-        Err(e) => return connect::stream_error(process_error(e)),
+        Err(e) => return connect::stream_error(process_error(e), encoding),
     };
-    let first = connect::envelope(&EventResponse {
-        event: ProcessEvent::Start(StartEvent { pid: process.pid }),
-    });
+    let schema = protobuf::EVENT_RESPONSE;
+    let first = connect::envelope(
+        &EventResponse {
+            event: ProcessEvent::Start(StartEvent { pid: process.pid }),
+        },
+        encoding,
+        schema,
+    );
     let tty = process.tty;
     let rest = futures::stream::unfold(Some(output), move |output| async move {
         let mut output = output?;
@@ -220,7 +231,7 @@ async fn stream_events(
                     let alive = EventResponse {
                         event: ProcessEvent::Keepalive(Empty {}),
                     };
-                    return Some((connect::envelope(&alive), Some(output)));
+                    return Some((connect::envelope(&alive, encoding, schema), Some(output)));
                 }
                 Ok(None) => {
                     let lost = RpcError::new(
@@ -232,7 +243,8 @@ async fn stream_events(
                 Ok(Some(event)) => {
                     let ended = matches!(event, OutputEvent::Exit { .. });
                     if let Some(event) = wire_event(event, tty) {
-                        let mut bytes = connect::envelope(&EventResponse { event }).to_vec();
+                        let mut bytes =
+                            connect::envelope(&EventResponse { event }, encoding, schema).to_vec();
                         if ended {
                             bytes.extend_from_slice(&connect::end_of_stream(None));
                             return Some((Bytes::from(bytes), None));
@@ -246,7 +258,7 @@ async fn stream_events(
     let body = futures::stream::once(async move { first })
         .chain(rest)
         .map(Ok::<_, std::convert::Infallible>);
-    (connect::stream_headers(), Body::from_stream(body)).into_response()
+    (connect::stream_headers(encoding), Body::from_stream(body)).into_response()
 }
 
 /// Runs a unary call: its token and user checked, its message decoded, `call` answering.
@@ -254,6 +266,7 @@ async fn unary<Req, Res, F, Fut>(
     state: &AppState,
     headers: &HeaderMap,
     body: &[u8],
+    schemas: (&'static Schema, &'static Schema),
     call: F,
 ) -> Response
 where
@@ -262,44 +275,50 @@ where
     F: FnOnce(Target, Req) -> Fut,
     Fut: std::future::Future<Output = Result<Res, RpcError>>,
 {
-    let result = async {
+    let result: Result<(Res, Encoding), RpcError> = async {
         let target = target(state, headers).await?;
-        let request: Req = connect::unary_request(headers, body)?;
-        call(target, request).await
+        let (request, encoding): (Req, _) = connect::unary_request(headers, body, schemas.0)?;
+        Ok((call(target, request).await?, encoding))
     }
     .await;
     match result {
-        Ok(answer) => connect::unary_response(&answer),
+        Ok((answer, encoding)) => connect::unary_response(&answer, encoding, schemas.1),
         Err(e) => e.into_response(),
     }
 }
 
 pub async fn list(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let state = &state;
-    unary(state, &headers, &body, |target, _: Empty| async move {
-        let processes = state.processes.list(&target).await.map_err(process_error)?;
-        let processes = processes
-            .into_iter()
-            .filter(|p| p.state == PState::Running)
-            .map(|p| {
-                let (cmd, args) = match (p.argv.split_first(), p.command) {
-                    (Some((cmd, args)), _) => (cmd.clone(), args.to_vec()),
-                    (None, Some(command)) => ("/bin/sh".into(), vec!["-c".into(), command]),
-                    (None, None) => (String::new(), Vec::new()),
-                };
-                ProcessInfo {
-                    config: ProcessConfig {
-                        cmd,
-                        args,
-                        ..ProcessConfig::default()
-                    },
-                    pid: p.pid,
-                    tag: None,
-                }
-            })
-            .collect();
-        Ok(ListResponse { processes })
-    })
+    unary(
+        state,
+        &headers,
+        &body,
+        (protobuf::EMPTY, protobuf::LIST_RESPONSE),
+        |target, _: Empty| async move {
+            let processes = state.processes.list(&target).await.map_err(process_error)?;
+            let processes = processes
+                .into_iter()
+                .filter(|p| p.state == PState::Running)
+                .map(|p| {
+                    let (cmd, args) = match (p.argv.split_first(), p.command) {
+                        (Some((cmd, args)), _) => (cmd.clone(), args.to_vec()),
+                        (None, Some(command)) => ("/bin/sh".into(), vec!["-c".into(), command]),
+                        (None, None) => (String::new(), Vec::new()),
+                    };
+                    ProcessInfo {
+                        config: ProcessConfig {
+                            cmd,
+                            args,
+                            ..ProcessConfig::default()
+                        },
+                        pid: p.pid,
+                        tag: None,
+                    }
+                })
+                .collect();
+            Ok(ListResponse { processes })
+        },
+    )
     .await
 }
 
@@ -319,6 +338,7 @@ pub async fn send_input(
         state,
         &headers,
         &body,
+        (protobuf::SEND_INPUT_REQUEST, protobuf::EMPTY),
         |target, req: SendInputRequest| async move {
             let process = select(state, &target, req.process).await?;
             let input = req.input.unwrap_or_default();
@@ -347,6 +367,7 @@ pub async fn close_stdin(
         state,
         &headers,
         &body,
+        (protobuf::SELECTOR_REQUEST, protobuf::EMPTY),
         |target, req: SelectorRequest| async move {
             let process = select(state, &target, req.process).await?;
             state
@@ -384,6 +405,7 @@ pub async fn send_signal(
         state,
         &headers,
         &body,
+        (protobuf::SEND_SIGNAL_REQUEST, protobuf::EMPTY),
         |target, req: SendSignalRequest| async move {
             let signal = signal_of(req.signal.as_ref())?;
             let process = select(state, &target, req.process).await?;
@@ -404,6 +426,7 @@ pub async fn update(State(state): State<AppState>, headers: HeaderMap, body: Byt
         state,
         &headers,
         &body,
+        (protobuf::UPDATE_REQUEST, protobuf::EMPTY),
         |target, req: UpdateRequest| async move {
             let size = req.pty.and_then(|p| p.size).ok_or_else(|| {
                 RpcError::new(
