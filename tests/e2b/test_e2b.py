@@ -190,9 +190,33 @@ def test_unsupported_calls_say_so(sbx):
     with pytest.raises(SandboxException) as watch:
         sbx.files.watch_dir("/workspace")
     assert "not supported" in str(watch.value)
-    with pytest.raises(SandboxException) as pause:
-        sbx.pause()
-    assert "not supported" in str(pause.value)
+    with pytest.raises(SandboxException) as fork:
+        sbx.fork()
+    assert "not supported" in str(fork.value)
+
+
+def test_pause_then_connect_keeps_processes_and_files():
+    paused = Sandbox.create(timeout=300)
+    try:
+        paused.files.write("kept.txt", "still here")
+        counter = paused.commands.run(
+            "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
+            background=True,
+        )
+        time.sleep(1)
+        assert paused.pause() is True
+        assert paused.get_info().state.value == "paused"
+        assert resource(paused.sandbox_id)["status"]["phase"] == "Paused"
+        assert paused.pause() is False
+        resumed = Sandbox.connect(paused.sandbox_id)
+        assert resumed.get_info().state.value == "running"
+        assert resumed.files.read("kept.txt") == "still here"
+        assert counter.pid in [p.pid for p in resumed.commands.list()]
+        first = int(resumed.commands.run("cat /tmp/count").stdout)
+        time.sleep(1)
+        assert int(resumed.commands.run("cat /tmp/count").stdout) > first
+    finally:
+        paused.kill()
 
 
 def test_envd_calls_need_the_access_token(sbx):

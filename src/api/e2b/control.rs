@@ -325,6 +325,29 @@ pub async fn connect(
     Ok(Json(created(&state, &sandbox)))
 }
 
+/// Pauses a running sandbox: every process frozen, memory kept (`spec.state: Paused`); a
+/// connect resumes it where it was. 409 when it is not running (the SDK's `False`).
+pub async fn pause(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bError> {
+    let sandbox = live_sandbox(&state.store, &id)?;
+    if control::state_of(&sandbox) != Some("running") {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is not running"),
+        ));
+    }
+    crate::api::power::set_state(
+        &state.store,
+        &id,
+        crate::resource::SandboxState::Paused,
+        crate::api::power::STATE_WAIT,
+    )
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// Every other call of E2B's control API: not served (yet), said plainly.
 pub async fn unsupported(method: axum::http::Method, uri: Uri) -> E2bError {
     E2bError::new(
