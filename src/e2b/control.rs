@@ -21,6 +21,10 @@ use crate::resource::{Sandbox, SandboxPhase, SandboxSpec};
 pub const METADATA: &str = "e2b.dev/metadata";
 /// The annotation naming the template an E2B sandbox was created from.
 pub const TEMPLATE: &str = "e2b.dev/template";
+/// The annotation holding the `Idempotency-Key` a sandbox was created with.
+pub const IDEMPOTENCY_KEY: &str = "e2b.dev/idempotency-key";
+/// How long a repeated create with the same key answers the same sandbox.
+pub const IDEMPOTENCY_HOURS: i64 = 24;
 /// The template name that means the server's default image when no template has it.
 pub const BASE: &str = "base";
 /// The envd version this server answers as: the features of envd 0.5.7 that the SDK switches on
@@ -148,6 +152,35 @@ pub fn plan(
         allow_internet_access: request.allow_internet_access,
         annotations,
     })
+}
+
+/// Checks an `Idempotency-Key` as E2B's SDK validates it: 1 to 255 of `[a-z0-9-]`.
+pub fn check_idempotency_key(key: &str) -> Result<(), ControlError> {
+    let ok = (1..=255).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ControlError::Invalid(
+            "Idempotency-Key must be 1 to 255 lowercase letters, digits or hyphens".into(),
+        ))
+    }
+}
+
+/// Whether `sandbox` was created with `key` less than [`IDEMPOTENCY_HOURS`] before `now`.
+pub fn created_with_key(sandbox: &Sandbox, key: &str, now: DateTime<Utc>) -> bool {
+    sandbox
+        .metadata
+        .annotations
+        .get(IDEMPOTENCY_KEY)
+        .map(String::as_str)
+        == Some(key)
+        && sandbox
+            .metadata
+            .creation_timestamp
+            .is_some_and(|t| now - t < chrono::TimeDelta::hours(IDEMPOTENCY_HOURS))
 }
 
 fn is_empty(v: &Value) -> bool {
@@ -362,6 +395,26 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("timeout"));
+    }
+
+    #[test]
+    fn idempotency_keys_are_checked_and_expire() {
+        assert!(check_idempotency_key("job-42").is_ok());
+        assert!(check_idempotency_key("Job").is_err());
+        assert!(check_idempotency_key("").is_err());
+        let now = Utc::now();
+        let mut sb = Sandbox::new("sb_1", SandboxSpec::default());
+        sb.metadata.creation_timestamp = Some(now - chrono::TimeDelta::hours(1));
+        sb.metadata
+            .annotations
+            .insert(IDEMPOTENCY_KEY.into(), "k".into());
+        assert!(created_with_key(&sb, "k", now));
+        assert!(!created_with_key(&sb, "other", now));
+        assert!(!created_with_key(
+            &sb,
+            "k",
+            now + chrono::TimeDelta::hours(24)
+        ));
     }
 
     #[test]

@@ -366,3 +366,17 @@ def test_the_binary_protobuf_encoding_is_served_too(sbx):
     assert entry.type == filesystem_pb.FileType.FILE
     listed = files.list_dir(filesystem_pb.ListDirRequest(path="/workspace/proto", depth=1), headers=headers)
     assert [e.name for e in listed.entries] == ["x.txt"]
+
+
+def test_a_repeated_create_with_the_same_idempotency_key_is_the_same_sandbox():
+    key = f"job-{RUN}"
+    first = Sandbox.create(timeout=120, idempotency_key=key)
+    try:
+        again = Sandbox.create(timeout=120, idempotency_key=key)
+        assert again.sandbox_id == first.sandbox_id
+        assert again.commands.run("echo same").stdout == "same\n"
+        other = Sandbox.create(timeout=120, idempotency_key=f"{key}-other")
+        assert other.sandbox_id != first.sandbox_id
+        other.kill()
+    finally:
+        first.kill()

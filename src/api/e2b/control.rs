@@ -70,10 +70,43 @@ fn created(state: &AppState, sandbox: &Sandbox) -> Created {
     }
 }
 
+/// Serializes creates that carry an `Idempotency-Key`, so that two at once with the same key
+/// make one sandbox (creates without a key never wait on it).
+static IDEMPOTENT_CREATES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 pub async fn create(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, Json<Created>), E2bError> {
+    let key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => {
+            let key = v.to_str().unwrap_or("").to_string();
+            control::check_idempotency_key(&key).map_err(control_error)?;
+            Some(key)
+        }
+    };
+    let _serial = match &key {
+        Some(_) => Some(IDEMPOTENT_CREATES.lock().await),
+        None => None,
+    };
+    if let Some(key) = &key {
+        let now = Utc::now();
+        let earlier = state
+            .store
+            .list(Kind::Sandbox)
+            .iter()
+            .filter_map(|e| e.resource.as_sandbox())
+            .filter(|s| principal.reaches(namespace_of(&s.metadata)))
+            .filter(|s| s.metadata.deletion_timestamp.is_none())
+            .find(|s| control::created_with_key(s, key, now))
+            .cloned();
+        if let Some(sandbox) = earlier {
+            return Ok((StatusCode::CREATED, Json(created(&state, &sandbox))));
+        }
+    }
     let request: NewSandbox = json_body(&body)?;
     let store = state.store.clone();
     let wanted = control::plan(request, |name| {
@@ -115,7 +148,10 @@ pub async fn create(
             },
         )?
     };
-    let annotations = wanted.annotations;
+    let mut annotations = wanted.annotations;
+    if let Some(key) = key {
+        annotations.insert(control::IDEMPOTENCY_KEY.to_string(), key);
+    }
     let sandbox = create_running(&state, &V1Options::default(), move |id| {
         let mut sandbox = Sandbox::new(id, spec.clone());
         sandbox.metadata.annotations = annotations.clone();
