@@ -16,3 +16,4 @@ pub mod messages;
 pub mod multipart;
 pub mod paths;
 pub mod protobuf;
+pub mod signing;

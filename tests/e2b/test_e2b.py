@@ -380,3 +380,40 @@ def test_a_repeated_create_with_the_same_idempotency_key_is_the_same_sandbox():
         other.kill()
     finally:
         first.kill()
+
+
+def test_signed_urls_download_and_upload(sbx):
+    sbx.files.write("signed/in.txt", "signed read")
+    url = sbx.download_url("signed/in.txt")
+    assert url.startswith(SERVER + "/files?")
+    with urllib.request.urlopen(url, timeout=10) as r:
+        assert r.read() == b"signed read"
+    tampered = url.replace("in.txt", "other.txt")
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen(tampered, timeout=10)
+    assert denied.value.code == 401
+    boundary = "e2bsuiteboundary"
+    body = (
+        f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"out.txt\"\r\n"
+        f"Content-Type: application/octet-stream\r\n\r\nuploaded\r\n--{boundary}--\r\n"
+    ).encode()
+    upload = urllib.request.Request(
+        sbx.upload_url("signed/out.txt"),
+        data=body,
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+    with urllib.request.urlopen(upload, timeout=10) as r:
+        assert json.load(r)[0]["path"] == "/workspace/signed/out.txt"
+    assert sbx.files.read("signed/out.txt") == "uploaded"
+    # A read signature does not allow a write, and an expired one nothing.
+    wrong_op = urllib.request.Request(
+        url, data=body, headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(wrong_op, timeout=10)
+    assert refused.value.code == 401
+    short = sbx.download_url("signed/in.txt", use_signature_expiration=1)
+    time.sleep(2.1)
+    with pytest.raises(urllib.error.HTTPError) as expired:
+        urllib.request.urlopen(short, timeout=10)
+    assert expired.value.code == 401

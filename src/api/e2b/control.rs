@@ -22,10 +22,6 @@ use crate::e2b::control::{self, ControlError, Created, NewSandbox};
 use crate::resource::{AnyResource, Kind, Sandbox};
 use crate::store::{StoreError, WriteOptions};
 
-/// Envd access tokens do not expire by themselves: they die with their sandbox (they are bound
-/// to its uid). Far ahead, but small enough to count in milliseconds.
-const TOKEN_EXPIRY: i64 = i64::MAX / 2000;
-
 fn control_error(e: ControlError) -> E2bError {
     match e {
         ControlError::Invalid(m) => E2bError::new(StatusCode::BAD_REQUEST, m),
@@ -47,25 +43,13 @@ fn json_body<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T
     })
 }
 
-/// The envd access token of a sandbox (bound to its name and uid).
-fn access_token(state: &AppState, sandbox: &Sandbox) -> String {
-    let uid = sandbox.metadata.uid.clone().unwrap_or_default();
-    state.ports.envd_tokens().issue(
-        &sandbox.metadata.name,
-        &uid,
-        0,
-        TOKEN_EXPIRY,
-        Utc::now().timestamp_millis(),
-    )
-}
-
 fn created(state: &AppState, sandbox: &Sandbox) -> Created {
     Created {
         template_id: control::template_of(sandbox),
         sandbox_id: sandbox.metadata.name.clone(),
         client_id: control::CLIENT_ID,
         envd_version: control::ENVD_VERSION,
-        envd_access_token: access_token(state, sandbox),
+        envd_access_token: super::envd::access_token(state, sandbox),
         domain: None,
     }
 }

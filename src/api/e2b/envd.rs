@@ -53,6 +53,25 @@ pub fn sandbox(state: &AppState, headers: &HeaderMap) -> Result<Sandbox, RpcErro
     Ok(sandbox)
 }
 
+/// Envd access tokens do not expire by themselves: they die with their sandbox (they are bound
+/// to its uid). Far ahead, but small enough to count in milliseconds.
+const TOKEN_EXPIRY: i64 = i64::MAX / 2000;
+
+/// The envd access token of a sandbox, bound to its name and uid. Issued as of the sandbox's
+/// creation, so that it is always the same token: signed file URLs are made with it, and the
+/// server finds their sandbox by recomputing it.
+pub fn access_token(state: &AppState, sandbox: &Sandbox) -> String {
+    let uid = sandbox.metadata.uid.clone().unwrap_or_default();
+    let created = sandbox
+        .metadata
+        .creation_timestamp
+        .map_or(0, |t| t.timestamp_millis());
+    state
+        .ports
+        .envd_tokens()
+        .issue(&sandbox.metadata.name, &uid, 0, TOKEN_EXPIRY, created)
+}
+
 pub fn user_error(e: UserError) -> RpcError {
     let code = match e {
         UserError::Root => Code::PermissionDenied,

@@ -1,6 +1,7 @@
 //! envd's HTTP API: `GET /files` (download), `POST /files` (upload, multipart with one part per
 //! file, or one file as `application/octet-stream`) and `/health`, through the data plane's
-//! file reads and writes (writes confined to the workspace, as the sandbox user).
+//! file reads and writes (writes confined to the workspace, as the sandbox user). The same
+//! calls at the server's root `/files` take E2B's signed URLs instead of headers.
 
 use axum::body::Body;
 use axum::extract::{Query, State};
@@ -14,12 +15,16 @@ use super::E2bError;
 use crate::api::AppState;
 use crate::dataplane::SandboxTarget;
 use crate::e2b::connect::RpcError;
+use crate::e2b::signing::{self, Operation};
 use crate::e2b::{multipart, paths};
+use crate::resource::Kind;
 
 #[derive(Debug, Default, Deserialize)]
 pub struct FileQuery {
     path: Option<String>,
     username: Option<String>,
+    signature: Option<String>,
+    signature_expiration: Option<i64>,
 }
 
 fn rpc(e: RpcError) -> E2bError {
@@ -43,6 +48,14 @@ pub async fn download(
     Query(query): Query<FileQuery>,
 ) -> Result<Response, E2bError> {
     let target = target(&state, &headers, &query).await?;
+    serve_download(&state, target, &query).await
+}
+
+async fn serve_download(
+    state: &AppState,
+    target: SandboxTarget,
+    query: &FileQuery,
+) -> Result<Response, E2bError> {
     let path = query
         .path
         .as_deref()
@@ -70,6 +83,16 @@ pub async fn upload(
     body: Body,
 ) -> Result<Json<Vec<serde_json::Value>>, E2bError> {
     let target = target(&state, &headers, &query).await?;
+    serve_upload(&state, target, &headers, &query, body).await
+}
+
+async fn serve_upload(
+    state: &AppState,
+    target: SandboxTarget,
+    headers: &HeaderMap,
+    query: &FileQuery,
+    body: Body,
+) -> Result<Json<Vec<serde_json::Value>>, E2bError> {
     if headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
@@ -152,4 +175,59 @@ pub async fn health(
     crate::api::v1::common::live_sandbox(&state.store, id)
         .map(|_| StatusCode::NO_CONTENT)
         .map_err(|_| E2bError::new(StatusCode::BAD_GATEWAY, format!("sandbox {id} not found")))
+}
+
+/// The sandbox a signed URL was made for: the one whose access token makes its signature.
+async fn signed_target(
+    state: &AppState,
+    query: &FileQuery,
+    operation: Operation,
+) -> Result<SandboxTarget, E2bError> {
+    let denied = |why: &str| E2bError::new(StatusCode::UNAUTHORIZED, why.to_string());
+    let signature = query.signature.as_deref().ok_or_else(|| {
+        denied("this URL is not signed: use download_url/upload_url of a sandbox")
+    })?;
+    if let Some(expiration) = query.signature_expiration {
+        if expiration <= chrono::Utc::now().timestamp() {
+            return Err(denied("the signed URL has expired"));
+        }
+    }
+    paths::check_user(query.username.as_deref()).map_err(|e| rpc(envd::user_error(e)))?;
+    let path = query.path.as_deref().unwrap_or("");
+    let user = query.username.as_deref().unwrap_or("");
+    let sandbox = state
+        .store
+        .list(Kind::Sandbox)
+        .iter()
+        .filter_map(|e| e.resource.as_sandbox())
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+        .find(|s| {
+            let token = envd::access_token(state, s);
+            let expected =
+                signing::file_signature(path, operation, user, &token, query.signature_expiration);
+            signing::same(signature, &expected)
+        })
+        .cloned()
+        .ok_or_else(|| denied("the signature is not valid for any sandbox"))?;
+    envd::data_target(state, sandbox).await.map_err(rpc)
+}
+
+/// `GET /files?…&signature=…`: a download through a signed URL.
+pub async fn signed_download(
+    State(state): State<AppState>,
+    Query(query): Query<FileQuery>,
+) -> Result<Response, E2bError> {
+    let target = signed_target(&state, &query, Operation::Read).await?;
+    serve_download(&state, target, &query).await
+}
+
+/// `POST /files?…&signature=…`: an upload through a signed URL.
+pub async fn signed_upload(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(query): Query<FileQuery>,
+    body: Body,
+) -> Result<Json<Vec<serde_json::Value>>, E2bError> {
+    let target = signed_target(&state, &query, Operation::Write).await?;
+    serve_upload(&state, target, &headers, &query, body).await
 }

@@ -83,6 +83,13 @@ pub fn envd_routes() -> ApiRouter<AppState> {
                 .layer(axum::extract::DefaultBodyLimit::disable()),
         )
         .route("/e2b/envd/health", get(files::health))
+        // E2B's SDK builds signed file URLs on the envd URL's host without its path.
+        .route(
+            "/files",
+            get(files::signed_download)
+                .post(files::signed_upload)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .route("/e2b/envd/{service}/{method}", any(envd::unimplemented))
 }
 
