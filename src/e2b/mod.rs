@@ -4,8 +4,9 @@
 //!
 //! This tree owns the translation and the protocols, written from E2B's public specification:
 //! the control API's objects and their mapping onto `Sandbox` resources ([`control`]), the
-//! Connect protocol envd speaks ([`connect`]), envd's messages ([`messages`]), multipart
-//! uploads ([`multipart`]) and how E2B paths and users map onto a sandbox ([`paths`]). It never
+//! Connect protocol envd speaks ([`connect`]), envd's messages in JSON ([`messages`]) and their
+//! binary protobuf form ([`protobuf`]), multipart uploads ([`multipart`]), signed file URLs
+//! ([`signing`]) and how E2B paths and users map onto a sandbox ([`paths`]). It never
 //! touches the store, Docker or a sandbox: the routes in `api/e2b` do, through the same store,
 //! data plane and process supervisor as every other API, so an E2B sandbox is a `Sandbox` like
 //! any other.

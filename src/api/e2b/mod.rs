@@ -1,6 +1,7 @@
 //! The E2B routes: its control API under `/e2b` (behind the API key, which the SDK sends as
 //! `X-API-Key`) and envd under `/e2b/envd` (behind each sandbox's envd access token, which the
-//! SDK sends as `X-Access-Token` with `E2b-Sandbox-Id`). Handlers parse, call the store, the data
+//! SDK sends as `X-Access-Token` with `E2b-Sandbox-Id`), and the root `/files` for signed file
+//! URLs (behind their signature). Handlers parse, call the store, the data
 //! plane or the process supervisor, and map errors in one place per wire: [`E2bError`] for the
 //! control API and `/files`, [`crate::e2b::connect::RpcError`] for Connect calls. The protocols
 //! and the translation are `crate::e2b`'s.
