@@ -306,6 +306,50 @@ pub fn detail(
     }
 }
 
+/// One sample of a sandbox's usage (`SandboxMetric` in E2B's API); disk is not sampled here.
+#[derive(Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Metric {
+    pub timestamp: String,
+    pub timestamp_unix: i64,
+    pub cpu_count: u64,
+    pub cpu_used_pct: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
+
+/// E2B's metrics from samples `(at, cpu seconds used so far, memory bytes, memory limit)`,
+/// oldest first: the CPU share of each is over the time since the one before (the first has no
+/// earlier one and is left out), counted against `cpus` cores.
+pub fn metrics(samples: &[(DateTime<Utc>, f64, u64, Option<u64>)], cpus: f64) -> Vec<Metric> {
+    samples
+        .windows(2)
+        .map(|pair| {
+            let ((before, cpu_before, _, _), (at, cpu, memory, limit)) = (pair[0], pair[1]);
+            let elapsed = (at - before).as_seconds_f64();
+            let used = if elapsed > 0.0 && cpu >= cpu_before {
+                (cpu - cpu_before) / elapsed / cpus.max(0.01) * 100.0
+            } else {
+                0.0
+            };
+            Metric {
+                timestamp: time(at),
+                timestamp_unix: at.timestamp(),
+                cpu_count: cpus.ceil().max(1.0) as u64,
+                cpu_used_pct: (used * 100.0).round() / 100.0,
+                mem_used: memory,
+                mem_total: limit.unwrap_or(0),
+                mem_cache: 0,
+                disk_used: 0,
+                disk_total: 0,
+            }
+        })
+        .collect()
+}
+
 /// The `metadata` filter of a list: `k=v&k2=v2` whose keys and values the SDK percent-encoded
 /// once more before the whole was put in the query.
 pub fn metadata_filter(raw: &str) -> Result<BTreeMap<String, String>, ControlError> {
@@ -415,6 +459,17 @@ mod tests {
             "k",
             now + chrono::TimeDelta::hours(24)
         ));
+    }
+
+    #[test]
+    fn metrics_share_cpu_over_the_time_between_samples() {
+        let t0 = Utc::now();
+        let t1 = t0 + chrono::TimeDelta::seconds(10);
+        let m = metrics(&[(t0, 1.0, 10, Some(100)), (t1, 6.0, 20, Some(100))], 1.0);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].cpu_used_pct, 50.0);
+        assert_eq!((m[0].mem_used, m[0].mem_total), (20, 100));
+        assert!(metrics(&[(t0, 1.0, 10, None)], 1.0).is_empty());
     }
 
     #[test]

@@ -417,3 +417,17 @@ def test_signed_urls_download_and_upload(sbx):
     with pytest.raises(urllib.error.HTTPError) as expired:
         urllib.request.urlopen(short, timeout=10)
     assert expired.value.code == 401
+
+
+def test_get_metrics_reports_the_sampled_cpu_and_memory(sbx):
+    """The server samples every running sandbox every 15 s; two samples make one metric."""
+    deadline = time.monotonic() + 60
+    metrics = sbx.get_metrics()
+    while not metrics and time.monotonic() < deadline:
+        time.sleep(2)
+        metrics = sbx.get_metrics()
+    assert metrics, "no metrics within 60 s"
+    last = metrics[-1]
+    assert last.mem_used > 0
+    assert last.cpu_count >= 1
+    assert last.cpu_used_pct >= 0

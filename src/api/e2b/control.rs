@@ -368,6 +368,25 @@ pub async fn pause(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// The sandbox's CPU and memory over the last hour, as the server sampled it.
+pub async fn metrics(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<control::Metric>>, E2bError> {
+    let sandbox = live_sandbox(&state.store, &id)?;
+    let samples: Vec<_> = state
+        .metrics
+        .history(&id)
+        .into_iter()
+        .map(|p| (p.at, p.cpu_seconds, p.memory_bytes, p.memory_limit_bytes))
+        .collect();
+    let cpus = sandbox
+        .resolved_spec()
+        .cpus
+        .unwrap_or(state.settings.default_cpus);
+    Ok(Json(control::metrics(&samples, cpus)))
+}
+
 /// Every other call of E2B's control API: not served (yet), said plainly.
 pub async fn unsupported(method: axum::http::Method, uri: Uri) -> E2bError {
     E2bError::new(

@@ -39,6 +39,7 @@ pub fn control_routes() -> ApiRouter<AppState> {
         .route("/e2b/sandboxes/{id}/timeout", post(control::set_timeout))
         .route("/e2b/sandboxes/{id}/connect", post(control::connect))
         .route("/e2b/sandboxes/{id}/pause", post(control::pause))
+        .route("/e2b/sandboxes/{id}/metrics", get(control::metrics))
         .route("/e2b/v2/sandboxes/{id}/connect", post(control::connect))
         .route("/e2b/{*rest}", any(control::unsupported))
 }
