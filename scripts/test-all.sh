@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: unit and in-process tests, integration tests against the real Docker
 # daemon (under runc, and under gVisor's runsc when it is registered), the compatibility suite that
-# drives the server through the published Python SDK, the MCP server through an MCP client, and
-# a property-based fuzz run of the HTTP API from its own OpenAPI document.
+# drives the server through the published Python SDK, E2B's published Python SDK against the E2B
+# API, the MCP server through an MCP client, and a property-based fuzz run of the HTTP API from its
+# own OpenAPI document.
 #
 # Needs: a running Docker daemon, cargo, python3, debootstrap. Builds the offline test images itself.
 set -euo pipefail
@@ -35,6 +36,9 @@ bash tests/sdk/run.sh
 step "MCP server, driven by the Python MCP client"
 bash tests/mcp/run.sh
 
+step "E2B compatibility, driven by E2B's published Python SDK"
+bash tests/e2b/run.sh
+
 # About half a minute on 2 cores (~300 cases over every operation, then the stateful walk);
 # bounded by the per-operation example count and a hard timeout, and fails on any failure.
 # Under runc only: it checks the document against the handlers, which the runtime does not change
@@ -47,6 +51,8 @@ if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; th
   AGENT_SANDBOX_TEST_RUNTIME=runsc cargo test --locked --no-fail-fast --tests -- --test-threads="${TEST_THREADS:-4}"
   step "Python SDK compatibility suite under gVisor (runsc)"
   AGENT_SANDBOX_TEST_RUNTIME=runsc bash tests/sdk/run.sh
+  step "E2B compatibility suite under gVisor (runsc)"
+  AGENT_SANDBOX_TEST_RUNTIME=runsc bash tests/e2b/run.sh
 else
   echo "runsc is not registered with docker: skipping the gVisor pass (scripts/install-runsc.sh adds it)"
 fi

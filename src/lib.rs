@@ -28,6 +28,8 @@
 //! - [`api`]: the HTTP server: the resource API, the `/v1` wire contract, health and OpenAPI.
 //! - [`export`]: the same resources as Kubernetes objects for the kubernetes-sigs/agent-sandbox
 //!   controllers (`agent-sandbox export --to kubernetes`), with what does not carry over.
+//! - [`e2b`]: E2B compatibility (its control API and envd, served under `/e2b`), the protocols
+//!   and the mapping onto resources; its routes are `api/e2b`.
 //! - [`cli`]: the command line (`serve`, kubectl-style client commands, `mcp`).
 //! - [`gc`]: `agent-sandbox gc`, removing labeled objects no running server claims, and the
 //!   heartbeat by which a running server claims its own.
@@ -64,6 +66,7 @@ pub mod controller;
 pub mod dataplane;
 pub mod docker;
 pub mod doctor;
+pub mod e2b;
 pub mod egress;
 pub mod export;
 pub mod firewall;

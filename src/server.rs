@@ -141,7 +141,10 @@ pub async fn run(
     controller.attach_egress(Arc::clone(&egress));
     let _controller_tasks = controller.spawn();
 
-    let mut ports = crate::ports::Ports::new(Arc::clone(&engine), &settings);
+    let envd_tokens = crate::ports::preview::Previews::load(&settings.data_dir)
+        .map_err(|e| StartError::Auth(format!("envd access tokens: {e}")))?;
+    let mut ports =
+        crate::ports::Ports::new(Arc::clone(&engine), &settings).with_envd_tokens(envd_tokens);
     if settings.preview_domain.is_some() {
         let previews = crate::ports::preview::Previews::load(&settings.data_dir)
             .map_err(|e| StartError::Auth(format!("preview tokens: {e}")))?;

@@ -1,4 +1,5 @@
 //! The HTTP server: the resource API (`/apis/agent-sandbox.io/v1/...`), the `/v1` wire contract,
+//! E2B's control API and envd (`/e2b`, see `e2b`),
 //! `/healthz`, `/metrics`, `/openapi.json` and the dashboard's routes (`/ui`). Handlers are thin: parse, call the store or the data plane, and
 //! map errors in one place ([`error::ApiError`]). Lifecycle changes only ever go through the store;
 //! the controller does the Docker work and the handlers wait for its observed status.
@@ -6,6 +7,7 @@
 pub mod audit;
 pub mod auth;
 pub mod body;
+pub mod e2b;
 pub mod egress;
 pub mod error;
 pub mod health;
@@ -85,6 +87,7 @@ fn documented_routes(
         .merge(stats::routes())
         .merge(egress::routes())
         .merge(audit::routes())
+        .merge(e2b::control_routes())
         .merge(v1::routes(settings));
     // `/metrics` is behind the key unless the settings make it public.
     let (protected, public) = if settings.metrics_public {
@@ -124,6 +127,8 @@ fn documented_routes(
             }),
         )
         .merge(public)
+        // envd proves each call with the sandbox's access token, not the API key.
+        .merge(e2b::envd_routes())
         .merge(ui::routes())
         .merge(protected);
     openapi::finish(all)
@@ -152,6 +157,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(move |request: Request| not_found(templates, request))
         .layer(Extension(document))
         .layer(middleware::from_fn(common_error_shape))
+        .layer(middleware::from_fn(e2b::control_error_shape))
         // Wraps every route and the fallbacks: a preview host never reaches the API.
         .layer(middleware::from_fn_with_state(
             state.clone(),

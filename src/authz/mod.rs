@@ -307,6 +307,23 @@ pub fn classify(method: &str, path: &str) -> Classified {
             }
             _ => server,
         }
+    } else if let Some(rest) = path.strip_prefix("/e2b/") {
+        // E2B's control API: its sandboxes are the default namespace's, like `/v1`'s.
+        let rest = rest.strip_prefix("v2/").unwrap_or(rest);
+        match rest.split('/').collect::<Vec<_>>().as_slice() {
+            ["sandboxes"] => Classified {
+                access: access(read_method),
+                target: Target::Collection { namespace: ns },
+            },
+            ["sandboxes", id, sub @ ..] => Classified {
+                access: access(read_method && sub.is_empty()),
+                target: Target::Object {
+                    namespace: ns,
+                    missing: format!("sandbox {id} not found"),
+                },
+            },
+            _ => server,
+        }
     } else {
         server
     }

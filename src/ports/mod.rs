@@ -79,6 +79,10 @@ pub struct Ports {
     engine: Arc<dyn Engine>,
     user: String,
     previews: Option<preview::Previews>,
+    /// Signs and checks the access tokens of E2B's envd (`api/e2b`): tokens of port 0, which no
+    /// preview host can name, bound to one sandbox's name and uid. A secret of this process
+    /// unless the server gives the data directory's ([`Ports::with_envd_tokens`]).
+    envd_tokens: preview::Previews,
     /// Whether connections may be made from this host in the container's network namespace;
     /// turned off for good the first time the host refuses it (no privilege for it).
     direct: AtomicBool,
@@ -93,6 +97,7 @@ impl Ports {
             engine,
             user: settings.sandbox_user.clone(),
             previews: None,
+            envd_tokens: preview::Previews::in_memory(rand::random()),
             direct: AtomicBool::new(settings.direct_ports),
             idle: Arc::default(),
         }
@@ -102,6 +107,18 @@ impl Ports {
     pub fn with_previews(mut self, previews: preview::Previews) -> Ports {
         self.previews = Some(previews);
         self
+    }
+
+    /// With envd access tokens signed by `tokens` (the data directory's secret, so that they
+    /// survive a restart of the server).
+    pub fn with_envd_tokens(mut self, tokens: preview::Previews) -> Ports {
+        self.envd_tokens = tokens;
+        self
+    }
+
+    /// The signer of E2B envd access tokens.
+    pub fn envd_tokens(&self) -> &preview::Previews {
+        &self.envd_tokens
     }
 
     /// The preview tokens, when preview hosts are on.

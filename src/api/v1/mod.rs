@@ -7,13 +7,13 @@
 //! the status the controller observes (`wait`); exec and file calls go through the data plane.
 //! Routing quirks shared by every route (405, 404, trailing slashes, auth) belong to the router.
 
-mod common;
+pub(crate) mod common;
 mod exec;
 mod files;
 pub mod lax;
 mod request;
-mod rules;
-mod sandboxes;
+pub(crate) mod rules;
+pub(crate) mod sandboxes;
 pub mod schemas;
 mod snapshots;
 pub mod wait;

@@ -48,6 +48,21 @@ pub async fn create_from_spec(
     opts: &V1Options,
     spec: SandboxSpec,
 ) -> Result<SandboxInfo, ApiError> {
+    let sandbox = create_running(state, opts, move |id| Sandbox::new(id, spec.clone())).await?;
+    Ok(sandbox_info(&sandbox, &state.settings))
+}
+
+/// Writes the sandbox `make` builds around a new ID (within `max_sandboxes`, without races)
+/// and answers it once it runs; one that fails or does not come up in time is deleted again.
+/// Shared with the E2B API, whose sandboxes carry annotations too.
+pub(crate) async fn create_running<F>(
+    state: &AppState,
+    opts: &V1Options,
+    make: F,
+) -> Result<Sandbox, ApiError>
+where
+    F: Fn(String) -> Sandbox + Send + 'static,
+{
     let events = state.store.subscribe();
     let created = {
         let _guard = state.create_lock.lock().await;
@@ -57,12 +72,8 @@ pub async fn create_from_spec(
                 state.settings.max_sandboxes
             )));
         }
-        crate::api::quota::check(state, &Sandbox::new("", spec.clone()).into())?;
-        let spec = spec.clone();
-        create_with_new_id(&state.store, "sb_", move |id| {
-            Sandbox::new(id, spec.clone()).into()
-        })
-        .await?
+        crate::api::quota::check(state, &make(String::new()).into())?;
+        create_with_new_id(&state.store, "sb_", move |id| make(id).into()).await?
     };
     let id = created.name().to_string();
     let generation = created.metadata().generation.unwrap_or(0);
@@ -77,7 +88,7 @@ pub async fn create_from_spec(
     )
     .await;
     match result {
-        Ok(sandbox) => Ok(sandbox_info(&sandbox, &state.settings)),
+        Ok(sandbox) => Ok(sandbox),
         Err(err) => {
             let name = id.clone();
             let deleted = state
