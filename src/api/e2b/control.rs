@@ -14,13 +14,11 @@ use super::E2bError;
 use crate::api::v1::common::{live_sandbox, spec_expiry, store_error};
 use crate::api::v1::rules::{check_env, resolve, Wanted as V1Wanted};
 use crate::api::v1::sandboxes::create_running;
-use crate::api::v1::wait::{self, Poll};
 use crate::api::v1::V1Options;
 use crate::api::AppState;
 use crate::authz::{namespace_of, Principal};
 use crate::e2b::control::{self, ControlError, Created, NewSandbox};
-use crate::resource::{AnyResource, Kind, Sandbox};
-use crate::store::{StoreError, WriteOptions};
+use crate::resource::{Kind, Sandbox};
 
 fn control_error(e: ControlError) -> E2bError {
     match e {
@@ -242,27 +240,8 @@ pub async fn kill(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
-    let events = state.store.subscribe();
-    live_sandbox(&state.store, &id)?;
-    let name = id.clone();
-    state
-        .store
-        .write(move |store| store.delete(Kind::Sandbox, &name, WriteOptions::default()))
-        .await
-        .map_err(store_error)?;
-    wait::until(
-        &state.store,
-        events,
-        Kind::Sandbox,
-        &id,
-        V1Options::default().wait_timeout,
-        &format!("sandbox {id} to be removed"),
-        |entry| match entry {
-            None => Poll::Done(()),
-            Some(_) => Poll::Pending("being removed".into()),
-        },
-    )
-    .await?;
+    let timeout = V1Options::default().wait_timeout;
+    crate::api::v1::sandboxes::delete_and_wait(&state, &id, timeout).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -273,25 +252,7 @@ pub struct TimeoutRequest {
 
 /// Sets the sandbox's end to `deadline` (its time to live gives way to the absolute time).
 async fn set_end(state: &AppState, id: &str, deadline: DateTime<Utc>) -> Result<Sandbox, E2bError> {
-    let name = id.to_string();
-    let updated = state
-        .store
-        .write(move |store| {
-            store.update(Kind::Sandbox, &name, |resource| match resource {
-                AnyResource::Sandbox(sandbox) => {
-                    if sandbox.metadata.deletion_timestamp.is_some() {
-                        return Err(StoreError::Terminating {
-                            kind: Kind::Sandbox,
-                            name: sandbox.metadata.name.clone(),
-                        });
-                    }
-                    sandbox.spec.shutdown_time = Some(deadline);
-                    sandbox.spec.ttl_seconds = None;
-                    Ok(())
-                }
-                _ => Err(StoreError::Invalid(format!("{name} is not a sandbox"))),
-            })
-        })
+    let updated = crate::api::v1::sandboxes::set_shutdown_time(state, id, deadline)
         .await
         .map_err(store_error)?;
     updated

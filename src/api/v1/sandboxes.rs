@@ -102,6 +102,70 @@ where
     }
 }
 
+/// Deletes sandbox `id` and waits (up to `timeout`) until it is gone: its processes dead and its
+/// name free. Shared with the E2B API's `kill`.
+pub(crate) async fn delete_and_wait(
+    state: &AppState,
+    id: &str,
+    timeout: std::time::Duration,
+) -> Result<(), ApiError> {
+    let events = state.store.subscribe();
+    live_sandbox(&state.store, id)?;
+    let name = id.to_string();
+    state
+        .store
+        .write(move |store| store.delete(Kind::Sandbox, &name, WriteOptions::default()))
+        .await
+        .map_err(store_error)?;
+    wait::until(
+        &state.store,
+        events,
+        Kind::Sandbox,
+        id,
+        timeout,
+        &format!("sandbox {id} to be removed"),
+        |entry| match entry {
+            None => Poll::Done(()),
+            Some(e) => Poll::Pending(
+                match e.resource.as_sandbox().and_then(|s| s.status.as_ref()) {
+                    Some(status) => format!("phase {:?}", status.phase),
+                    None => "no status yet".into(),
+                },
+            ),
+        },
+    )
+    .await
+}
+
+/// Ends sandbox `id` at `deadline`: its time to live gives way to the absolute time. A sandbox
+/// being deleted is not given a new end. Shared with the E2B API's `set_timeout`.
+pub(crate) async fn set_shutdown_time(
+    state: &AppState,
+    id: &str,
+    deadline: chrono::DateTime<chrono::Utc>,
+) -> Result<AnyResource, StoreError> {
+    let name = id.to_string();
+    state
+        .store
+        .write(move |store| {
+            store.update(Kind::Sandbox, &name, |resource| match resource {
+                AnyResource::Sandbox(sandbox) => {
+                    if sandbox.metadata.deletion_timestamp.is_some() {
+                        return Err(StoreError::Terminating {
+                            kind: Kind::Sandbox,
+                            name: sandbox.metadata.name.clone(),
+                        });
+                    }
+                    sandbox.spec.shutdown_time = Some(deadline);
+                    sandbox.spec.ttl_seconds = None;
+                    Ok(())
+                }
+                _ => Err(StoreError::Invalid(format!("{name} is not a sandbox"))),
+            })
+        })
+        .await
+}
+
 /// Whether a sandbox runs the given generation of its spec, has failed, or is still on its way.
 pub fn running(sandbox: Option<&Sandbox>, id: &str, generation: u64) -> Poll<Sandbox> {
     let Some(sandbox) = sandbox else {
@@ -219,32 +283,7 @@ pub async fn delete(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
     let id = path_id(path)?;
-    let events = state.store.subscribe();
-    live_sandbox(&state.store, &id)?;
-    let name = id.clone();
-    state
-        .store
-        .write(move |store| store.delete(Kind::Sandbox, &name, WriteOptions::default()))
-        .await
-        .map_err(store_error)?;
-    wait::until(
-        &state.store,
-        events,
-        Kind::Sandbox,
-        &id,
-        opts.wait_timeout,
-        &format!("sandbox {id} to be removed"),
-        |entry| match entry {
-            None => Poll::Done(()),
-            Some(e) => Poll::Pending(
-                match e.resource.as_sandbox().and_then(|s| s.status.as_ref()) {
-                    Some(status) => format!("phase {:?}", status.phase),
-                    None => "no status yet".into(),
-                },
-            ),
-        },
-    )
-    .await?;
+    delete_and_wait(&state, &id, opts.wait_timeout).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -270,25 +309,7 @@ pub async fn set_timeout(
     let seconds = i64::try_from(timeout).unwrap_or(i64::MAX);
     let deadline = wire::truncate_to_micros(chrono::Utc::now())
         + chrono::TimeDelta::try_seconds(seconds).unwrap_or(chrono::TimeDelta::MAX);
-    let name = id.clone();
-    let updated = state
-        .store
-        .write(move |store| {
-            store.update(Kind::Sandbox, &name, |resource| match resource {
-                AnyResource::Sandbox(sandbox) => {
-                    if sandbox.metadata.deletion_timestamp.is_some() {
-                        return Err(StoreError::Terminating {
-                            kind: Kind::Sandbox,
-                            name: sandbox.metadata.name.clone(),
-                        });
-                    }
-                    sandbox.spec.shutdown_time = Some(deadline);
-                    sandbox.spec.ttl_seconds = None;
-                    Ok(())
-                }
-                _ => Err(StoreError::Invalid(format!("{name} is not a sandbox"))),
-            })
-        })
+    let updated = set_shutdown_time(&state, &id, deadline)
         .await
         .map_err(store_error)?;
     let sandbox = updated.as_sandbox().ok_or_else(|| sandbox_not_found(&id))?;
