@@ -11,8 +11,38 @@ use crate::api::AppState;
 use crate::dataplane::{DataPlaneError, SandboxTarget};
 use crate::e2b::connect::{self, Code, RpcError};
 use crate::e2b::paths::{self, UserError};
+use crate::e2b::protobuf::Schema;
 use crate::processes::ProcessError;
 use crate::resource::{Kind, Sandbox};
+
+/// Runs a unary call: `target` resolves what it acts on (its token and user checked there), its
+/// message is decoded, and `call` answers in the request's encoding; any failure is a Connect
+/// error.
+pub async fn unary<T, Req, Res, TFut, F, Fut>(
+    headers: &HeaderMap,
+    body: &[u8],
+    schemas: (&'static Schema, &'static Schema),
+    target: TFut,
+    call: F,
+) -> Response
+where
+    TFut: std::future::Future<Output = Result<T, RpcError>>,
+    Req: serde::de::DeserializeOwned,
+    Res: serde::Serialize,
+    F: FnOnce(T, Req) -> Fut,
+    Fut: std::future::Future<Output = Result<Res, RpcError>>,
+{
+    let result: Result<(Res, connect::Encoding), RpcError> = async {
+        let target = target.await?;
+        let (request, encoding): (Req, _) = connect::unary_request(headers, body, schemas.0)?;
+        Ok((call(target, request).await?, encoding))
+    }
+    .await;
+    match result {
+        Ok((answer, encoding)) => connect::unary_response(&answer, encoding, schemas.1),
+        Err(e) => e.into_response(),
+    }
+}
 
 /// The sandbox an envd call is for, once its access token is checked.
 pub fn sandbox(state: &AppState, headers: &HeaderMap) -> Result<Sandbox, RpcError> {

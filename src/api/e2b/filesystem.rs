@@ -8,13 +8,13 @@ use std::collections::BTreeMap;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use super::envd::{self, dataplane_error};
 use crate::api::AppState;
 use crate::dataplane::{Command, ExecRequest, SandboxTarget};
-use crate::e2b::connect::{self, Code, Encoding, RpcError};
+use crate::e2b::connect::{Code, RpcError};
 use crate::e2b::messages::{
     Empty, EntryInfo, EntryResponse, ListDirRequest, ListDirResponse, MoveRequest, PathRequest,
 };
@@ -150,7 +150,7 @@ async fn stat_path(
     Ok(info)
 }
 
-/// Runs a unary filesystem call: token and user checked, message decoded, `call` answering.
+/// Runs a unary filesystem call on the sandbox its token names, as the SDK's user.
 async fn unary<Req, Res, F, Fut>(
     state: &AppState,
     headers: &HeaderMap,
@@ -164,18 +164,12 @@ where
     F: FnOnce(SandboxTarget, Req) -> Fut,
     Fut: std::future::Future<Output = Result<Res, RpcError>>,
 {
-    let result: Result<(Res, Encoding), RpcError> = async {
+    let target = async {
         let sandbox = envd::sandbox(state, headers)?;
         envd::check_rpc_user(headers)?;
-        let (request, encoding): (Req, _) = connect::unary_request(headers, body, schemas.0)?;
-        let target = envd::data_target(state, sandbox).await?;
-        Ok((call(target, request).await?, encoding))
-    }
-    .await;
-    match result {
-        Ok((answer, encoding)) => connect::unary_response(&answer, encoding, schemas.1),
-        Err(e) => e.into_response(),
-    }
+        envd::data_target(state, sandbox).await
+    };
+    envd::unary(headers, body, schemas, target, call).await
 }
 
 pub async fn stat(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {

@@ -261,7 +261,7 @@ async fn stream_events(
     (connect::stream_headers(encoding), Body::from_stream(body)).into_response()
 }
 
-/// Runs a unary call: its token and user checked, its message decoded, `call` answering.
+/// Runs a unary process call on the sandbox its token names, as the SDK's user.
 async fn unary<Req, Res, F, Fut>(
     state: &AppState,
     headers: &HeaderMap,
@@ -275,16 +275,7 @@ where
     F: FnOnce(Target, Req) -> Fut,
     Fut: std::future::Future<Output = Result<Res, RpcError>>,
 {
-    let result: Result<(Res, Encoding), RpcError> = async {
-        let target = target(state, headers).await?;
-        let (request, encoding): (Req, _) = connect::unary_request(headers, body, schemas.0)?;
-        Ok((call(target, request).await?, encoding))
-    }
-    .await;
-    match result {
-        Ok((answer, encoding)) => connect::unary_response(&answer, encoding, schemas.1),
-        Err(e) => e.into_response(),
-    }
+    envd::unary(headers, body, schemas, target(state, headers), call).await
 }
 
 pub async fn list(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
