@@ -688,3 +688,121 @@ fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decisi
         server.wait_gone("sandboxes", sandbox);
     }
 }
+
+/// Holds 300 connections to the proxy, reads what each got within two seconds, sends 3,000 DNS
+/// queries as fast as it can and counts the answers; writes `held refused answered seconds` to
+/// /workspace/flood.txt, then keeps holding for a while.
+const FLOOD: &str = r#"
+import socket, struct, sys, time
+gateway = sys.argv[1]
+held = [socket.create_connection((gateway, 3128), timeout=5) for _ in range(300)]
+time.sleep(2)
+refused = 0
+for s in held:
+    s.setblocking(False)
+    try:
+        if b" 429 " in s.recv(200):
+            refused += 1
+    except BlockingIOError:
+        pass
+name = b"".join(bytes([len(p)]) + p for p in b"up.example.test".split(b".")) + b"\0"
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+start = time.monotonic()
+for i in range(3000):
+    udp.sendto(struct.pack(">HHHHHH", i, 0x0100, 1, 0, 0, 0) + name + b"\0\1\0\1", (gateway, 53))
+udp.settimeout(1.0)
+answered = 0
+try:
+    while True:
+        udp.recv(512)
+        answered += 1
+except socket.timeout:
+    pass
+seconds = time.monotonic() - start
+open("/workspace/flood.txt", "w").write(f"{len(held)} {refused} {answered} {seconds:.3f}\n")
+time.sleep(15)
+"#;
+
+#[test]
+fn a_flood_from_one_sandbox_is_bounded_and_leaves_the_others_served() {
+    if !python_image("the egress flood test") {
+        return;
+    }
+    let world = internet();
+    let hosts = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        hosts.path(),
+        format!("{} up.example.test\n", world.upstream_ip),
+    )
+    .unwrap();
+    let net = unique("eg-flood");
+    let _networks = NetworkGuard(vec![format!("{net}-egress"), net.clone()]);
+    let hosts_path = hosts.path().to_str().unwrap().to_string();
+    let server = Server::start_with(&[
+        ("AGENT_SANDBOX_NETWORK_NAME", &net),
+        ("AGENT_SANDBOX_EGRESS_HOSTS", &hosts_path),
+        ("AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW", &world.subnet),
+    ]);
+    let allow = json!({"allow": ["up.example.test:8000"]});
+    let (flooder, neighbour) = (unique("eg-flooder"), unique("eg-neighbour"));
+    for (sandbox, image) in [(&flooder, PYTHON_IMAGE), (&neighbour, TEST_IMAGE)] {
+        let spec = json!({"network": true, "egress": allow, "image": image});
+        let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+                         "metadata": {"name": sandbox}, "spec": spec});
+        let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+        assert_eq!(status, 201, "{body}");
+    }
+    server.wait_running(&flooder);
+    server.wait_running(&neighbour);
+    let gateway = inspect(&["--type", "network", &format!("{net}-egress")]).unwrap()["IPAM"]
+        ["Config"][0]["Gateway"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // The flood runs in the background (its exec ends it); its figures appear in a file.
+    let (url, key, name) = (server.url.clone(), server.key.clone(), flooder.clone());
+    let script = format!("python3 -c '{}' {gateway}", FLOOD.replace('\'', "'\\''"));
+    let flood = std::thread::spawn(move || {
+        let body = json!({"command": script, "timeout_seconds": 60}).to_string();
+        http(
+            "POST",
+            &format!("{url}/v1/sandboxes/{name}/exec"),
+            Some(&key),
+            Some(body),
+            "application/json",
+        )
+    });
+    let mut figures = String::new();
+    wait_until("the flood's figures", Duration::from_secs(60), || {
+        figures = inside(&server, &flooder, "cat /workspace/flood.txt 2>/dev/null").1;
+        !figures.trim().is_empty()
+    });
+    // While the flooder still holds its connections, the neighbour is served: proxy and DNS.
+    let (code, out) = inside(
+        &server,
+        &neighbour,
+        "wget -q -O - http://up.example.test:8000/",
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("hello-from-upstream"), "{out}");
+    let (_, out) = inside(&server, &neighbour, "nslookup up.example.test 2>&1");
+    assert!(out.contains(&world.upstream_ip), "{out}");
+
+    // The flooder got its cap of connections and a refusal for each one past it; its queries
+    // were answered no faster than its rate allows.
+    let parts: Vec<f64> = figures
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    let [held, refused, answered, seconds] = parts[..] else {
+        panic!("figures: {figures:?}");
+    };
+    assert_eq!((held, refused), (300.0, 172.0), "{figures}");
+    assert!(answered >= 1.0, "no query answered at all: {figures}");
+    assert!(
+        answered <= 400.0 + 200.0 * seconds + 20.0,
+        "more answers than the rate allows: {figures}"
+    );
+    drop(flood);
+}

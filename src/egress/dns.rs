@@ -205,6 +205,10 @@ pub(super) async fn serve_udp(shared: Arc<Shared>, socket: UdpSocket) {
                 continue;
             }
         };
+        // A sandbox past its query rate is not answered (nor is any lookup made for it).
+        if !shared.bounds.query(peer.ip()) {
+            continue;
+        }
         let message = buffer[..len].to_vec();
         let (shared, socket) = (Arc::clone(&shared), Arc::clone(&socket));
         tokio::spawn(async move {
@@ -235,9 +239,16 @@ async fn serve_tcp_client(
     mut stream: tokio::net::TcpStream,
     peer: SocketAddr,
 ) -> std::io::Result<()> {
+    // Connections count against the sandbox's cap, queries against its rate, as over UDP.
+    let Some(_slot) = shared.bounds.connection(peer.ip()) else {
+        return Ok(());
+    };
     let length = usize::from(stream.read_u16().await?);
     let mut message = vec![0u8; length];
     stream.read_exact(&mut message).await?;
+    if !shared.bounds.query(peer.ip()) {
+        return Ok(());
+    }
     if let Some(reply) = respond(shared, peer.ip(), &message).await {
         let mut framed = (reply.len() as u16).to_be_bytes().to_vec();
         framed.extend_from_slice(&reply);

@@ -105,6 +105,8 @@ pub(super) struct Shared {
     pub(super) listening: RwLock<HashSet<IpAddr>>,
     log: mpsc::Sender<(String, Decision)>,
     followers: broadcast::Sender<Arc<(String, String)>>,
+    /// What each sandbox may ask of the gateway at once.
+    pub(super) bounds: Arc<super::bounds::Bounds>,
 }
 
 /// The egress gateway: a DNS server and an HTTP proxy on the host's address of the internal
@@ -139,6 +141,7 @@ impl Gateway {
             listening: RwLock::default(),
             log,
             followers: broadcast::channel(1024).0,
+            bounds: Arc::default(),
         });
         let followers = shared.followers.clone();
         let writer_store = Arc::clone(&store);

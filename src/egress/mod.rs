@@ -6,6 +6,7 @@
 //! gateway asks the `docker` module who holds a source address and writes its decisions through
 //! the `store`. It never touches Docker or the data directory itself.
 
+mod bounds;
 mod ca;
 mod dns;
 mod gateway;

@@ -19,7 +19,8 @@ use super::inject::inject;
 use super::policy;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once, all sandboxes together; more wait to be accepted.
+/// Connections served at once, all sandboxes together; more wait to be accepted. Each sandbox
+/// holds at most `bounds::MAX_CONNECTIONS_PER_SANDBOX` of them.
 const MAX_CONNECTIONS: usize = 1024;
 
 /// Serves the proxy on `listener` until the task is aborted.
@@ -29,12 +30,22 @@ pub(super) async fn serve(shared: Arc<Shared>, listener: TcpListener) {
         let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
             return;
         };
-        let Ok((stream, peer)) = listener.accept().await else {
+        let Ok((mut stream, peer)) = listener.accept().await else {
             continue;
         };
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
             let _permit = permit;
+            // One sandbox holding many connections (even idle ones) leaves the others served.
+            let Some(_slot) = shared.bounds.connection(peer.ip()) else {
+                reply(
+                    &mut stream,
+                    "429 Too Many Requests",
+                    "egress denied: this sandbox holds too many proxy connections",
+                )
+                .await;
+                return;
+            };
             let _ = serve_client(&shared, stream, peer).await;
         });
     }
