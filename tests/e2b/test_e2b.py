@@ -144,7 +144,7 @@ def test_files_text_and_binary(sbx):
     assert sbx.files.read("notes/hello.txt") == "hello world\n"
     assert sbx.files.read("/home/user/notes/hello.txt") == "hello world\n"
     assert sbx.commands.run("cat /workspace/notes/hello.txt").stdout == "hello world\n"
-    blob = bytes(range(256)) * 4096
+    blob = os.urandom(10 * 1024 * 1024)
     sbx.files.write("/home/user/blob.bin", blob)
     assert bytes(sbx.files.read("blob.bin", format="bytes")) == blob
     sums = sbx.commands.run("sha256sum /workspace/blob.bin").stdout.split()[0]
@@ -244,6 +244,13 @@ def test_list_filters_by_metadata_and_set_timeout_moves_the_end():
         assert sorted(s.sandbox_id for s in both) == sorted([first.sandbox_id, second.sandbox_id])
         one = Sandbox.list(query=SandboxQuery(metadata={"group": tag, "which": "a b&c"})).next_items()
         assert [s.sandbox_id for s in one] == [first.sandbox_id]
+        # One at a time: the paginator follows the server's next token to the end.
+        pages = Sandbox.list(query=SandboxQuery(metadata={"group": tag}), limit=1)
+        page_one = pages.next_items()
+        assert len(page_one) == 1 and pages.has_next
+        page_two = pages.next_items()
+        assert len(page_two) == 1 and not pages.has_next
+        assert sorted(s.sandbox_id for s in page_one + page_two) == sorted(s.sandbox_id for s in both)
         before = first.get_info().end_at
         first.set_timeout(3000)
         after = first.get_info().end_at
