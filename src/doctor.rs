@@ -1,6 +1,7 @@
 //! The start-up checks: what `agent-sandbox doctor` prints and what `serve` logs when it starts.
 //! Each check looks at one thing a first run trips over — Docker and its release, the runtime,
-//! the default image, the data directory, the key file, the port, how workspaces are reached —
+//! the default image, the data directory, the key file, the port, how workspaces are reached, the
+//! open network's firewall guard —
 //! and says in one line what it found and, when something is wrong, the fix.
 //!
 //! Checks only look. The one thing `doctor` starts is a short-lived, labeled container that proves
@@ -133,7 +134,47 @@ pub async fn run(settings: &Settings, occasion: Occasion) -> Vec<Finding> {
     findings.extend(gvisor_platform(settings, &report));
     findings.push(image(&engine, settings).await);
     findings.push(workspace_access(settings, &report));
+    findings.push(open_network_guard(settings, &report).await);
     findings
+}
+
+/// Whether open-network sandboxes can get their firewall guard (they do not start without it).
+async fn open_network_guard(settings: &Settings, report: &DaemonReport) -> Finding {
+    const CHECK: &str = "network";
+    const OFF: &str = "or set AGENT_SANDBOX_OPEN_NETWORK_GUARD=false and guard the daemon's host \
+                       yourself (SECURITY.md)";
+    if !settings.open_network_guard {
+        return Finding::warn(
+            CHECK,
+            "the guard is off: open sandboxes (network: true, no egress) reach link-local \
+             (cloud metadata) and this host's addresses",
+            "set AGENT_SANDBOX_OPEN_NETWORK_GUARD=true where the daemon runs on this host",
+        );
+    }
+    if !report.endpoint.starts_with("unix://") {
+        return Finding::warn(
+            CHECK,
+            format!(
+                "Docker is at {}: the guard's iptables rules would be put on this host, not the \
+                 daemon's",
+                report.endpoint
+            ),
+            format!("run the server on the daemon's host, {OFF}"),
+        );
+    }
+    match crate::firewall::check().await {
+        Ok(()) => Finding::ok(
+            CHECK,
+            "iptables can refuse link-local and host addresses to open sandboxes",
+        ),
+        Err(error) => Finding::fail(
+            CHECK,
+            format!("open sandboxes will not start without their guard: {error}"),
+            format!(
+                "run the server as root where `iptables` and Docker's DOCKER-USER chain are, {OFF}"
+            ),
+        ),
+    }
 }
 
 /// Warnings about how gVisor is registered, when it is the server's runtime: without its systrap

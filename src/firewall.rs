@@ -61,6 +61,22 @@ async fn iptables(args: &[String]) -> Result<std::process::Output, FirewallError
         .await?)
 }
 
+/// Whether the rules could be put in place here: `iptables` runs and both chains exist (it only
+/// lists them).
+pub async fn check() -> Result<(), FirewallError> {
+    for chain in ["DOCKER-USER", "INPUT"] {
+        let args = ["-S".to_string(), chain.to_string()];
+        let out = iptables(&args).await?;
+        if !out.status.success() {
+            return Err(FirewallError::Failed {
+                args: args.join(" "),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Makes sure the rules for the open bridge `bridge` are in place.
 pub async fn guard_open_bridge(bridge: &str) -> Result<(), FirewallError> {
     for (chain, rule) in rules(bridge) {
