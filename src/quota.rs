@@ -212,7 +212,7 @@ pub fn admit(
             if after.cpus > before.cpus && total > limit + 1e-3 {
                 return Err(exceeded(
                     "cpus",
-                    format!("{limit}"),
+                    format!("{}", round(limit)),
                     format!("{}", round(used.cpus)),
                     format!("{} more", round(after.cpus - before.cpus)),
                 ));

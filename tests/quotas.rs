@@ -98,6 +98,15 @@ fn the_third_sandbox_of_a_quota_of_two_is_refused_with_the_numbers() {
             .contains("allows 1024 memoryMB: 128 used, 1984 more requested"),
         "{out}"
     );
+    // A merge patch is checked as a PUT is.
+    let (code, out) = server.request_raw(
+        "PATCH",
+        &format!("{API}/sandboxes/{c}"),
+        Some(json!({"spec": {"memoryMB": 4096}}).to_string()),
+        "application/merge-patch+json",
+    );
+    assert_eq!(code, 403, "{out}");
+    assert!(out.contains("quota_exceeded"), "{out}");
     // An edit key cannot raise its own quota: only an admin sets quotas (tested in tenancy's
     // unit tests); the document itself is checked like any other.
     let bad = json!({
@@ -223,7 +232,14 @@ fn a_snapshot_past_snapshot_bytes_fails_and_stores_nothing() {
         });
         server.request("POST", &format!("{API}/snapshots"), Some(&body))
     };
-    assert_eq!(snapshot("fits").0, 201);
+    // A status in the request counts for nothing (it is ignored when written, too).
+    let faked = json!({
+        "apiVersion": "agent-sandbox.io/v1", "kind": "Snapshot",
+        "metadata": {"name": "fits"}, "spec": {"sandbox": sb},
+        "status": {"phase": "Ready", "sizeBytes": 999999999},
+    });
+    let (code, out) = server.request("POST", &format!("{API}/snapshots"), Some(&faked));
+    assert_eq!(code, 201, "{out}");
     server.wait_for("snapshots", "fits", "Ready", LONG, |r| {
         r.is_some_and(|r| r["status"]["phase"] == "Ready")
     });
@@ -242,6 +258,14 @@ fn a_snapshot_past_snapshot_bytes_fails_and_stores_nothing() {
         ) && message.contains("nothing was stored"),
         "{failed:#}"
     );
+    // Through /v1 the same refusal is a 403 quota_exceeded, and no snapshot is left.
+    let (code, out) = server.request(
+        "POST",
+        &format!("/v1/sandboxes/{sb}/snapshots"),
+        Some(&json!({})),
+    );
+    assert_eq!(code, 403, "{out}");
+    assert_eq!(out["error"]["code"], "quota_exceeded", "{out}");
     let files = common::snapshot_files(&server);
     assert!(
         !files.iter().any(|f| f.contains("too-big")),

@@ -30,6 +30,13 @@ pub fn check(state: &AppState, new: &AnyResource) -> Result<(), ApiError> {
         .store
         .get(new.kind(), new.name())
         .map(|entry| entry.resource);
+    // A status in the request is ignored when written, so it counts for nothing here either:
+    // the document keeps the status it has (a new one has none).
+    let mut new = new.clone();
+    let kept = old.as_ref().and_then(AnyResource::status_json);
+    if new.set_status_json(kept).is_err() {
+        new.clear_status();
+    }
     let documents: Vec<AnyResource> = [Kind::ResourceQuota, Kind::Sandbox, Kind::Snapshot]
         .into_iter()
         .flat_map(|kind| state.store.list(kind))
@@ -37,7 +44,7 @@ pub fn check(state: &AppState, new: &AnyResource) -> Result<(), ApiError> {
         .collect();
     quota::admit(
         &documents,
-        new,
+        &new,
         old.as_ref(),
         &state.settings.sandbox_defaults(),
     )

@@ -267,7 +267,7 @@ pub fn create<K: DocumentedKind>(op: Op<'_>) -> Op<'_> {
             "name",
             "$response.body#/metadata/name",
         )
-        .errors(&[400, 404, 409, 413, 415, 422])
+        .errors(&[400, 403, 404, 409, 413, 415, 422])
 }
 
 /// `GET {PREFIX}/{plural}/{name}`.

@@ -116,6 +116,8 @@ pub(super) async fn patch<K: DocumentedKind>(
             )));
         }
         let resource = yaml::value_to_resource(document, Some(kind), None)?;
+        let _admission = crate::api::quota::lock_for(&state, kind).await;
+        crate::api::quota::check(&state, &resource)?;
         let written = state
             .store
             .write(move |store| store.replace(resource, opts))

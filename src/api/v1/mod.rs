@@ -202,7 +202,7 @@ pub fn routes_with(settings: &Settings, options: V1Options) -> ApiRouter<AppStat
                     .link(201, "v1GetSnapshot", "id", "$response.body#/id")
                     .link(201, "v1Fork", "id", "$response.body#/id")
                     .link(201, "v1DeleteSnapshot", "id", "$response.body#/id")
-                    .errors(&[400, 404, 413, 422, 502, 503])
+                    .errors(&[400, 403, 404, 413, 422, 502, 503])
             }),
         )
         .api_route(

@@ -138,6 +138,8 @@ fn snapshot_ready(
             }
             // Asked for a Full snapshot of a sandbox whose root filesystem is read-only.
             Some("ReadOnlyRootfs") => ApiError::InvalidRequest(message),
+            // Its size, known once taken, would pass a ResourceQuota's snapshotBytes.
+            Some("QuotaExceeded") => ApiError::QuotaExceeded(message),
             _ => ApiError::Backend(message),
         });
     }
