@@ -370,11 +370,13 @@ fn a_kill_during_forks_and_rollbacks_converges_without_leaks() {
     server.kill9();
     server.restart();
     let children: Vec<String> = (0..4).map(|i| format!("{fork}-{i}")).collect();
+    // A child whose restore the kill interrupted may have been finished by copying (its view
+    // could not be proven across the crash): what must hold is its content, no leak, and that
+    // views still serve the restores after the restart (the sandbox below).
     for child in &children {
         server.wait_for("sandboxes", child, "Running", LONG, |r| {
             r.is_some_and(|r| r["status"]["phase"] == "Running")
         });
-        assert_view(&server, child);
         assert_eq!(exec(child, LISTING), listing);
     }
     // A rollback interrupted at once, then done on restart.
@@ -387,6 +389,7 @@ fn a_kill_during_forks_and_rollbacks_converges_without_leaks() {
         json!({"image": TEST_IMAGE, "source": {"snapshot": snap}}),
     );
     server.wait_running(child);
+    assert_view(&server, child);
     exec(child, "echo junk > /workspace/junk");
     replace(
         &server,
