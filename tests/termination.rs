@@ -178,10 +178,11 @@ fn an_oom_killed_command_shows_its_reason_in_status_and_events() {
     assert_eq!(again["status"]["lastTermination"], termination);
 }
 
-/// Kills the container's main helper process from inside, as the sandbox's own user.
+/// Kills the container's main helper process from inside, as the sandbox's own user. It says
+/// `found` first: once the helper (the container's PID 1) is dead, the killer goes with it.
 const KILL_HELPER: &str = "for p in /proc/[0-9]*; do \
      if [ \"$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)\" = '/opt/agent-sandbox/agent-sandbox-helper idle ' ]; then \
-       kill -9 ${p#/proc/} && echo killed; \
+       echo found; kill -9 ${p#/proc/}; \
      fi; done";
 
 #[test]
@@ -208,7 +209,7 @@ fn a_killed_helper_and_a_kill_from_outside_show_their_reasons() {
     } else {
         let (code, out) = docker_exec(&name, KILL_HELPER);
         assert!(
-            out.contains("killed"),
+            out.contains("found"),
             "no helper found to kill ({code}): {out}"
         );
     }
