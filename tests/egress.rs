@@ -393,6 +393,59 @@ fn internet() -> Internet {
     }
 }
 
+/// A server whose policed sandboxes reach the test's "internet" by the names `hosts` (a hosts
+/// file's lines) gives them, on networks of its own; dropped server first, then the networks.
+struct Policed {
+    server: Server,
+    net: String,
+    _networks: NetworkGuard,
+    _hosts: tempfile::NamedTempFile,
+}
+
+impl Policed {
+    fn start(world: &Internet, prefix: &str, hosts: &str) -> Policed {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), hosts).unwrap();
+        let net = unique(prefix);
+        let networks = NetworkGuard(vec![format!("{net}-egress"), net.clone()]);
+        let hosts_path = file.path().to_str().unwrap().to_string();
+        let server = Server::start_with(&[
+            ("AGENT_SANDBOX_NETWORK_NAME", &net),
+            ("AGENT_SANDBOX_EGRESS_HOSTS", &hosts_path),
+            // The test's upstream lives in a private range: this server may reach that one block.
+            ("AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW", &world.subnet),
+        ]);
+        Policed {
+            server,
+            net,
+            _networks: networks,
+            _hosts: file,
+        }
+    }
+
+    /// Creates sandboxes of the given images, each with `network: true` and `egress`.
+    fn create(&self, sandboxes: &[(&str, &str)], egress: &Value) {
+        for (sandbox, image) in sandboxes {
+            let spec = json!({"network": true, "egress": egress, "image": image});
+            let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+                             "metadata": {"name": sandbox}, "spec": spec});
+            let (status, body) =
+                self.server
+                    .request("POST", &format!("{API}/sandboxes"), Some(&doc));
+            assert_eq!(status, 201, "{body}");
+        }
+    }
+
+    /// The host's address on the internal network: the gateway's.
+    fn gateway(&self) -> String {
+        inspect(&["--type", "network", &format!("{}-egress", self.net)]).unwrap()["IPAM"]["Config"]
+            [0]["Gateway"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+}
+
 fn decisions(server: &Server, name: &str) -> Vec<Value> {
     let (status, body) = server.request_raw(
         "GET",
@@ -412,35 +465,20 @@ fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decisi
         return;
     }
     let world = internet();
-    let hosts = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(
-        hosts.path(),
-        format!(
+    let policed = Policed::start(
+        &world,
+        "eg-gw",
+        &format!(
             "{up} up.example.test other.example.test\n{lan} lan.example.test\n",
             up = world.upstream_ip,
             lan = world.private_ip
         ),
-    )
-    .unwrap();
-    let net = unique("eg-gw");
-    let _networks = NetworkGuard(vec![format!("{net}-egress"), net.clone()]);
-    let hosts_path = hosts.path().to_str().unwrap().to_string();
-    let server = Server::start_with(&[
-        ("AGENT_SANDBOX_NETWORK_NAME", &net),
-        ("AGENT_SANDBOX_EGRESS_HOSTS", &hosts_path),
-        // The test's upstream lives in a private range: this server may reach that one block.
-        ("AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW", &world.subnet),
-    ]);
+    );
+    let server = &policed.server;
     let allow = json!({"allow": ["up.example.test:8000", "lan.example.test"]});
     // busybox (wget, nslookup) and python (urllib, raw sockets) under the same list.
     let (name, py) = (unique("eg-gw"), unique("eg-gw-py"));
-    for (sandbox, image) in [(&name, TEST_IMAGE), (&py, PYTHON_IMAGE)] {
-        let spec = json!({"network": true, "egress": allow, "image": image});
-        let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
-                         "metadata": {"name": sandbox}, "spec": spec});
-        let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
-        assert_eq!(status, 201, "{body}");
-    }
+    policed.create(&[(&name, TEST_IMAGE), (&py, PYTHON_IMAGE)], &allow);
     server.wait_running(&py);
     let running = server.wait_running(&name);
     let id = running["status"]["containerID"]
@@ -450,11 +488,7 @@ fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decisi
 
     // Docker was asked for the gateway's name server; the proxy variables are set.
     let c = container(&name).expect("container");
-    let egress_gateway = inspect(&["--type", "network", &format!("{net}-egress")]).unwrap()["IPAM"]
-        ["Config"][0]["Gateway"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let egress_gateway = policed.gateway();
     assert_eq!(c["HostConfig"]["Dns"], json!([egress_gateway]), "{c}");
     let env = c["Config"]["Env"].to_string();
     for var in [
@@ -466,12 +500,12 @@ fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decisi
     }
 
     // Allowed over HTTP through the proxy (busybox wget honours http_proxy).
-    let (code, out) = inside(&server, &name, "wget -q -O - http://up.example.test:8000/");
+    let (code, out) = inside(server, &name, "wget -q -O - http://up.example.test:8000/");
     assert_eq!(code, 0, "{out}\n{}", server.log());
     assert!(out.contains("hello-from-upstream"), "{out}");
     // And through python's urllib.
     let (code, out) = inside(
-        &server,
+        server,
         &py,
         "python3 -c \"import urllib.request as u; print(u.urlopen('http://up.example.test:8000/', timeout=10).read().decode())\"",
     );
@@ -484,14 +518,14 @@ fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decisi
         h=s.recv(4096); assert h.startswith(b'HTTP/1.1 200'), h; \
         s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); d=b''; \
         exec('while True:\\n c=s.recv(4096)\\n if not c: break\\n d+=c'); print(d.decode())";
-    let (code, out) = inside(&server, &py, &format!("python3 -c \"{tunnel}\""));
+    let (code, out) = inside(server, &py, &format!("python3 -c \"{tunnel}\""));
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("hello-from-upstream"), "{out}");
 
     // A name the list does not allow: refused at once with the reason, and logged.
     let started = std::time::Instant::now();
     let (code, out) = inside(
-        &server,
+        server,
         &name,
         "wget -q -O - http://other.example.test:8000/ 2>&1; echo rc=$?",
     );
@@ -505,13 +539,13 @@ fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decisi
     let _ = code;
     // A port the entry does not name, and a bare address.
     let (_, out) = inside(
-        &server,
+        server,
         &name,
         "wget -q -O - http://up.example.test:8001/ 2>&1; echo rc=$?",
     );
     assert!(!out.contains("rc=0"), "{out}");
     let (_, out) = inside(
-        &server,
+        server,
         &name,
         &format!(
             "wget -q -O - http://{}:8000/ 2>&1; echo rc=$?",
@@ -524,7 +558,7 @@ fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decisi
     );
     // An allowed name that resolves to a private address (not in the server's exception).
     let (_, out) = inside(
-        &server,
+        server,
         &name,
         "wget -q -O - http://lan.example.test:8000/ 2>&1; echo rc=$?",
     );
@@ -534,10 +568,10 @@ fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decisi
     );
 
     // DNS: an allowed name is answered, a denied one gets NXDOMAIN, a private one too.
-    let (_, out) = inside(&server, &name, "nslookup up.example.test 2>&1");
+    let (_, out) = inside(server, &name, "nslookup up.example.test 2>&1");
     assert!(out.contains(&world.upstream_ip), "{out}");
     let (_, out) = inside(
-        &server,
+        server,
         &name,
         "nslookup other.example.test 2>&1; echo rc=$?",
     );
@@ -545,13 +579,13 @@ fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decisi
         out.contains("NXDOMAIN") && !out.contains(&world.upstream_ip),
         "{out}"
     );
-    let (_, out) = inside(&server, &name, "nslookup lan.example.test 2>&1");
+    let (_, out) = inside(server, &name, "nslookup lan.example.test 2>&1");
     assert!(!out.contains(&world.private_ip), "{out}");
 
     // Every decision is in the log, with its rule.
     let mut log = Vec::new();
     wait_until("the decisions are logged", Duration::from_secs(10), || {
-        log = decisions(&server, &name);
+        log = decisions(server, &name);
         log.iter()
             .any(|d| d["protocol"] == "http" && d["host"] == "lan.example.test")
             && log
@@ -634,13 +668,13 @@ fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decisi
             .find(|l| l.contains("followed.example.test"));
         let _ = found.send(line);
     });
-    inside(&server, &name, "nslookup followed.example.test 2>&1");
+    inside(server, &name, "nslookup followed.example.test 2>&1");
     let seen = seen.recv_timeout(Duration::from_secs(30)).ok().flatten();
     let _ = follower.kill();
     let _ = follower.wait();
     assert!(seen.is_some_and(|l| l.contains("refused")));
 
-    let tunnels = decisions(&server, &py);
+    let tunnels = decisions(server, &py);
     let tls = tunnels
         .iter()
         .find(|d| d["protocol"] == "tls" && d["allowed"] == true)
@@ -666,7 +700,7 @@ fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decisi
     let mut out = String::new();
     wait_until("the edit applies", Duration::from_secs(5), || {
         out = inside(
-            &server,
+            server,
             &name,
             "wget -q -O - http://other.example.test:8000/ 2>&1",
         )
@@ -674,7 +708,7 @@ fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decisi
         out.contains("hello-from-upstream")
     });
     let (_, out) = inside(
-        &server,
+        server,
         &name,
         "wget -q -O - http://up.example.test:8000/ 2>&1; echo rc=$?",
     );
@@ -729,36 +763,21 @@ fn a_flood_from_one_sandbox_is_bounded_and_leaves_the_others_served() {
         return;
     }
     let world = internet();
-    let hosts = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(
-        hosts.path(),
-        format!("{} up.example.test\n", world.upstream_ip),
-    )
-    .unwrap();
-    let net = unique("eg-flood");
-    let _networks = NetworkGuard(vec![format!("{net}-egress"), net.clone()]);
-    let hosts_path = hosts.path().to_str().unwrap().to_string();
-    let server = Server::start_with(&[
-        ("AGENT_SANDBOX_NETWORK_NAME", &net),
-        ("AGENT_SANDBOX_EGRESS_HOSTS", &hosts_path),
-        ("AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW", &world.subnet),
-    ]);
+    let policed = Policed::start(
+        &world,
+        "eg-flood",
+        &format!("{} up.example.test\n", world.upstream_ip),
+    );
+    let server = &policed.server;
     let allow = json!({"allow": ["up.example.test:8000"]});
     let (flooder, neighbour) = (unique("eg-flooder"), unique("eg-neighbour"));
-    for (sandbox, image) in [(&flooder, PYTHON_IMAGE), (&neighbour, TEST_IMAGE)] {
-        let spec = json!({"network": true, "egress": allow, "image": image});
-        let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
-                         "metadata": {"name": sandbox}, "spec": spec});
-        let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
-        assert_eq!(status, 201, "{body}");
-    }
+    policed.create(
+        &[(&flooder, PYTHON_IMAGE), (&neighbour, TEST_IMAGE)],
+        &allow,
+    );
     server.wait_running(&flooder);
     server.wait_running(&neighbour);
-    let gateway = inspect(&["--type", "network", &format!("{net}-egress")]).unwrap()["IPAM"]
-        ["Config"][0]["Gateway"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let gateway = policed.gateway();
 
     // The flood runs in the background (its exec ends it); its figures appear in a file.
     let (url, key, name) = (server.url.clone(), server.key.clone(), flooder.clone());
@@ -775,18 +794,18 @@ fn a_flood_from_one_sandbox_is_bounded_and_leaves_the_others_served() {
     });
     let mut figures = String::new();
     wait_until("the flood's figures", Duration::from_secs(60), || {
-        figures = inside(&server, &flooder, "cat /workspace/flood.txt 2>/dev/null").1;
+        figures = inside(server, &flooder, "cat /workspace/flood.txt 2>/dev/null").1;
         !figures.trim().is_empty()
     });
     // While the flooder still holds its connections, the neighbour is served: proxy and DNS.
     let (code, out) = inside(
-        &server,
+        server,
         &neighbour,
         "wget -q -O - http://up.example.test:8000/",
     );
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("hello-from-upstream"), "{out}");
-    let (_, out) = inside(&server, &neighbour, "nslookup up.example.test 2>&1");
+    let (_, out) = inside(server, &neighbour, "nslookup up.example.test 2>&1");
     assert!(out.contains(&world.upstream_ip), "{out}");
 
     // The flooder got its cap of connections and a refusal for each one past it; its queries
