@@ -85,6 +85,9 @@ fn demand_of(resource: &AnyResource, defaults: &SandboxDefaults) -> QuotaUsage {
     }
 }
 
+/// The kinds [`admit`] and [`usage`] read: the quotas and what they count.
+pub const COUNTED_KINDS: [Kind; 3] = [Kind::ResourceQuota, Kind::Sandbox, Kind::Snapshot];
+
 /// Whether a document's kind is limited by quotas (and so worth a check before it is written).
 pub fn is_limited(kind: Kind) -> bool {
     matches!(kind, Kind::Sandbox | Kind::Snapshot | Kind::Fork)

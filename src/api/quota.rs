@@ -37,7 +37,7 @@ pub fn check(state: &AppState, new: &AnyResource) -> Result<(), ApiError> {
     if new.set_status_json(kept).is_err() {
         new.clear_status();
     }
-    let documents: Vec<AnyResource> = [Kind::ResourceQuota, Kind::Sandbox, Kind::Snapshot]
+    let documents: Vec<AnyResource> = quota::COUNTED_KINDS
         .into_iter()
         .flat_map(|kind| state.store.list(kind))
         .map(|entry| entry.resource)

@@ -49,7 +49,7 @@ pub(super) async fn reconcile(
 
 /// Everything that counts against quotas, and the quotas.
 fn counted(store: &Store) -> Vec<AnyResource> {
-    [Kind::ResourceQuota, Kind::Sandbox, Kind::Snapshot]
+    quota::COUNTED_KINDS
         .into_iter()
         .flat_map(|kind| store.list(kind))
         .map(|entry| entry.resource)
