@@ -248,11 +248,12 @@ def settled(doc: dict) -> bool:
 
 class Throwaway:
     """A server of its own: the binary given, a throwaway data directory and key, on 127.0.0.1,
-    with Sandbox manifests declared in its data directory (`declare`). `close` removes the
+    plus any further `settings` (AGENT_SANDBOX_* variables), with Sandbox manifests declared in its data directory (`declare`). `close` removes the
     manifests, waits until the server has deleted every sandbox, stops it and removes anything
     Docker still holds labeled with its identity."""
 
-    def __init__(self, binary: str, image: str, prefix: str, label: str):
+    def __init__(self, binary: str, image: str, prefix: str, label: str,
+                 settings: dict[str, str] | None = None):
         self.work = pathlib.Path(tempfile.mkdtemp(prefix=f"agent-sandbox-{prefix}-bench."))
         self.data = self.work / "data"
         self.folder = self.data / "manifests" / "sandboxes"
@@ -265,6 +266,7 @@ class Throwaway:
             AGENT_SANDBOX_API_KEYS=self.key, AGENT_SANDBOX_DEFAULT_IMAGE=image,
             AGENT_SANDBOX_LOG="warn",
         )
+        env.update(settings or {})
         self.log_file = open(self.work / "server.log", "w")
         self.process = subprocess.Popen([binary, "serve"], env=env, stdout=self.log_file,
                                         stderr=self.log_file)

@@ -1,14 +1,16 @@
 """A sandbox from a template pool (a SandboxTemplate with `snapshot` set to a Full snapshot and
-`pool: {size}`) against a pooled `/v1` fork of a Workspace snapshot of the same sandbox, same
+`pool: {size}`) against a pooled `/v1` fork of a Workspace snapshot of the same size, same
 server, same run. Standard library only.
 
-    python3 bench/template_pool.py target/debug/agent-sandbox [--n 10]
+    python3 bench/template_pool.py target/debug/agent-sandbox [--n 10] [--rootfs-mib 100]
 
 One server on a fresh data directory (`AGENT_SANDBOX_DOCKER_RUNTIME` from the environment picks
-the runtime, default runc). A source Sandbox with `readOnlyRootfs: false` gets the 10 MiB /
-200-file workspace of cow.py's SMALL and, as root, 1 MiB in /usr/local/share/bench (its root
-filesystem). Then a Workspace snapshot (`POST /v1/sandboxes/{id}/snapshots`) and a Full one
-(a `Snapshot` resource, waited Ready).
+the runtime, default runc). The issue's case: a source Sandbox with `readOnlyRootfs: false` gets
+the 10 MiB / 200-file workspace of cow.py's SMALL and, as root, 100 MiB of random data in
+/usr/local/share/bench (root filesystem changes; `--rootfs-mib` sets the size); its Full snapshot
+(a `Snapshot` resource, waited Ready) holds both. A second Sandbox of the same shape gets SMALL
+plus a workspace file of the same 100 MiB, so that its Workspace snapshot
+(`POST /v1/sandboxes/{id}/snapshots`) is of the same size as the Full one.
 
 - context, first: N plain `/v1` forks of the Workspace snapshot, no pool, each timed until it
   answers;
@@ -40,10 +42,13 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cow import API, IMAGE, SMALL, Ours  # noqa: E402
 
-ROOTFS = (
-    "mkdir -p /usr/local/share/bench"
-    " && dd if=/dev/urandom of=/usr/local/share/bench/blob bs=1048576 count=1 2>/dev/null"
-)
+def rootfs(mib: int) -> str:
+    return ("mkdir -p /usr/local/share/bench"
+            f" && dd if=/dev/urandom of=/usr/local/share/bench/blob bs=1048576 count={mib} 2>/dev/null")
+
+
+def workspace_extra(mib: int) -> str:
+    return f"dd if=/dev/urandom of=/workspace/extra.bin bs=1048576 count={mib} 2>/dev/null"
 
 
 def p95(samples: list) -> float:
@@ -96,6 +101,7 @@ def main() -> int:
     args = argparse.ArgumentParser()
     args.add_argument("binary")
     args.add_argument("--n", type=int, default=10)
+    args.add_argument("--rootfs-mib", type=int, default=100)
     a = args.parse_args()
     n = a.n
     runtime = os.environ.get("AGENT_SANDBOX_DOCKER_RUNTIME", "runc")
@@ -109,13 +115,25 @@ def main() -> int:
         ours.call("POST", f"{API}/sandboxes", resource("Sandbox", source, {"image": IMAGE, "readOnlyRootfs": False}))
         wait_phase(ours, "sandboxes", source, "Running", 0.1)
         ours.exec(source, SMALL)
-        subprocess.run(["docker", "exec", "-u", "0", f"agent-sandbox-{source}", "sh", "-c", ROOTFS],
+        subprocess.run(["docker", "exec", "-u", "0", f"agent-sandbox-{source}", "sh", "-c", rootfs(a.rootfs_mib)],
                        check=True, capture_output=True)
-        ws_snap = ours.call("POST", f"/v1/sandboxes/{source}/snapshots", {})["id"]
         full = f"tpb-full-{tag}"
         ours.call("POST", f"{API}/snapshots", resource("Snapshot", full, {"sandbox": source, "scope": "Full"}))
         wait_phase(ours, "snapshots", full, "Ready", 0.1)
-        print(f"# source {source}, Workspace snapshot {ws_snap}, Full snapshot {full}", flush=True)
+        full_status = ours.call("GET", f"{API}/snapshots/{full}").get("status") or {}
+        # The Workspace snapshot's sandbox: the same shape, the same bytes, all in /workspace.
+        ws_source = f"tpb-wsrc-{tag}"
+        ours.call("POST", f"{API}/sandboxes",
+                  resource("Sandbox", ws_source, {"image": IMAGE, "readOnlyRootfs": False}))
+        wait_phase(ours, "sandboxes", ws_source, "Running", 0.1)
+        ours.exec(ws_source, SMALL)
+        ours.exec(ws_source, workspace_extra(a.rootfs_mib))
+        ws_snap = ours.call("POST", f"/v1/sandboxes/{ws_source}/snapshots", {})["id"]
+        ws_status = (ours.call("GET", f"{API}/snapshots/{ws_snap}", expect=(200, 404)) or {}).get("status") or {}
+        sizes = (f"Full: workspaceBytes {full_status.get('workspaceBytes')}, rootfsBytes "
+                 f"{full_status.get('rootfsBytes')}; Workspace: workspaceBytes {ws_status.get('workspaceBytes')}")
+        print(f"# {sizes}", flush=True)
+        print(f"# source {source}, Full snapshot {full}; {ws_source}, Workspace snapshot {ws_snap}", flush=True)
 
         children = []
         for _ in range(n):
@@ -174,8 +192,10 @@ def main() -> int:
         pooled_claims = [claimed_from(ours, c) for c in pooled_children]
         template_claims = [claimed_from(ours, c) for c in template_children]
         for c in template_children:
-            ours.exec(c, "test -s /usr/local/share/bench/blob && test -s /workspace/small/f199.txt"
-                         " && test -s /workspace/data.bin")
+            ours.exec(c, f"test $(wc -c < /usr/local/share/bench/blob) -eq {a.rootfs_mib << 20}"
+                         " && test -s /workspace/small/f199.txt && test -s /workspace/data.bin")
+        for c in pooled_children:
+            ours.exec(c, f"test $(wc -c < /workspace/extra.bin) -eq {a.rootfs_mib << 20}")
         print(f"# pooled forks claimedFrom: {pooled_claims}", flush=True)
         print(f"# template children claimedFrom: {template_claims}", flush=True)
         if any(c != pool for c in pooled_claims):
@@ -194,7 +214,8 @@ def main() -> int:
             subprocess.run(["docker", "rmi", "-f", image], capture_output=True)
 
     load = open("/proc/loadavg").read().split()[:3]
-    print(f"\nruntime {runtime}, N = {n}, load average {' '.join(load)}, ms\n")
+    print(f"\nruntime {runtime}, N = {n}, {a.rootfs_mib} MiB root filesystem changes, load average {' '.join(load)}, ms")
+    print(f"snapshot sizes: {sizes}\n")
     print("| operation | median | p95 |")
     print("|---|---|---|")
     labels = {

@@ -4,9 +4,13 @@
 //! a sandbox's idle policy (`spec.idle`). Kept in memory only: after a restart of the server every
 //! sandbox counts as active from the moment the controller first looks at it.
 //!
+//! Long streams (a port-forward, a proxied connection, an attach) report their bytes through a
+//! [`Toucher`], which passes them on at most once a second, so a busy stream costs next to nothing.
+//!
 //! It knows names and times, nothing of HTTP, Docker or documents.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, Utc};
@@ -21,6 +25,36 @@ struct Record {
 #[derive(Debug, Default)]
 pub struct Activity {
     records: Mutex<HashMap<String, Record>>,
+}
+
+/// How often, at most, the bytes of one stream count as activity.
+const TOUCH_EVERY_MS: i64 = 1000;
+
+/// Counts the bytes of one long stream as activity of one sandbox, at most once a second.
+#[derive(Clone, Debug)]
+pub struct Toucher {
+    activity: Arc<Activity>,
+    name: Arc<str>,
+    /// When this stream last counted, in milliseconds since the epoch.
+    last: Arc<AtomicI64>,
+}
+
+impl Toucher {
+    /// Bytes passed just now.
+    pub fn touch(&self) {
+        let now = Utc::now().timestamp_millis();
+        let last = self.last.load(Ordering::Relaxed);
+        if now - last < TOUCH_EVERY_MS {
+            return;
+        }
+        if self
+            .last
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.activity.touch(&self.name);
+        }
+    }
 }
 
 /// Marks a sandbox busy while it lives (a running command); dropping it counts as activity.
@@ -63,6 +97,15 @@ impl Activity {
         Busy {
             activity: Arc::clone(self),
             name: name.to_string(),
+        }
+    }
+
+    /// Reports the bytes of a stream into sandbox `name` (see [`Toucher`]).
+    pub fn toucher(self: &Arc<Self>, name: &str) -> Toucher {
+        Toucher {
+            activity: Arc::clone(self),
+            name: name.into(),
+            last: Arc::new(AtomicI64::new(i64::MIN / 2)),
         }
     }
 
@@ -119,6 +162,25 @@ mod tests {
         activity.forget("a");
         let (again, _) = activity.observe("a");
         assert!(again >= last);
+    }
+
+    #[test]
+    fn a_stream_counts_at_most_once_a_second() {
+        let activity = Arc::new(Activity::default());
+        let toucher = activity.toucher("c");
+        toucher.touch();
+        let (t1, busy) = activity.observe("c");
+        assert!(!busy);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        toucher.clone().touch();
+        assert_eq!(
+            activity.observe("c").0,
+            t1,
+            "a second touch within the second is free"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1010));
+        toucher.touch();
+        assert!(activity.observe("c").0 > t1);
     }
 
     #[test]

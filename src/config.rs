@@ -39,13 +39,14 @@ pub struct Settings {
     /// Data directory: manifests, state and snapshots.
     #[arg(long, env = "AGENT_SANDBOX_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
-    /// Read-only folders of manifests to reconcile (repeatable; env: comma-separated).
+    /// Read-only folders of manifests to reconcile (repeatable; env: comma-separated). `NS=DIR`
+    /// binds a folder to namespace NS: its documents that name none are in NS.
     #[arg(
         long = "watch",
         env = "AGENT_SANDBOX_WATCH_DIRS",
         value_delimiter = ','
     )]
-    pub watch_dirs: Vec<PathBuf>,
+    pub watch_dirs: Vec<crate::store::WatchDir>,
     #[arg(
         long,
         env = "AGENT_SANDBOX_DEFAULT_IMAGE",
@@ -114,6 +115,15 @@ pub struct Settings {
     pub default_pids_limit: u64,
     #[arg(long, env = "AGENT_SANDBOX_MAX_PIDS_LIMIT", default_value_t = 4096)]
     pub max_pids_limit: u64,
+    /// `spec.diskMB` of sandboxes that set none: the size limit of `/workspace` in MiB; 0 is
+    /// no limit.
+    #[arg(long, env = "AGENT_SANDBOX_DEFAULT_DISK_MB", default_value_t = 0)]
+    pub default_disk_mb: u64,
+    /// The size in MiB of the (sparse) file system made for each workspace with a `diskMB`:
+    /// a limit can be raised live up to it; beyond it the file system is grown online, which
+    /// the kernel allows only with CAP_SYS_RESOURCE.
+    #[arg(long, env = "AGENT_SANDBOX_DISK_IMAGE_MB", default_value_t = 65536)]
+    pub disk_image_mb: u64,
     #[arg(long, env = "AGENT_SANDBOX_TMP_SIZE_MB", default_value_t = 256)]
     pub tmp_size_mb: u64,
     #[arg(
@@ -410,6 +420,7 @@ impl Settings {
             cpus: self.default_cpus,
             memory_mb: self.default_memory_mb,
             pids_limit: self.default_pids_limit,
+            disk_mb: self.default_disk_mb,
             egress_by_default: self.egress_by_default(),
         }
     }

@@ -9,6 +9,11 @@
 //! its own forwarding rules) and of `INPUT`, each checked first (`-C`), so that applying them is
 //! idempotent: after a crash, or by a second server on the same host, nothing is duplicated.
 //! Every rule carries a comment naming the project, so that `iptables -S` says whose it is.
+//!
+//! For the internal network of policed sandboxes it adds `nat` rules: TCP from that bridge to
+//! anywhere but the gateway's DNS server and proxy is redirected to the gateway's transparent listener
+//! (which reads the original destination and decides), so that clients ignoring the proxy
+//! variables reach what their list allows and fail fast, logged, on everything else.
 
 use tokio::process::Command;
 
@@ -79,13 +84,170 @@ pub async fn check() -> Result<(), FirewallError> {
 
 /// Makes sure the rules for the open bridge `bridge` are in place.
 pub async fn guard_open_bridge(bridge: &str) -> Result<(), FirewallError> {
-    for (chain, rule) in rules(bridge) {
-        let mut check = vec!["-C".to_string(), chain.to_string()];
+    ensure(&[], rules(bridge)).await
+}
+
+/// The comment on the rules of the internal network of policed sandboxes.
+const REDIRECT_COMMENT: &str = "agent-sandbox egress redirect";
+
+/// The `nat` rules sending TCP from the policed bridge `bridge` to `port` on the host, except
+/// what goes to the gateway's own DNS server and proxy at `gateway` (the host's address there).
+/// Inserted in order at the top of `PREROUTING`, so the exception, last, comes first. Every other
+/// port of the host's addresses is redirected too, so no service of the host is reachable.
+fn redirect_rules(
+    bridge: &str,
+    gateway: std::net::IpAddr,
+    port: u16,
+) -> Vec<(&'static str, Vec<String>)> {
+    let rule = |matches: &str, target: &str| -> Vec<String> {
+        let mut rule: Vec<String> = format!("-i {bridge} -p tcp {matches}-m comment --comment")
+            .split(' ')
+            .map(String::from)
+            .collect();
+        rule.push(REDIRECT_COMMENT.to_string());
+        rule.extend(target.split(' ').map(String::from));
+        rule
+    };
+    vec![
+        (
+            "PREROUTING",
+            rule("", &format!("-j REDIRECT --to-ports {port}")),
+        ),
+        (
+            "PREROUTING",
+            rule(
+                &format!(
+                    "-d {gateway} -m multiport --dports 53,{} ",
+                    crate::egress::PROXY_PORT
+                ),
+                "-j RETURN",
+            ),
+        ),
+    ]
+}
+
+/// Makes sure TCP from the policed bridge `bridge` goes to the gateway's transparent listener
+/// at `gateway:port`.
+pub async fn redirect_policed_bridge(
+    bridge: &str,
+    gateway: std::net::IpAddr,
+    port: u16,
+) -> Result<(), FirewallError> {
+    ensure(&["-t", "nat"], redirect_rules(bridge, gateway, port)).await
+}
+
+/// The comment on the rules refusing UDP and ICMP from the policed bridge.
+const REFUSE_COMMENT: &str = "agent-sandbox egress refuse";
+
+/// The rules refusing everything but TCP (which the `nat` rules redirect) from the policed bridge
+/// `bridge`, except DNS to the gateway at `gateway`: each refused packet is first copied to NFLOG
+/// `group` (when there is one, for the decision log), then rejected, so that the sender fails at
+/// once. In `INPUT` (to the host's addresses) and `DOCKER-USER` (anywhere else, other sandboxes
+/// included). Listed in reverse: each is inserted at the top.
+fn refuse_rules(
+    bridge: &str,
+    gateway: std::net::IpAddr,
+    group: Option<u16>,
+) -> Vec<(&'static str, Vec<String>)> {
+    let rule = |matches: &str, target: &str| -> Vec<String> {
+        let mut rule: Vec<String> = format!("-i {bridge} {matches} -m comment --comment")
+            .split(' ')
+            .map(String::from)
+            .collect();
+        rule.push(REFUSE_COMMENT.to_string());
+        rule.extend(target.split(' ').map(String::from));
+        rule
+    };
+    let mut rules = Vec::new();
+    for chain in ["DOCKER-USER", "INPUT"] {
+        rules.push((
+            chain,
+            rule("! -p tcp", "-j REJECT --reject-with icmp-port-unreachable"),
+        ));
+        if let Some(group) = group {
+            rules.push((
+                chain,
+                rule("! -p tcp", &format!("-j NFLOG --nflog-group {group}")),
+            ));
+        }
+    }
+    rules.push((
+        "INPUT",
+        rule(
+            &format!("-d {gateway} -p udp -m udp --dport 53"),
+            "-j RETURN",
+        ),
+    ));
+    rules
+}
+
+/// Makes sure UDP (but DNS to the gateway at `gateway`) and ICMP from the policed bridge `bridge`
+/// are refused, and copied to NFLOG `group` first. Rules of an earlier run naming another group
+/// for the bridge are removed first.
+pub async fn refuse_policed_bridge(
+    bridge: &str,
+    gateway: std::net::IpAddr,
+    group: Option<u16>,
+) -> Result<(), FirewallError> {
+    let wanted = refuse_rules(bridge, gateway, group);
+    for chain in ["DOCKER-USER", "INPUT"] {
+        let listed = iptables(&["-S".to_string(), chain.to_string()]).await?;
+        for line in String::from_utf8_lossy(&listed.stdout).lines() {
+            let Some(rule) = line.strip_prefix(&format!("-A {chain} ")) else {
+                continue;
+            };
+            let args = split_rule(rule);
+            let ours = args.iter().any(|a| a == REFUSE_COMMENT)
+                && args.windows(2).any(|w| w[0] == "-i" && w[1] == bridge);
+            let kept = wanted.iter().any(|(c, r)| *c == chain && *r == args);
+            if ours && !kept && args.iter().any(|a| a == "NFLOG") {
+                let mut delete = vec!["-D".to_string(), chain.to_string()];
+                delete.extend(args);
+                let _ = iptables(&delete).await?;
+            }
+        }
+    }
+    ensure(&[], wanted).await
+}
+
+/// The arguments of a rule as `iptables -S` prints it (double quotes around an argument with
+/// spaces).
+fn split_rule(rule: &str) -> Vec<String> {
+    let mut args = Vec::new();
+    let mut current = String::new();
+    let mut quoted = false;
+    for c in rule.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !current.is_empty() {
+                    args.push(std::mem::take(&mut current));
+                }
+            }
+            c => current.push(c),
+        }
+    }
+    if !current.is_empty() {
+        args.push(current);
+    }
+    args
+}
+
+/// Inserts each rule at the top of its chain (of `table`) unless `-C` finds it there already.
+async fn ensure(
+    table: &[&str],
+    rules: Vec<(&'static str, Vec<String>)>,
+) -> Result<(), FirewallError> {
+    let table: Vec<String> = table.iter().map(|a| a.to_string()).collect();
+    for (chain, rule) in rules {
+        let mut check = table.clone();
+        check.extend(["-C".to_string(), chain.to_string()]);
         check.extend(rule.iter().cloned());
         if iptables(&check).await?.status.success() {
             continue;
         }
-        let mut insert = vec!["-I".to_string(), chain.to_string(), "1".to_string()];
+        let mut insert = table.clone();
+        insert.extend(["-I".to_string(), chain.to_string(), "1".to_string()]);
         insert.extend(rule);
         let out = iptables(&insert).await?;
         if !out.status.success() {
@@ -115,6 +277,39 @@ mod tests {
         );
         // The comment stays one argument.
         assert!(tcp.iter().any(|a| a == COMMENT));
+        let redirect = redirect_rules("br-1", "172.30.0.1".parse().unwrap(), 3129);
+        assert!(redirect.iter().all(|(chain, _)| *chain == "PREROUTING"));
+        assert_eq!(
+            redirect[0].1.join(" "),
+            "-i br-1 -p tcp -m comment --comment \
+             agent-sandbox egress redirect -j REDIRECT --to-ports 3129"
+        );
+        assert_eq!(
+            redirect[1].1.join(" "),
+            "-i br-1 -p tcp -d 172.30.0.1 -m multiport --dports 53,3128 -m comment --comment \
+             agent-sandbox egress redirect -j RETURN"
+        );
+        let refuse = refuse_rules("br-1", "172.30.0.1".parse().unwrap(), Some(16723));
+        assert_eq!(
+            refuse.last().unwrap().1.join(" "),
+            "-i br-1 -d 172.30.0.1 -p udp -m udp --dport 53 -m comment --comment \
+             agent-sandbox egress refuse -j RETURN"
+        );
+        assert_eq!(
+            refuse[1].1.join(" "),
+            "-i br-1 ! -p tcp -m comment --comment agent-sandbox egress refuse \
+             -j NFLOG --nflog-group 16723"
+        );
+        assert_eq!(
+            split_rule(
+                r#"-i br-1 ! -p tcp -m comment --comment "agent-sandbox egress refuse" -j X"#
+            ),
+            refuse[0].1[..9]
+                .iter()
+                .cloned()
+                .chain(["-j".to_string(), "X".to_string()])
+                .collect::<Vec<_>>()
+        );
         assert!(rules[2..]
             .iter()
             .all(|(chain, r)| *chain == "INPUT" && r.join(" ").contains("--ctstate NEW")));

@@ -18,6 +18,8 @@
 //!   with the helper); the helper binary itself is `helper/` (start at `helper/src/main.rs`).
 //! - [`processes`]: long-lived processes of a sandbox (background commands, stdin, terminals,
 //!   output replayed by byte offset), owned by the in-sandbox supervisor (`helper/src/supervisor.rs`).
+//! - [`watches`]: directory watches of a sandbox (inotify in the same supervisor), for E2B's
+//!   `watch_dir`.
 //! - [`ports`]: reaching what listens inside a sandbox (the proxy subresource), through the
 //!   helper's `relay` mode, so it works with no network.
 //! - [`services`]: declared services (`spec.services`) kept running as processes, restarted
@@ -64,6 +66,7 @@ pub mod cli;
 pub mod config;
 pub mod controller;
 pub mod dataplane;
+pub mod disk;
 pub mod docker;
 pub mod doctor;
 pub mod e2b;
@@ -83,4 +86,5 @@ pub mod services;
 pub mod snapshot_archive;
 pub mod store;
 pub mod ui;
+pub mod watches;
 pub mod webhooks;

@@ -22,7 +22,8 @@ use crate::resource::{
 pub struct QuotaExceeded {
     pub quota: String,
     pub namespace: String,
-    /// The spec field: `sandboxes`, `cpus`, `memoryMB`, `snapshots` or `snapshotBytes`.
+    /// The spec field: `sandboxes`, `cpus`, `memoryMB`, `snapshots`, `snapshotBytes` or
+    /// `workspaceMB`.
     pub resource: &'static str,
     pub limit: String,
     pub used: String,
@@ -30,8 +31,8 @@ pub struct QuotaExceeded {
     pub requested: String,
 }
 
-/// What one document uses: a live sandbox (not being deleted, not expired) its CPU and memory
-/// limits, a snapshot its size; a Fork nothing (its sandboxes count once they exist).
+/// What one document uses: a live sandbox (not being deleted, not expired) its CPU, memory and
+/// workspace size limits, a snapshot its size; a Fork nothing (its sandboxes count once they exist).
 pub fn usage_of(resource: &AnyResource, defaults: &SandboxDefaults) -> QuotaUsage {
     if resource.metadata().deletion_timestamp.is_some() {
         return QuotaUsage::default();
@@ -50,6 +51,7 @@ pub fn usage_of(resource: &AnyResource, defaults: &SandboxDefaults) -> QuotaUsag
                 sandboxes: 1,
                 cpus: effective.cpus,
                 memory_mb: effective.memory_mb,
+                workspace_mb: effective.disk_mb,
                 ..QuotaUsage::default()
             }
         }
@@ -67,7 +69,8 @@ pub fn usage_of(resource: &AnyResource, defaults: &SandboxDefaults) -> QuotaUsag
 }
 
 /// What a create of `resource` asks for beyond the document itself: a Fork its replicas, with
-/// the CPU and memory its overrides (or the defaults) give each.
+/// the CPU and memory its overrides (or the defaults) give each, and the default workspace size
+/// (its children keep the snapshot's `diskMB`, counted once they exist).
 fn demand_of(resource: &AnyResource, defaults: &SandboxDefaults) -> QuotaUsage {
     match resource {
         AnyResource::Fork(fork) => {
@@ -78,6 +81,7 @@ fn demand_of(resource: &AnyResource, defaults: &SandboxDefaults) -> QuotaUsage {
                 sandboxes: replicas,
                 cpus: cpus * replicas as f64,
                 memory_mb: memory_mb.saturating_mul(replicas),
+                workspace_mb: defaults.disk_mb.saturating_mul(replicas),
                 ..QuotaUsage::default()
             }
         }
@@ -114,6 +118,7 @@ fn add(a: &QuotaUsage, b: &QuotaUsage) -> QuotaUsage {
         memory_mb: a.memory_mb.saturating_add(b.memory_mb),
         snapshots: a.snapshots.saturating_add(b.snapshots),
         snapshot_bytes: a.snapshot_bytes.saturating_add(b.snapshot_bytes),
+        workspace_mb: a.workspace_mb.saturating_add(b.workspace_mb),
     }
 }
 
@@ -155,7 +160,23 @@ pub fn admit(
                 requested: more,
             })
         };
-        let counts: [(&'static str, Option<u64>, u64, u64, u64); 4] = [
+        // A sandbox without a workspace limit could fill any amount: where the workspace is
+        // limited, a new one (or an edit that drops the limit) is refused, naming the field.
+        if let (Some(limit), AnyResource::Sandbox(_)) = (spec.workspace_mb, new) {
+            let unlimited = |r: &AnyResource| {
+                let usage = usage_of(r, defaults);
+                usage.sandboxes > 0 && usage.workspace_mb == 0
+            };
+            if unlimited(new) && !old.is_some_and(unlimited) {
+                return Err(exceeded(
+                    "workspaceMB",
+                    limit.to_string(),
+                    used.workspace_mb.to_string(),
+                    "a workspace without a limit (set spec.diskMB)".into(),
+                ));
+            }
+        }
+        let counts: [(&'static str, Option<u64>, u64, u64, u64); 5] = [
             (
                 "sandboxes",
                 spec.sandboxes,
@@ -169,6 +190,13 @@ pub fn admit(
                 used.memory_mb,
                 before.memory_mb,
                 after.memory_mb,
+            ),
+            (
+                "workspaceMB",
+                spec.workspace_mb,
+                used.workspace_mb,
+                before.workspace_mb,
+                after.workspace_mb,
             ),
             (
                 "snapshots",
@@ -243,6 +271,7 @@ mod tests {
             cpus: 1.0,
             memory_mb: 512,
             pids_limit: 256,
+            disk_mb: 0,
             egress_by_default: false,
         }
     }
@@ -367,6 +396,56 @@ mod tests {
         docs[1].metadata_mut().deletion_timestamp = Some(chrono::Utc::now());
         let used = usage(&docs, "default", &defaults());
         assert_eq!((used.snapshots, used.snapshot_bytes), (1, 500));
+    }
+
+    #[test]
+    fn workspace_mb_sums_disk_limits_and_refuses_unlimited_sandboxes() {
+        let limited = |name: &str, disk_mb: Option<u64>| -> AnyResource {
+            Sandbox::new(
+                name,
+                SandboxSpec {
+                    disk_mb,
+                    ..SandboxSpec::default()
+                },
+            )
+            .into()
+        };
+        let docs = vec![
+            quota(ResourceQuotaSpec {
+                workspace_mb: Some(1000),
+                ..ResourceQuotaSpec::default()
+            }),
+            limited("a", Some(600)),
+        ];
+        assert_eq!(usage(&docs, "default", &defaults()).workspace_mb, 600);
+        assert_eq!(
+            admit(&docs, &limited("b", Some(400)), None, &defaults()),
+            Ok(())
+        );
+        let err = admit(&docs, &limited("b", Some(500)), None, &defaults()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "ResourceQuota \"team\" of namespace \"default\" allows 1000 workspaceMB: 600 used, \
+             500 more requested"
+        );
+        let err = admit(&docs, &limited("b", None), None, &defaults()).unwrap_err();
+        assert_eq!(err.resource, "workspaceMB");
+        assert!(err.requested.contains("spec.diskMB"), "{err}");
+        let err = admit(&docs, &limited("b", Some(0)), None, &defaults()).unwrap_err();
+        assert_eq!(err.resource, "workspaceMB");
+        // Raising a sandbox's limit counts the difference; lowering always passes.
+        let err = admit(
+            &docs,
+            &limited("a", Some(1200)),
+            Some(&docs[1]),
+            &defaults(),
+        )
+        .unwrap_err();
+        assert_eq!(err.requested, "600 more");
+        assert_eq!(
+            admit(&docs, &limited("a", Some(100)), Some(&docs[1]), &defaults()),
+            Ok(())
+        );
     }
 
     #[test]

@@ -89,7 +89,7 @@ pub async fn run(
         Arc::new(metrics.clone()),
     ));
     engine.ping().await?;
-    let store = Store::open(&settings.data_dir, &settings.watch_dirs)?;
+    let store = Store::open_watching(&settings.data_dir, &settings.watch_dirs)?;
     let keys =
         api::auth::load_or_create_keys(&settings).map_err(|e| StartError::Auth(e.to_string()))?;
 
@@ -138,6 +138,7 @@ pub async fn run(
         Arc::clone(&engine),
         Arc::clone(&store),
     ));
+    egress.observe_with(Arc::new(metrics.clone()));
     controller.attach_egress(Arc::clone(&egress));
     let _controller_tasks = controller.spawn();
 

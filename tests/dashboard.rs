@@ -3,7 +3,8 @@
 //! see a sandbox appear live when its manifest is written into the data directory, open it, take a
 //! snapshot, upload a file, roll back; the key never shows in a page; pages and the script answer
 //! 401 without a session; the session cookie cannot be used from another origin, without the
-//! CSRF token, or through the proxy into a sandbox.
+//! CSRF token, or through the proxy into a sandbox; a key of one namespace sees and opens that
+//! namespace's sandboxes only.
 //!
 //! With `AGENT_SANDBOX_UI_SCREENSHOTS=<dir>` the screenshots are also written there (the ones in
 //! `docs/` come from `AGENT_SANDBOX_UI_SCREENSHOTS=docs`).
@@ -178,6 +179,10 @@ fn the_session_cookie_is_refused_across_origins_without_csrf_and_through_the_pro
 
 /// Signs in through the form, as a person would, and waits for the sandbox list.
 fn sign_in(browser: &mut Browser, server: &Server, screenshot: Option<&str>) {
+    sign_in_as(browser, server, &server.key, screenshot);
+}
+
+fn sign_in_as(browser: &mut Browser, server: &Server, key: &str, screenshot: Option<&str>) {
     browser.navigate(&format!("{}/ui", server.url));
     browser.wait_for(
         "document.getElementById('sign-in')",
@@ -186,7 +191,7 @@ fn sign_in(browser: &mut Browser, server: &Server, screenshot: Option<&str>) {
     if let Some(file) = screenshot {
         keep_screenshot(browser, file);
     }
-    let typed = serde_json::to_string(&server.key).unwrap();
+    let typed = serde_json::to_string(key).unwrap();
     browser.eval(&format!(
         "document.getElementById('key').value = {typed}; \
          document.getElementById('sign-in').submit(); true"
@@ -307,6 +312,26 @@ fn sign_in_see_a_sandbox_appear_upload_and_roll_back() {
         Duration::from_secs(30),
     );
 
+    // Fork the snapshot: the page opens the new sandbox, which runs on the snapshot's content.
+    browser.eval("document.querySelector('#snapshots button.fork').click(); true");
+    let opened = format!(
+        "location.hash.startsWith('#/sandboxes/') && location.hash !== '#/sandboxes/{name}'"
+    );
+    browser.wait_for(&opened, Duration::from_secs(120));
+    let child = browser
+        .eval("decodeURIComponent(location.hash.slice('#/sandboxes/'.length))")
+        .as_str()
+        .unwrap()
+        .to_string();
+    browser.wait_for(
+        "document.querySelector('#yaml') && document.querySelector('#yaml').textContent.includes('phase: Running')",
+        Duration::from_secs(60),
+    );
+    let forked = server.wait_running(&child);
+    assert!(forked["spec"]["source"]["snapshot"].is_string(), "{forked}");
+    let (code, _) = server.exec(&child, "test -e /workspace/hello.txt");
+    assert_ne!(code, 0, "the fork has a file the snapshot did not");
+
     // The other views draw, and say what they hold.
     let template = unique("ui-tmpl");
     let (status, body) = server.request(
@@ -375,4 +400,70 @@ fn a_policed_sandbox_shows_its_egress_decisions() {
         Duration::from_secs(30),
     );
     assert!(!everything_in_the_page(&mut browser).contains(&server.key));
+}
+
+#[test]
+fn a_namespaced_key_sees_and_opens_its_own_sandboxes_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys_file = dir.path().join("keys.yaml");
+    let namespace = unique("team");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
+        .args([
+            "keys",
+            "create",
+            "--name",
+            "team",
+            "--namespace",
+            &namespace,
+        ])
+        .args(["--role", "edit"])
+        .env_clear()
+        .env("AGENT_SANDBOX_KEYS_FILE", &keys_file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let server = Server::start_with(&[("AGENT_SANDBOX_KEYS_FILE", keys_file.to_str().unwrap())]);
+    // One sandbox of the admin's in `default`, one of the team's in its namespace.
+    let theirs = unique("ui-admin");
+    let ours = unique("ui-team");
+    for (path, name) in [
+        (format!("{API}/sandboxes"), &theirs),
+        (format!("{API}/namespaces/{namespace}/sandboxes"), &ours),
+    ] {
+        let doc = serde_json::json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+            "metadata": {"name": name}, "spec": {"image": TEST_IMAGE}});
+        let (status, body) = server.request("POST", &path, Some(&doc));
+        assert_eq!(status, 201, "{body}");
+    }
+    server.wait_running(&theirs);
+    server.wait_running(&format!("{namespace}.{ours}"));
+
+    let mut browser = Browser::start();
+    sign_in_as(&mut browser, &server, &key, None);
+    let row = format!("document.querySelector('tr[data-name=\"{namespace}.{ours}\"]')");
+    browser.wait_for(
+        &format!("{row} && {row}.innerText.includes('Running')"),
+        Duration::from_secs(60),
+    );
+    let page = everything_in_the_page(&mut browser);
+    assert!(
+        !page.contains(&theirs),
+        "the admin's sandbox shows to the team's key"
+    );
+    // Opening it reads it through its namespaced path.
+    browser.eval(&format!("{row}.querySelector('a').click(); true"));
+    browser.wait_for(
+        "document.querySelector('#yaml') && document.querySelector('#yaml').textContent.includes('phase: Running')",
+        Duration::from_secs(30),
+    );
+    // The admin's sandbox, asked for by its name, does not exist for this key.
+    browser.navigate(&format!("{}/ui#/sandboxes/{theirs}", server.url));
+    std::thread::sleep(Duration::from_secs(2));
+    let page = everything_in_the_page(&mut browser);
+    assert!(!page.contains("phase: Running"), "{page}");
 }

@@ -109,6 +109,7 @@ fn plan(sandbox: &str) -> ContainerPlan {
         helper_volume: None,
         workspace_volume: volume_name(sandbox),
         ca_dir: None,
+        workspace_disk_mb: 0,
     }
 }
 
@@ -662,6 +663,94 @@ async fn archive_round_trip_through_workspace() {
         .archive_put(&id, "/etc", stream::iter(vec![Bytes::from(tar)]).boxed())
         .await;
     assert!(refused.is_err());
+}
+
+/// A server killed while it filled a helper volume leaves its filler container behind; the next
+/// server must not wait the filler's staleness out when its owner is known to be gone.
+#[tokio::test]
+async fn a_filler_left_by_a_dead_process_is_removed_at_once() {
+    let guard = Cleanup::new("orphan");
+    let engine = connect().await;
+    // Any helper fill makes sure the filler image exists.
+    let warm = format!("{}-warm", guard.prefix);
+    engine
+        .ensure_helper_volume(&warm, b"#!/bin/sh\n")
+        .await
+        .unwrap();
+
+    let volume = format!("{}-helper", guard.prefix);
+    let filler = format!("agent-sandbox-fill-{volume}");
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead_pid = child.id();
+    child.wait().unwrap();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let pid_namespace = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    let owner = format!(
+        "io.agent-sandbox.filler-owner={}/{}:{dead_pid}",
+        boot.trim(),
+        pid_namespace.display()
+    );
+    let created = Command::new("docker")
+        .args([
+            "create",
+            "--name",
+            &filler,
+            "--network",
+            "none",
+            "--label",
+            &owner,
+        ])
+        .args(["agent-sandbox/volume-filler:1", "/nonexistent"])
+        .output()
+        .unwrap();
+    assert!(created.status.success(), "{created:?}");
+
+    // Well inside the 60 s after which any filler counts as stale.
+    let filled = tokio::time::timeout(
+        Duration::from_secs(20),
+        engine.ensure_helper_volume(&volume, b"#!/bin/sh\necho fresh\n"),
+    )
+    .await;
+    assert!(matches!(filled, Ok(Ok(()))), "{filled:?}");
+    let left = Command::new("docker")
+        .args(["ps", "-aq", "--filter", &format!("name={filler}")])
+        .output()
+        .unwrap();
+    assert!(left.stdout.is_empty(), "the orphaned filler is gone");
+
+    // A filler whose owner still runs is waited for, not removed.
+    let other = format!("{}-held", guard.prefix);
+    let held = format!("agent-sandbox-fill-{other}");
+    let alive = format!(
+        "io.agent-sandbox.filler-owner={}/{}:{}",
+        boot.trim(),
+        pid_namespace.display(),
+        std::process::id()
+    );
+    let created = Command::new("docker")
+        .args([
+            "create",
+            "--name",
+            &held,
+            "--network",
+            "none",
+            "--label",
+            &alive,
+        ])
+        .args(["agent-sandbox/volume-filler:1", "/nonexistent"])
+        .output()
+        .unwrap();
+    assert!(created.status.success(), "{created:?}");
+    let waited = tokio::time::timeout(
+        Duration::from_secs(3),
+        engine.ensure_helper_volume(&other, b"#!/bin/sh\n"),
+    )
+    .await;
+    assert!(
+        waited.is_err(),
+        "a live owner's filler is waited for: {waited:?}"
+    );
+    let _ = Command::new("docker").args(["rm", "-f", &held]).output();
 }
 
 #[tokio::test]

@@ -203,15 +203,27 @@ fn an_egress_sandbox_has_no_way_out_and_edits_keep_its_container() {
         &policed,
         &format!("nc -w 3 {OUTSIDE} {outside_port} </dev/null; echo rc=$?"),
     );
+    // (The gateway's transparent listener takes every TCP connection of a policed sandbox and
+    // decides on its first bytes, so the connect itself may succeed; nothing gets through.)
     assert!(!out.contains("reached-outside"), "{out}");
-    assert!(!out.contains("rc=0"), "{out}");
     let (_, out) = inside(
         &server,
         &policed,
         &format!("nc -w 3 {egress_gateway} {egress_port} </dev/null; echo rc=$?"),
     );
     assert!(!out.contains("reached-upstream"), "{out}");
-    assert!(!out.contains("rc=0"), "{out}");
+    wait_until("the refusals are logged", Duration::from_secs(10), || {
+        let log = decisions(&server, &policed);
+        let refused = |host: &str, port: u16| {
+            log.iter().any(|d| {
+                d["protocol"] == "tcp"
+                    && d["host"] == host
+                    && d["port"] == port
+                    && d["allowed"] == false
+            })
+        };
+        refused(OUTSIDE, outside_port) && refused(&egress_gateway, egress_port)
+    });
     let upstream_ip = inspect(&[&upstream]).expect("upstream")["NetworkSettings"]["Networks"]
         [&upstream_net]["IPAddress"]
         .as_str()
@@ -689,6 +701,71 @@ fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decisi
         }
     }
 
+    // Every decision is counted in the metrics, by protocol and decision, and the series name
+    // neither a host nor a path.
+    for sandbox in [&name, &py] {
+        let mut last = String::new();
+        wait_until(
+            "the metrics count every logged decision",
+            Duration::from_secs(10),
+            || {
+                let log = decisions(server, sandbox);
+                let (status, text) = common::http(
+                    "GET",
+                    &format!("{}/metrics", server.url),
+                    Some(&server.key),
+                    None,
+                    "text/plain",
+                );
+                assert_eq!(status, 200, "{text}");
+                last = text
+                    .lines()
+                    .filter(|l| l.starts_with("agent_sandbox_egress_decisions_total{"))
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                let mut all_match = true;
+                for protocol in ["dns", "http", "tls"] {
+                    for allowed in [true, false] {
+                        let logged = log
+                            .iter()
+                            .filter(|d| d["protocol"] == protocol && d["allowed"] == allowed)
+                            .count();
+                        let decision = if allowed { "allowed" } else { "refused" };
+                        let series = format!(
+                            "agent_sandbox_egress_decisions_total{{namespace=\"default\",sandbox=\"{sandbox}\",protocol=\"{protocol}\",decision=\"{decision}\"}} "
+                        );
+                        let counted = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix(series.as_str()))
+                            .map_or(0, |v| v.trim().parse::<f64>().unwrap_or(-1.0) as usize);
+                        all_match &= counted == logged;
+                    }
+                }
+                all_match
+            },
+        );
+        assert!(
+            !last.contains("example.test") && !last.contains('/'),
+            "{last}"
+        );
+    }
+    let (_, text) = common::http(
+        "GET",
+        &format!("{}/metrics", server.url),
+        Some(&server.key),
+        None,
+        "text/plain",
+    );
+    for series in [
+        format!("agent_sandbox_egress_decisions_total{{namespace=\"default\",sandbox=\"{name}\",protocol=\"http\",decision=\"allowed\"}}"),
+        format!("agent_sandbox_egress_decisions_total{{namespace=\"default\",sandbox=\"{name}\",protocol=\"http\",decision=\"refused\"}}"),
+        format!("agent_sandbox_egress_decisions_total{{namespace=\"default\",sandbox=\"{name}\",protocol=\"dns\",decision=\"refused\"}}"),
+        format!("agent_sandbox_egress_decisions_total{{namespace=\"default\",sandbox=\"{py}\",protocol=\"tls\",decision=\"allowed\"}}"),
+    ] {
+        assert!(text.lines().any(|l| l.starts_with(&series)), "{series} in\n{text}");
+    }
+
     // A live edit applies to the next connection, on the same container.
     let mut doc = server.get("sandboxes", &name).unwrap();
     doc["spec"]["egress"]["allow"] = json!(["other.example.test:8000"]);
@@ -721,6 +798,24 @@ fn the_gateway_answers_allowed_names_proxies_allowed_hosts_and_logs_every_decisi
         server.request("DELETE", &format!("{API}/sandboxes/{sandbox}"), None);
         server.wait_gone("sandboxes", sandbox);
     }
+    // A deleted sandbox's decision counts go with it.
+    wait_until(
+        "the deleted sandboxes' counts go",
+        Duration::from_secs(10),
+        || {
+            let (_, text) = common::http(
+                "GET",
+                &format!("{}/metrics", server.url),
+                Some(&server.key),
+                None,
+                "text/plain",
+            );
+            !text.lines().any(|l| {
+                l.starts_with("agent_sandbox_egress_decisions_total{")
+                    && (l.contains(&name) || l.contains(&py))
+            })
+        },
+    );
 }
 
 /// Holds 300 connections to the proxy, reads what each got within two seconds, sends 3,000 DNS

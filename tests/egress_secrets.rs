@@ -676,3 +676,284 @@ fn https_to_a_secrets_host_is_intercepted_and_every_other_host_tunnelled() {
     server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
     server.wait_gone("sandboxes", &name);
 }
+
+/// Run inside a policed sandbox with every proxy variable removed: each case connects as a
+/// client that ignores proxies would, and prints `name<TAB>seconds<TAB>outcome`.
+const TRANSPARENT_CLIENT: &str = r#"
+import os, socket, ssl, sys, time, urllib.request as u, urllib.error
+for k in ['http_proxy', 'https_proxy', 'HTTP_PROXY', 'HTTPS_PROXY']:
+    os.environ.pop(k, None)
+key = os.environ['OPENAI_API_KEY']
+up_ip, gateway = sys.argv[1], sys.argv[2]
+def get(url, ctx=None):
+    opener = u.build_opener(u.ProxyHandler({}), u.HTTPSHandler(context=ctx))
+    r = u.Request(url, headers={'Authorization': 'Bearer ' + key})
+    try:
+        return opener.open(r, timeout=10).read().decode()
+    except urllib.error.HTTPError as e:
+        return 'HTTP %d %s' % (e.code, e.read().decode())
+def raw(address, port, data, name=None):
+    s = socket.create_connection((address, port), timeout=10)
+    if name is not None:
+        ctx = ssl.create_default_context(cafile='/workspace/up-ca.pem')
+        s = ctx.wrap_socket(s, server_hostname=name)
+    s.sendall(data)
+    out = b''
+    while True:
+        c = s.recv(65536)
+        if not c:
+            break
+        out += c
+    return out.decode(errors='replace')
+def udp(address, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(5)
+    s.connect((address, port))
+    s.send(b'x')
+    return 'got ' + repr(s.recv(100))
+def icmp(address):
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)
+    except OSError as e:
+        return 'ERR nosocket %s' % e
+    s.settimeout(3)
+    s.connect((address, 0))
+    s.send(b'\x08\x00\x00\x00\x12\x34\x00\x01' + b'ping')
+    return 'got ' + repr(s.recv(100))
+up_ca = ssl.create_default_context(cafile='/workspace/up-ca.pem')
+cases = [
+    ('http-allowed', lambda: get('http://other.example.test:8000/plain')),
+    ('http-secret', lambda: get('http://api.example.test:8000/plain')),
+    ('https-intercepted', lambda: get('https://api.example.test:8443/tls', ssl.create_default_context())),
+    ('https-tunnelled', lambda: get('https://other.example.test:8443/tls', up_ca)),
+    ('http-host-denied', lambda: raw(up_ip, 8000, b'GET / HTTP/1.1\r\nHost: denied.example.test\r\n\r\n')),
+    ('tls-sni-denied', lambda: raw(up_ip, 8443, b'GET / HTTP/1.0\r\n\r\n', 'denied.example.test')),
+    ('http-by-cidr', lambda: raw(up_ip, 8000, b'GET /cidr HTTP/1.0\r\n\r\n')),
+    ('tcp-by-cidr', lambda: raw(up_ip, 8000, b'\x00\x01 not http\r\n\r\n')),
+    ('tcp-port-denied', lambda: raw(up_ip, 8001, b'\x00\x01 not http\r\n\r\n')),
+    ('tcp-metadata', lambda: raw('169.254.169.254', 80, b'\x00\x01 not http\r\n\r\n')),
+    ('tcp-host', lambda: raw(gateway, 22, b'hello\r\n')),
+    ('udp', lambda: udp(up_ip, 9999)),
+    ('udp-dns-elsewhere', lambda: udp(up_ip, 53)),
+    ('icmp', lambda: icmp(up_ip)),
+]
+for name, case in cases:
+    start = time.monotonic()
+    try:
+        outcome = case().replace('\n', ' | ')
+    except Exception as e:
+        outcome = 'ERR %s %s' % (type(e).__name__, e)
+    print('%s\t%.3f\t%s' % (name, time.monotonic() - start, outcome), flush=True)
+"#;
+
+#[test]
+fn clients_ignoring_the_proxy_are_decided_by_host_sni_and_cidr() {
+    if !python_image("the transparent egress test") {
+        return;
+    }
+    let certs = tempfile::tempdir().unwrap();
+    let (up_ca, up_cert, up_key) = upstream_certificates(&[
+        "api.example.test",
+        "other.example.test",
+        "denied.example.test",
+    ]);
+    std::fs::write(certs.path().join("up.pem"), &up_cert).unwrap();
+    std::fs::write(certs.path().join("up.key"), &up_key).unwrap();
+    std::fs::write(certs.path().join("ca.pem"), &up_ca).unwrap();
+    std::fs::set_permissions(certs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for file in ["up.pem", "up.key", "ca.pem"] {
+        std::fs::set_permissions(
+            certs.path().join(file),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+    }
+    let world = internet_with(Some(certs.path()));
+    let hosts = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        hosts.path(),
+        format!(
+            "{ip} api.example.test other.example.test denied.example.test\n",
+            ip = world.ip
+        ),
+    )
+    .unwrap();
+    let net = unique("tr-net");
+    let _networks = NetworkGuard(vec![format!("{net}-egress"), net.clone()]);
+    let hosts_path = hosts.path().to_str().unwrap().to_string();
+    let extra_ca = certs.path().join("ca.pem").to_str().unwrap().to_string();
+    let server = Server::start_with(&[
+        ("AGENT_SANDBOX_NETWORK_NAME", &net),
+        ("AGENT_SANDBOX_EGRESS_HOSTS", &hosts_path),
+        ("AGENT_SANDBOX_EGRESS_PRIVATE_ALLOW", &world.subnet),
+        ("AGENT_SANDBOX_EGRESS_EXTRA_CA", &extra_ca),
+    ]);
+    let value = format!("sk-tr-{:032x}", rand::random::<u128>());
+    let secret = unique("openai");
+    let spec = json!({"hosts": ["api.example.test"], "header": "Authorization",
+                      "format": "Bearer {value}"});
+    let (status, answer) = server.request(
+        "POST",
+        &format!("{API}/secrets"),
+        Some(&secret_doc(&secret, spec, Some(&value))),
+    );
+    assert_eq!(status, 201, "{answer}");
+    let name = unique("tr-sb");
+    let cidr = format!("{}/32:8000", world.ip);
+    let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+        "metadata": {"name": name},
+        "spec": {"image": PYTHON_IMAGE, "network": true,
+                 "egress": {"allow": ["api.example.test", "other.example.test", cidr]},
+                 "secrets": [{"env": "OPENAI_API_KEY", "secret": secret}]}});
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    server.wait_running(&name);
+    let (_, placeholder) = server.exec(&name, "printf %s \"$OPENAI_API_KEY\"");
+    server.exec(
+        &name,
+        &format!("cat > /workspace/up-ca.pem <<'EOF'\n{up_ca}\nEOF"),
+    );
+    let gateway = inspect(&["--type", "network", &format!("{net}-egress")]).unwrap()["IPAM"]
+        ["Config"][0]["Gateway"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let body = json!({"command": format!("python3 -c \"$S\" {} {gateway} 2>&1", world.ip),
+                      "env": {"S": TRANSPARENT_CLIENT}, "timeout_seconds": 120});
+    let (status, out) = server.request("POST", &format!("/v1/sandboxes/{name}/exec"), Some(&body));
+    assert_eq!(status, 200, "{out}");
+    let out = out["stdout"].as_str().unwrap_or_default().to_string();
+    let case = |case: &str| -> (f64, String) {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("{case}\t")))
+            .unwrap_or_else(|| panic!("{case} in {out}\n{}", server.log()));
+        let mut parts = line.splitn(3, '\t').skip(1);
+        let seconds = parts.next().unwrap().parse().unwrap();
+        (seconds, parts.next().unwrap_or_default().to_string())
+    };
+    // Allowed by name, without the proxy: HTTP by Host, TLS by SNI (tunnelled end to end: the
+    // upstream's own certificate verifies), the placeholder a placeholder.
+    let (_, got) = case("http-allowed");
+    assert!(got.contains("path=/plain"), "{got}");
+    assert!(got.contains(&format!("Bearer {placeholder}")), "{got}");
+    let (_, got) = case("https-tunnelled");
+    assert!(got.contains("path=/tls"), "{got}");
+    assert!(got.contains(&format!("Bearer {placeholder}")), "{got}");
+    // To the Secret's host the value is put in, over HTTP and intercepted HTTPS alike.
+    for secret_case in ["http-secret", "https-intercepted"] {
+        let (_, got) = case(secret_case);
+        assert!(
+            got.contains(&format!("Authorization: Bearer {value}")),
+            "{secret_case}: {got}"
+        );
+    }
+    // By address and port, through a CIDR entry, when no name is said (HTTP without a Host,
+    // and bytes that are neither HTTP nor TLS, which the upstream answers with a 400).
+    let (_, got) = case("http-by-cidr");
+    assert!(got.contains("path=/cidr"), "{got}");
+    let (_, got) = case("tcp-by-cidr");
+    assert!(got.contains("400"), "{got}");
+    // Everything else fails fast.
+    let (seconds, got) = case("http-host-denied");
+    assert!(
+        got.contains("403") && got.contains("denied.example.test"),
+        "{got}"
+    );
+    assert!(seconds < 5.0, "{seconds}");
+    for denied in [
+        "tls-sni-denied",
+        "tcp-port-denied",
+        "tcp-metadata",
+        "tcp-host",
+    ] {
+        let (seconds, got) = case(denied);
+        assert!(got.starts_with("ERR") || got.is_empty(), "{denied}: {got}");
+        assert!(!got.contains("path="), "{denied}: {got}");
+        assert!(seconds < 5.0, "{denied}: {seconds}");
+    }
+
+    // UDP (but DNS to the gateway, which every name above went through) is refused at once;
+    // ICMP gets no answer (where the runtime lets a sandbox open an ICMP socket at all).
+    for denied in ["udp", "udp-dns-elsewhere"] {
+        let (seconds, got) = case(denied);
+        assert!(
+            got.starts_with("ERR ConnectionRefusedError"),
+            "{denied}: {got}"
+        );
+        assert!(seconds < 2.0, "{denied}: {seconds}");
+    }
+    let (_, icmp) = case("icmp");
+    assert!(icmp.starts_with("ERR"), "{icmp}");
+    let icmp_sent = !icmp.contains("nosocket");
+
+    // Each is in the decision log with its protocol and rule.
+    let mut log = Vec::new();
+    wait_until("the decisions are logged", Duration::from_secs(10), || {
+        let (_, text) = server.request_raw(
+            "GET",
+            &format!("{API}/sandboxes/{name}/egress?follow=false"),
+            None,
+            "application/json",
+        );
+        log = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect();
+        log.iter().filter(|d| d["protocol"] == "tcp").count() >= 4
+            && log.iter().filter(|d| d["protocol"] == "http").count() >= 4
+            && log.iter().filter(|d| d["protocol"] == "udp").count() >= 2
+            && (!icmp_sent || log.iter().any(|d| d["protocol"] == "icmp"))
+    });
+    let find = |protocol: &str, host: &str, port: u64, allowed: bool| -> Value {
+        log.iter()
+            .find(|d| {
+                d["protocol"] == protocol
+                    && d["host"] == host
+                    && d["port"] == port
+                    && d["allowed"] == allowed
+            })
+            .unwrap_or_else(|| panic!("{protocol} {host}:{port} {allowed} in {log:#?}"))
+            .clone()
+    };
+    assert_eq!(
+        find("http", "other.example.test", 8000, true)["rule"],
+        "other.example.test"
+    );
+    assert_eq!(
+        find("tls", "other.example.test", 8443, true)["rule"],
+        "other.example.test"
+    );
+    find("tls", "api.example.test", 8443, true);
+    assert_eq!(find("tcp", &world.ip, 8000, true)["rule"], cidr.as_str());
+    assert_eq!(find("http", &world.ip, 8000, true)["rule"], cidr.as_str());
+    let rule = |d: Value| d["rule"].as_str().unwrap_or_default().to_string();
+    assert!(rule(find("http", "denied.example.test", 8000, false)).contains("no entry allows"));
+    assert!(rule(find("tls", "denied.example.test", 8443, false)).contains("no entry allows"));
+    assert!(rule(find("tcp", &world.ip, 8001, false)).contains("no entry allows"));
+    find("tcp", "169.254.169.254", 80, false);
+    find("tcp", &gateway, 22, false);
+    for port in [9999, 53] {
+        let refused = find("udp", &world.ip, port, false);
+        assert!(rule(refused).contains("udp is not allowed"));
+    }
+    if icmp_sent {
+        let refused = log
+            .iter()
+            .find(|d| d["protocol"] == "icmp" && d["host"] == world.ip.as_str())
+            .unwrap_or_else(|| panic!("icmp in {log:#?}"));
+        assert_eq!(refused["allowed"], false);
+        assert_eq!(refused["rule"], "icmp is not allowed");
+    }
+    assert!(
+        !log.iter()
+            .any(|d| d["protocol"] == "udp" && d["host"] == gateway.as_str()),
+        "DNS to the gateway is not refused: {log:#?}"
+    );
+    let text = serde_json::to_string(&log).unwrap();
+    assert!(!text.contains(&value));
+    assert!(!server.log().contains(&value));
+
+    server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
+    server.wait_gone("sandboxes", &name);
+}

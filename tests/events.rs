@@ -303,3 +303,98 @@ fn a_failure_is_a_warning_with_its_reason() {
         "the event carries the condition's reason {reason}: {failed}"
     );
 }
+
+fn post(server: &Server, plural: &str, kind: &str, name: &str, spec: Value) {
+    let (status, body) = server.request(
+        "POST",
+        &format!("{API}/{plural}"),
+        Some(&json!({"apiVersion": "agent-sandbox.io/v1", "kind": kind,
+                     "metadata": {"name": name}, "spec": spec})),
+    );
+    assert_eq!(status, 201, "{kind} {name}: {body}");
+}
+
+#[test]
+fn claims_forks_and_expiries_are_events() {
+    let server = Server::start();
+    // A sandbox created while a warm pool has a member claims it.
+    let pool = unique("ev-pool");
+    post(
+        &server,
+        "sandboxpools",
+        "SandboxPool",
+        &pool,
+        json!({"image": TEST_IMAGE, "size": 1}),
+    );
+    server.wait_for("sandboxpools", &pool, "1 ready", WAIT, |p| {
+        p.is_some_and(|p| p["status"]["readyReplicas"] == 1)
+    });
+    let (status, created) = server.request("POST", "/v1/sandboxes", Some(&json!({})));
+    assert_eq!(status, 201, "{created}");
+    let claimer = created["id"].as_str().unwrap().to_string();
+    let claimed = wait_event(&server, &claimer, "Claimed");
+    assert_eq!(claimed["type"], "Normal");
+    assert!(
+        claimed["message"].as_str().unwrap().contains(&pool),
+        "{claimed}"
+    );
+    assert!(
+        by_reason(&events_of(&server, &claimer), "Created").is_empty(),
+        "a claimed sandbox was not created afresh"
+    );
+    // Gone, so that the sandboxes below are made afresh.
+    let (status, body) = server.request("DELETE", &format!("{API}/sandboxpools/{pool}"), None);
+    assert!(matches!(status, 200 | 202), "{status} {body}");
+    server.wait_gone("sandboxpools", &pool);
+
+    // A fork of a snapshot says which sandboxes it made.
+    let name = unique("ev-fork");
+    post(&server, "sandboxes", "Sandbox", &name, json!({}));
+    server.wait_running(&name);
+    let snap = format!("{name}-snap");
+    post(
+        &server,
+        "snapshots",
+        "Snapshot",
+        &snap,
+        json!({"sandbox": name}),
+    );
+    wait_event(&server, &snap, "SnapshotReady");
+    let fork = format!("{name}-fork");
+    post(
+        &server,
+        "forks",
+        "Fork",
+        &fork,
+        json!({"snapshot": snap, "replicas": 1}),
+    );
+    let forked = wait_event(&server, &fork, "Forked");
+    assert_eq!(forked["involvedObject"]["kind"], "Fork", "{forked}");
+    let children = server.get("forks", &fork).unwrap()["status"]["children"].clone();
+    let child = children[0]
+        .as_str()
+        .unwrap_or_else(|| panic!("a child in {children}"));
+    assert!(
+        forked["message"].as_str().unwrap().contains(child),
+        "{forked}"
+    );
+
+    // A sandbox whose time to live ends expires, and says when.
+    let short = unique("ev-ttl");
+    post(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &short,
+        json!({"ttlSeconds": 3}),
+    );
+    let expired = wait_event(&server, &short, "Expired");
+    assert!(
+        expired["message"]
+            .as_str()
+            .unwrap()
+            .contains("its lifetime ended"),
+        "{expired}"
+    );
+    server.wait_gone("sandboxes", &short);
+}

@@ -42,6 +42,7 @@ fn options() -> ExportOptions {
             cpus: 1.0,
             memory_mb: 512,
             pids_limit: 256,
+            disk_mb: 0,
             egress_by_default: false,
         },
         tmp_size_mb: 256,
@@ -383,14 +384,17 @@ fn the_crd_check_catches_a_misspelt_field() {
 
 /// A document per kind that sets every field its schema has.
 fn full_documents() -> Vec<Value> {
-    let meta = |name: &str| json!({ "name": name, "labels": { "team": "a" }, "annotations": { "note": "b" } });
+    let meta = |name: &str| {
+        json!({ "name": name, "namespace": "team-a", "labels": { "team": "a" },
+            "annotations": { "note": "b" } })
+    };
     vec![
         json!({
             "apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox", "metadata": meta("full"),
             "spec": {
-                "image": "img:1", "cpus": 2.0, "memoryMB": 256, "pidsLimit": 128,
+                "image": "img:1", "cpus": 2.0, "memoryMB": 256, "pidsLimit": 128, "diskMB": 512,
                 "network": true, "readOnlyRootfs": false, "env": { "A": "b" },
-                "ttlSeconds": 3600, "shutdownTime": "2026-01-01T00:45:00Z",
+                "ttlSeconds": 3600, "shutdownTime": "2026-01-01T00:45:00Z", "expiryAction": "Pause",
                 "source": { "snapshot": "s1" }, "template": "base",
                 "rollback": { "snapshot": "s2", "requestId": "r1" },
                 "state": "Paused", "idle": { "afterSeconds": 600, "action": "Stop" },

@@ -77,6 +77,14 @@ impl Registry {
     /// Pushes an image of the test image plus `mb` MiB of random bytes as `repo:tag`, then
     /// removes it locally, so that only the registry has it. Returns its full reference.
     fn push_unique(&self, repo: &str, tag: &str, mb: u32) -> String {
+        let reference = self.push_only(repo, tag, mb);
+        assert!(docker_status(&["rmi", &reference]));
+        reference
+    }
+
+    /// [`Registry::push_unique`] without removing the local copy afterwards (a server retrying
+    /// its pull may already use it).
+    fn push_only(&self, repo: &str, tag: &str, mb: u32) -> String {
         let reference = format!("127.0.0.1:{}/{repo}:{tag}", self.port);
         let builder = unique("pull-build");
         let script = format!("head -c {} /dev/urandom > /blob", mb * 1024 * 1024);
@@ -97,7 +105,7 @@ impl Registry {
             "push to the local registry:\n{}",
             self.log()
         );
-        assert!(docker_status(&["rmi", &reference]));
+        // The local copy stays; the caller removes it.
         reference
     }
 }
@@ -520,4 +528,37 @@ fn a_pool_pulls_ahead_and_the_pull_policies_hold() {
         "{doc}"
     );
     assert_eq!(pulls_started(&server), 1, "Never never pulls");
+}
+
+#[test]
+fn a_failed_pull_is_retried_and_the_sandbox_runs_once_the_tag_exists() {
+    let registry = Registry::start();
+    let repo = "pulltest/later";
+    let tag = unique("t");
+    let reference = format!("127.0.0.1:{}/{repo}:{tag}", registry.port);
+    let _remove = RemoveImage(reference.clone());
+    let server = Server::start();
+    let name = unique("pull-later");
+    create(&server, &name, &reference);
+    let doc = server
+        .wait_for(
+            "sandboxes",
+            &name,
+            "failed to pull",
+            Duration::from_secs(60),
+            |r| {
+                r.is_some_and(|r| {
+                    condition(r, "ImagePulled").is_some_and(|c| c["reason"] == "ImagePullFailed")
+                })
+            },
+        )
+        .unwrap();
+    assert_ne!(doc["status"]["phase"], "Running", "{doc}");
+    // Nobody touches the sandbox again: the pull is retried with backoff, and once the tag is
+    // in the registry the sandbox comes up by itself.
+    assert_eq!(registry.push_only(repo, &tag, 1), reference);
+    let running = server.wait_running(&name);
+    let pulled = condition(&running, "ImagePulled").expect("an ImagePulled condition");
+    assert_eq!(pulled["status"], "True", "{running}");
+    assert_eq!(server.exec(&name, "echo up").1, "up\n");
 }

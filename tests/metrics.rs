@@ -373,3 +373,101 @@ fn prometheus_scrapes_with_the_key_and_when_public() {
     );
     assert_eq!(none[0]["value"][1], "0");
 }
+
+/// Posts a resource of `kind` named `name` with `spec` through the resource API.
+fn post(server: &Server, plural: &str, kind: &str, name: &str, spec: Value) {
+    let (status, body) = server.request(
+        "POST",
+        &format!("{API}/{plural}"),
+        Some(&json!({"apiVersion": "agent-sandbox.io/v1", "kind": kind,
+                     "metadata": {"name": name}, "spec": spec})),
+    );
+    assert_eq!(status, 201, "{kind} {name}: {body}");
+}
+
+#[test]
+fn metrics_count_the_queue_pools_snapshots_and_process_starts() {
+    let server = Server::start();
+    let wait = Duration::from_secs(90);
+    let pool = unique("metrics-pool");
+    post(
+        &server,
+        "sandboxpools",
+        "SandboxPool",
+        &pool,
+        json!({"image": TEST_IMAGE, "size": 1}),
+    );
+    server.wait_for("sandboxpools", &pool, "1 ready", wait, |p| {
+        p.is_some_and(|p| p["status"]["readyReplicas"] == 1)
+    });
+    let members = |text: &str, state: &str| {
+        sample(
+            text,
+            &format!(
+                "agent_sandbox_pool_members{{namespace=\"default\",pool=\"{pool}\",state=\"{state}\"}}"
+            ),
+        )
+    };
+    let (_, text) = metrics(&server, Some(&server.key));
+    assert_eq!(members(&text, "ready"), Some(1.0), "{text}");
+    assert_eq!(members(&text, "claimed"), Some(0.0), "{text}");
+    // Nothing waits once the pool is full and nothing changes.
+    wait_until("the work queue drains", wait, || {
+        let (_, text) = metrics(&server, Some(&server.key));
+        sample(&text, "agent_sandbox_workqueue_depth") == Some(0.0)
+    });
+    assert_eq!(
+        sample(&text, "agent_sandbox_process_start_duration_seconds_count"),
+        Some(0.0),
+        "{text}"
+    );
+
+    // A /v1 sandbox claims the pool's member.
+    let (status, created) = server.request("POST", "/v1/sandboxes", Some(&json!({})));
+    assert_eq!(status, 201, "{created}");
+    let name = created["id"].as_str().unwrap().to_string();
+    wait_until("the claim is counted", wait, || {
+        let (_, text) = metrics(&server, Some(&server.key));
+        members(&text, "claimed") == Some(1.0)
+    });
+
+    // A process started through the API is timed.
+    let (status, p) = server.request(
+        "POST",
+        &format!("{API}/sandboxes/{name}/processes"),
+        Some(&json!({"command": "true"})),
+    );
+    assert_eq!(status, 201, "{p}");
+    let (_, text) = metrics(&server, Some(&server.key));
+    assert_eq!(
+        sample(&text, "agent_sandbox_process_start_duration_seconds_count"),
+        Some(1.0),
+        "{text}"
+    );
+
+    // A ready snapshot's bytes are counted.
+    let snapshot_bytes = "agent_sandbox_snapshot_bytes{namespace=\"default\"}";
+    assert_eq!(sample(&text, snapshot_bytes), Some(0.0), "{text}");
+    let (code, _) = server.exec(
+        &name,
+        "dd if=/dev/urandom of=/workspace/blob bs=1024 count=256 2>/dev/null",
+    );
+    assert_eq!(code, 0);
+    let snap = format!("{name}-snap");
+    post(
+        &server,
+        "snapshots",
+        "Snapshot",
+        &snap,
+        json!({"sandbox": name}),
+    );
+    let ready = server
+        .wait_for("snapshots", &snap, "Ready", wait, |s| {
+            s.is_some_and(|s| s["status"]["phase"] == "Ready")
+        })
+        .unwrap();
+    let size = ready["status"]["sizeBytes"].as_f64().expect("sizeBytes");
+    assert!(size >= 256.0 * 1024.0, "{ready}");
+    let (_, text) = metrics(&server, Some(&server.key));
+    assert_eq!(sample(&text, snapshot_bytes), Some(size), "{text}");
+}

@@ -317,6 +317,51 @@ fn an_idle_sandbox_stops_but_not_while_a_command_runs() {
 }
 
 #[test]
+fn the_end_of_the_lifetime_pauses_a_kept_sandbox_and_a_resume_starts_a_new_one() {
+    let server = Server::start();
+    let name = unique("expiry-pause");
+    let created = create(
+        &server,
+        &name,
+        json!({ "ttlSeconds": 4, "expiryAction": "Pause" }),
+    );
+    server.exec(&name, "echo kept > /workspace/f.txt");
+    start_counter(&name);
+    let doc = wait_phase(&server, &name, "Paused");
+    assert_eq!(doc["spec"]["state"], "Paused", "{doc}");
+    assert!(
+        doc["status"].get("expiresAt").is_none(),
+        "no lifetime while paused: {doc}"
+    );
+    // Frozen (no exec gets in), and long past its ttl still there and still paused.
+    assert_ne!(docker_exec(&name, "true").0, 0, "frozen while paused");
+    std::thread::sleep(Duration::from_secs(3));
+    let doc = server.get("sandboxes", &name).expect("kept, not deleted");
+    assert_eq!(doc["status"]["phase"], "Paused", "{doc}");
+
+    // A resume starts a new lifetime of ttlSeconds, counted from then: it runs on, with its
+    // processes and files, and is paused again at its end.
+    let resumed_at = chrono::Utc::now();
+    resume(&server, &name);
+    let doc = server.get("sandboxes", &name).unwrap();
+    let since: chrono::DateTime<chrono::Utc> = doc["status"]["activeSince"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        since >= resumed_at - chrono::TimeDelta::seconds(1)
+            && doc["status"]["activeSince"] != created["status"]["activeSince"],
+        "{doc}"
+    );
+    let before = count(&name);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(count(&name) > before, "the counter goes on");
+    assert_eq!(server.exec(&name, "cat /workspace/f.txt").1, "kept\n");
+    wait_phase(&server, &name, "Paused");
+}
+
+#[test]
 fn a_paused_sandbox_can_be_deleted() {
     let server = Server::start();
     let name = unique("del-paused");
@@ -447,12 +492,9 @@ fn process_calls_resume_a_paused_sandbox_and_its_processes_carry_on() {
     );
 }
 
-const PYTHON_IMAGE: &str = "agent-sandbox-test/python:latest";
-
 #[test]
 fn a_python_process_keeps_its_memory_across_a_pause() {
-    if !docker_status(&["image", "inspect", PYTHON_IMAGE]) {
-        eprintln!("{PYTHON_IMAGE} is missing (scripts/build-test-images.sh --python): skipped");
+    if !python_image("the Python pause test") {
         return;
     }
     let server = Server::start();
@@ -740,4 +782,188 @@ fn the_time_to_live_keeps_counting_while_paused_or_stopped() {
         lived >= Duration::from_secs(9),
         "expired at its time to live, not before: {lived:?}"
     );
+}
+
+const SERVER_PY: &str = include_str!("ports/server.py");
+const ECHO_PY: &str = include_str!("ports/echo.py");
+
+type Socket = tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<std::net::TcpStream>>;
+
+/// A Python sandbox, idled (stopped) after 2 s without activity when `idle`, with `script`
+/// listening on `port` inside, started with `docker exec` rather than through the API (a process started through the
+/// API would keep the sandbox awake by itself). `None` (skipped) without the Python image.
+fn python_sandbox_serving(
+    server: &Server,
+    prefix: &str,
+    script: &str,
+    port: u16,
+    idle: bool,
+) -> Option<String> {
+    if !python_image(prefix) {
+        return None;
+    }
+    let name = unique(prefix);
+    let mut extra = json!({ "image": PYTHON_IMAGE });
+    if idle {
+        extra["idle"] = json!({ "afterSeconds": 2, "action": "Stop" });
+    }
+    if gvisor() {
+        extra["pidsLimit"] = json!(4096);
+    }
+    create(server, &name, extra);
+    assert!(docker_status(&[
+        "exec",
+        "-d",
+        "-u",
+        "1000:1000",
+        &format!("agent-sandbox-{name}"),
+        "python3",
+        "-c",
+        script,
+        &port.to_string(),
+    ]));
+    let probe = format!(
+        "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port})).close()'"
+    );
+    wait_until("the sandbox's server listens", WAIT, || {
+        docker_exec(&name, &probe).0 == 0
+    });
+    Some(name)
+}
+
+/// A WebSocket to `path` of the server (an API key in the header).
+fn websocket(server: &Server, path: &str) -> Socket {
+    use tungstenite::client::IntoClientRequest;
+    let url = format!("{}{path}", server.url.replacen("http", "ws", 1));
+    let mut request = url.into_client_request().unwrap();
+    request.headers_mut().insert(
+        "authorization",
+        format!("Bearer {}", server.key).parse().unwrap(),
+    );
+    tungstenite::connect(request).expect("the WebSocket").0
+}
+
+/// Sends a message through `socket` every 300 ms for `talk` and reads it back (`binary` for a
+/// port-forward, text for a WebSocket echo), checking that sandbox `name` stays Running all along
+/// though no call is made on it meanwhile.
+fn keep_talking(server: &Server, name: &str, socket: &mut Socket, binary: bool, talk: Duration) {
+    use tungstenite::Message;
+    let started = Instant::now();
+    let mut n = 0;
+    while started.elapsed() < talk {
+        n += 1;
+        let text = format!("message {n}");
+        let message = if binary {
+            Message::binary(text.clone().into_bytes())
+        } else {
+            Message::text(text.clone())
+        };
+        socket.send(message).expect("the stream is still open");
+        let mut got = Vec::new();
+        while got.len() < text.len() {
+            match socket.read().expect("the stream is still open") {
+                Message::Binary(b) => got.extend_from_slice(&b),
+                Message::Text(t) => got.extend_from_slice(t.as_bytes()),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(got, text.as_bytes());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let doc = server.get("sandboxes", name).unwrap();
+    assert_eq!(
+        doc["status"]["phase"], "Running",
+        "not idled while bytes pass through a stream: {doc}"
+    );
+    assert!(running(name));
+}
+
+/// Closes `socket`, then waits until sandbox `name` is idled. A stream's bytes count at most once
+/// a second, so the idle time runs from up to a second (and a message) before the close.
+fn idled_after_close(server: &Server, name: &str, mut socket: Socket) {
+    socket.close(None).ok();
+    let closed = Instant::now();
+    let doc = wait_phase(server, name, "Stopped");
+    let after = closed.elapsed();
+    assert!(
+        after >= Duration::from_millis(500),
+        "stopped only the idle time after the stream's last bytes: {after:?}"
+    );
+    assert_eq!(doc["status"]["conditions"][0]["reason"], "Idle", "{doc}");
+}
+
+#[test]
+fn port_forward_bytes_keep_an_idle_sandbox_running() {
+    let server = Server::start();
+    let Some(name) = python_sandbox_serving(&server, "idle-forward", ECHO_PY, 9000, true) else {
+        return;
+    };
+    let mut socket = websocket(
+        &server,
+        &format!("{API}/sandboxes/{name}/portforward?port=9000"),
+    );
+    keep_talking(&server, &name, &mut socket, true, Duration::from_secs(6));
+    idled_after_close(&server, &name, socket);
+}
+
+#[test]
+fn proxied_stream_bytes_keep_an_idle_sandbox_running() {
+    let server = Server::start();
+    let Some(name) = python_sandbox_serving(&server, "idle-proxy", SERVER_PY, 8000, true) else {
+        return;
+    };
+    let mut socket = websocket(&server, &format!("{API}/sandboxes/{name}/proxy/8000/ws"));
+    keep_talking(&server, &name, &mut socket, false, Duration::from_secs(6));
+    idled_after_close(&server, &name, socket);
+}
+
+#[test]
+fn proxy_requests_resume_a_paused_or_stopped_sandbox_unless_auto_resume_is_off() {
+    let server = Server::start();
+    let Some(name) = python_sandbox_serving(&server, "proxy-resume", SERVER_PY, 8000, false) else {
+        return;
+    };
+    let hello = format!("{API}/sandboxes/{name}/proxy/8000/hello");
+    // Paused: the server inside is frozen with the rest and answers once woken.
+    pause(&server, &name, "Paused");
+    let (status, body) = server.request_raw("GET", &hello, None, "text/plain");
+    assert_eq!(status, 200, "{body}");
+    let doc = server.get("sandboxes", &name).unwrap();
+    assert_eq!(doc["status"]["phase"], "Running", "{doc}");
+    assert_eq!(doc["status"]["resumes"], 1, "{doc}");
+    // Stopped: the request starts the container again; its processes are fresh, so nothing
+    // listens on the port any more, and the proxy says so. (Under gVisor the relay into a just
+    // restarted container may not answer for a while: that case is left to runc.)
+    if !gvisor() {
+        stopped_case(&server, &name, &hello);
+    }
+    auto_resume_off_case(&server, &name, &hello);
+}
+
+fn stopped_case(server: &Server, name: &str, hello: &str) {
+    pause(server, name, "Stopped");
+    let (status, body) = server.request_raw("GET", hello, None, "text/plain");
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("8000"), "names the port: {body}");
+    let doc = server.get("sandboxes", name).unwrap();
+    assert_eq!(doc["status"]["phase"], "Running", "{doc}");
+    assert_eq!(doc["status"]["resumes"], 2, "{doc}");
+    assert!(running(name));
+}
+
+fn auto_resume_off_case(server: &Server, name: &str, hello: &str) {
+    // With autoResume: false the proxy refuses a paused sandbox and leaves it paused.
+    let (status, body) = server.request_raw(
+        "PATCH",
+        &format!("{API}/sandboxes/{name}"),
+        Some(json!({ "spec": { "autoResume": false } }).to_string()),
+        "application/merge-patch+json",
+    );
+    assert_eq!(status, 200, "{body}");
+    pause(server, name, "Paused");
+    let (status, body) = server.request("GET", hello, None);
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "sandbox_paused", "{body}");
+    let doc = server.get("sandboxes", name).unwrap();
+    assert_eq!(doc["status"]["phase"], "Paused", "left paused: {doc}");
 }

@@ -461,3 +461,51 @@ fn an_edit_that_needs_a_new_container_carries_the_workspace_into_a_warm_one() {
     let (status, _) = server.request("DELETE", &format!("{API}/sandboxpools/{pool}"), None);
     assert!(status < 300);
 }
+
+/// Connections to the member's process supervisor (`agent-sandbox-helper bridge` processes), as
+/// seen from inside the container.
+fn supervisor_connections(container: &str) -> usize {
+    docker(&["exec", container, "ps", "-o", "args"])
+        .lines()
+        .filter(|l| l.contains("agent-sandbox-helper bridge"))
+        .count()
+}
+
+/// A member waiting in its pool already has a connection to its process supervisor open, so the
+/// sandbox that claims it starts its first process without a `docker exec` first; the claim
+/// keeps the container, and that connection serves it.
+#[test]
+fn a_waiting_member_has_its_supervisor_connection_open_and_the_claim_uses_it() {
+    let server = Server::start();
+    let pool = start_pool(&server, "bridge", 1);
+    let member = members(&pool).pop().expect("one member");
+    wait_until(
+        "the member's supervisor connection opened",
+        Duration::from_secs(20),
+        || supervisor_connections(&member) == 1,
+    );
+
+    let (status, created) = server.request("POST", "/v1/sandboxes", Some(&json!({})));
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let sandbox = server.get("sandboxes", &id).unwrap();
+    assert_eq!(sandbox["status"]["claimedFrom"], pool.as_str());
+    let name = container(&id).expect("the sandbox's container")["Id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        supervisor_connections(&name),
+        1,
+        "the connection survived the claim"
+    );
+
+    let (status, process) = server.request(
+        "POST",
+        &format!("{API}/sandboxes/{id}/processes"),
+        Some(&json!({"command": "echo claimed"})),
+    );
+    assert_eq!(status, 201, "{process}");
+    // The start went over the open connection: none was added.
+    assert_eq!(supervisor_connections(&name), 1);
+}

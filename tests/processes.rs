@@ -652,4 +652,91 @@ fn the_command_line_runs_lists_reads_and_kills() {
     assert_eq!(code, 0, "{err}");
     let (_, table, _) = cli(&server, &["ps", &sb]);
     assert!(!table.contains(&sleeper), "{table}");
+
+    // `--signal` sends that signal (any case) and leaves the process to decide what it does.
+    let (code, trapper, err) = cli(
+        &server,
+        &[
+            "run",
+            &sb,
+            "-d",
+            "--",
+            "sh",
+            "-c",
+            "trap 'echo got-usr1' USR1; echo ready; while true; do sleep 0.1; done",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let trapper = trapper.trim().to_string();
+    wait_output(&server, &sb, &trapper, "ready");
+    let (code, _, err) = cli(&server, &["kill", &sb, &trapper, "--signal", "usr1"]);
+    assert_eq!(code, 0, "{err}");
+    wait_output(&server, &sb, &trapper, "got-usr1");
+    assert_eq!(get(&server, &sb, &trapper)["state"], "Running");
+    let (code, _, err) = cli(&server, &["kill", &sb, &trapper, "--signal", "BOGUS"]);
+    assert_ne!(code, 0, "an unknown signal is refused");
+    assert!(err.contains("signal"), "{err}");
+    let (code, _, err) = cli(&server, &["kill", &sb, &trapper, "-s", "TERM"]);
+    assert_eq!(code, 0, "{err}");
+    let (_, last) = follow_to_end(&server, &sb, &trapper);
+    assert_eq!(last["signal"], "TERM", "{last}");
+    let (_, table, _) = cli(&server, &["ps", &sb]);
+    assert!(
+        table.contains(&trapper),
+        "a signalled process is kept, not forgotten: {table}"
+    );
+}
+
+#[test]
+fn a_sandbox_keeps_64_exited_processes_forgetting_the_oldest_exited_first() {
+    let server = Server::start();
+    let sb = sandbox(&server);
+    // Started first, exited last.
+    let long = start(&server, &sb, json!({"command": "sleep 300"}));
+    let long = long["id"].as_str().unwrap().to_string();
+    let mut exited = Vec::new();
+    for n in 0..65 {
+        let p = start(
+            &server,
+            &sb,
+            json!({"command": format!("exit {}", n % 100)}),
+        );
+        let id = p["id"].as_str().unwrap().to_string();
+        let (_, last) = follow_to_end(&server, &sb, &id);
+        assert_eq!(last["exitCode"], n % 100, "{last}");
+        exited.push(id);
+    }
+    let listed = |server: &Server| -> Vec<String> {
+        let (status, list) = server.request("GET", &procs(&sb), None);
+        assert_eq!(status, 200, "{list}");
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // 65 exited: the first to exit is forgotten, the running one is kept.
+    let ids = listed(&server);
+    assert_eq!(ids.len(), 65, "{ids:?}");
+    assert!(ids.contains(&long));
+    assert!(!ids.contains(&exited[0]), "the oldest exited is forgotten");
+    let (status, _) = server.request("GET", &format!("{}/{}", procs(&sb), exited[0]), None);
+    assert_eq!(status, 404);
+    for id in &exited[1..] {
+        assert!(ids.contains(id), "{id} kept");
+    }
+    // The long one exits now: it is the newest exited, so the oldest exited goes, not it.
+    let (status, body) = server.request(
+        "POST",
+        &format!("{}/{long}/signal", procs(&sb)),
+        Some(&json!({"signal": "TERM"})),
+    );
+    assert!(status < 300, "{body}");
+    follow_to_end(&server, &sb, &long);
+    let ids = listed(&server);
+    assert_eq!(ids.len(), 64, "{ids:?}");
+    assert!(ids.contains(&long), "the newest exited is kept");
+    assert!(!ids.contains(&exited[1]), "the oldest exited is forgotten");
+    assert_eq!(get(&server, &sb, &exited[2])["state"], "Exited");
 }

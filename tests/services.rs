@@ -1,7 +1,8 @@
 //! Declared services (`spec.services`) and `status.listeningPorts` against the real daemon: a
 //! service that exits is started again with growing delays and shows `BackOff`, restart
-//! policies hold, readiness gates the sandbox's `Ready` condition, a service comes back after a
-//! rollback (a new container) by being started again, editing one service leaves the others'
+//! policies hold, readiness (httpGet, tcpSocket, exec) gates the sandbox's `Ready` condition, a
+//! service comes back after a rollback (a new container) and after a resume from `Stopped` (the
+//! same container started again) by being started again, editing one service leaves the others'
 //! processes alone, services get the sandbox's env plus their own, and a port a process opened
 //! shows in `listeningPorts`. Runs under runc and, with `AGENT_SANDBOX_TEST_RUNTIME=runsc`,
 //! under gVisor.
@@ -133,8 +134,9 @@ fn a_crashing_service_backs_off_with_growing_delays_and_policies_hold() {
         assert!(gaps[i] >= floor, "restart {i} came after {gaps:?}");
     }
     assert!(gaps[3] > gaps[2] && gaps[2] > gaps[1], "{gaps:?}");
-    // Its output is there, as for any process.
-    let id = crash["processId"].as_str().unwrap();
+    // Each run's output is there, as for any process. (A finished run's: the latest may have
+    // just been started and printed nothing yet, as seen under gVisor.)
+    let id = runs[0]["id"].as_str().unwrap();
     let (status, body) = http_bytes(
         &server,
         "GET",
@@ -416,4 +418,132 @@ fn invalid_services_are_refused_naming_the_field() {
         );
         assert!(server.get("sandboxes", &name).is_none());
     }
+}
+
+#[test]
+fn a_tcp_socket_readiness_turns_ready_when_the_port_listens() {
+    let server = Server::start();
+    let sb = unique("svc-tcp");
+    // The listener opens only once the test says so: until then the check must fail.
+    create(
+        &server,
+        &sb,
+        spec(json!([
+            {"name": "tcp",
+             "command": "while [ ! -f /workspace/go ]; do sleep 0.2; done; mkdir -p /tmp/www; exec httpd -f -p 9090 -h /tmp/www",
+             "readiness": {"tcpSocket": {"port": 9090}}, "periodSeconds": 1},
+        ])),
+    );
+    let waiting = server
+        .wait_for("sandboxes", &sb, "tcp running, not ready", LONG, |r| {
+            r.is_some_and(|r| {
+                r["status"]["phase"] == "Running" && service(r, "tcp")["state"] == "Running"
+            })
+        })
+        .unwrap();
+    // A few periods pass with nothing listening: still not ready.
+    std::thread::sleep(Duration::from_secs(3));
+    let still = server.get("sandboxes", &sb).unwrap();
+    assert_eq!(service(&still, "tcp")["ready"], false, "{still:#}");
+    assert_eq!(condition(&still, "Ready")["status"], "False", "{still:#}");
+    let message = condition(&still, "ServicesReady")["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(message.contains("tcp"), "{message}");
+    let (code, _) = server.exec(&sb, "touch /workspace/go");
+    assert_eq!(code, 0);
+    let ready = server
+        .wait_for("sandboxes", &sb, "tcp ready", LONG, |r| {
+            r.is_some_and(|r| {
+                service(r, "tcp")["ready"] == true && condition(r, "Ready")["status"] == "True"
+            })
+        })
+        .unwrap();
+    assert_eq!(condition(&ready, "ServicesReady")["status"], "True");
+    // The same process became ready: the check followed the port, not a restart.
+    assert_eq!(
+        service(&ready, "tcp")["processId"],
+        service(&waiting, "tcp")["processId"],
+        "{ready:#}"
+    );
+    assert_eq!(service(&ready, "tcp")["restarts"], 0, "{ready:#}");
+    delete(&server, &sb);
+}
+
+#[test]
+fn a_resume_from_stopped_starts_the_services_again() {
+    let server = Server::start();
+    let sb = unique("svc-resume");
+    create(
+        &server,
+        &sb,
+        spec(json!([
+            {"name": "web", "command": "mkdir -p /tmp/www && echo hi > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www",
+             "readiness": {"httpGet": {"port": 8080, "path": "/index.html"}}, "periodSeconds": 1},
+            {"name": "count", "command": "echo run >> /workspace/runs; exec sleep 100000"},
+        ])),
+    );
+    let ready = |what: &str| {
+        server
+            .wait_for("sandboxes", &sb, what, LONG, |r| {
+                r.is_some_and(|r| {
+                    r["status"]["phase"] == "Running"
+                        && condition(r, "Ready")["status"] == "True"
+                        && service(r, "web")["ready"] == true
+                        && service(r, "count")["state"] == "Running"
+                })
+            })
+            .unwrap()
+    };
+    let first = ready("services ready");
+    let before: Vec<Value> = ["web", "count"]
+        .iter()
+        .map(|n| service(&first, n)["processId"].clone())
+        .collect();
+    wait_until("count ran once", LONG, || {
+        server.exec(&sb, "cat /workspace/runs").1 == "run\n"
+    });
+
+    // Stopped: the container stops, and with it every process.
+    let (status, body) = server.request(
+        "POST",
+        &format!("{API}/sandboxes/{sb}/pause"),
+        Some(&json!({"mode": "Stopped"})),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"]["phase"], "Stopped", "{body}");
+    let container = body["status"]["containerID"].clone();
+
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes/{sb}/resume"), None);
+    assert_eq!(status, 200, "{body}");
+    let after = server
+        .wait_for("sandboxes", &sb, "services started again", LONG, |r| {
+            r.is_some_and(|r| {
+                r["status"]["phase"] == "Running"
+                    && condition(r, "Ready")["status"] == "True"
+                    && service(r, "web")["ready"] == true
+                    && service(r, "count")["state"] == "Running"
+                    && ["web", "count"]
+                        .iter()
+                        .zip(&before)
+                        .all(|(n, b)| service(r, n)["processId"] != *b)
+            })
+        })
+        .unwrap();
+    // The same container, started again, runs new processes of both services.
+    assert_eq!(after["status"]["containerID"], container, "{after:#}");
+    for n in ["web", "count"] {
+        let id = service(&after, n)["processId"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(process(&server, &sb, &id)["state"], "Running", "{n}");
+    }
+    wait_until("count ran again", LONG, || {
+        server.exec(&sb, "cat /workspace/runs").1 == "run\nrun\n"
+    });
+    let (code, out) = server.exec(&sb, "wget -q -O - http://127.0.0.1:8080/index.html");
+    assert_eq!((code, out.as_str()), (0, "hi\n"));
+    delete(&server, &sb);
 }

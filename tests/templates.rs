@@ -5,8 +5,9 @@
 //! replacement and a restart of the server; a missing template holds a sandbox back until it
 //! appears; `template create --from-sandbox` (the real CLI) makes a template whose sandboxes show
 //! the source sandbox's root filesystem change; a template with a Full snapshot and a pool hands
-//! out members that already hold the snapshot's content, and refills; bad templates are refused
-//! naming the field.
+//! out members that already hold the snapshot's content, and refills; a template with a Workspace
+//! snapshot gives its sandboxes that workspace and not the source's root filesystem; bad
+//! templates are refused naming the field.
 
 mod common;
 
@@ -485,4 +486,115 @@ fn a_template_and_its_sandbox_can_be_declared_in_a_watched_folder() {
     let (code, out, err) = server.cli(&["describe", "sandboxtemplate", &template]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("208"), "{out}");
+}
+
+#[test]
+fn a_template_with_a_workspace_snapshot_gives_its_sandboxes_the_workspace_only() {
+    let server = Server::start();
+    let source = unique("wsrc");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &source,
+        json!({"image": TEST_IMAGE, "readOnlyRootfs": false}),
+    );
+    server.wait_running(&source);
+    // A root filesystem change a Workspace snapshot must not carry, and workspace content it must.
+    as_root(
+        &source,
+        "printf '#!/bin/sh\\necho tool-ran\\n' > /usr/local/bin/tool && chmod 755 /usr/local/bin/tool",
+    );
+    let (code, _) = docker_exec(
+        &source,
+        "mkdir -p /workspace/src && echo from-workspace > /workspace/src/note",
+    );
+    assert_eq!(code, 0);
+    let snapshot = unique("wsnap");
+    create(
+        &server,
+        "snapshots",
+        "Snapshot",
+        &snapshot,
+        json!({"sandbox": source}),
+    );
+    let ready = server
+        .wait_for("snapshots", &snapshot, "Ready", LONG, |s| {
+            s.is_some_and(|s| s["status"]["phase"] == "Ready")
+        })
+        .unwrap();
+    assert_eq!(ready["status"]["scope"], "Workspace", "{ready:#}");
+
+    let template = unique("wtmpl");
+    create(
+        &server,
+        "sandboxtemplates",
+        "SandboxTemplate",
+        &template,
+        json!({"snapshot": snapshot, "readOnlyRootfs": false, "memoryMB": 224,
+               "pool": {"size": 1}}),
+    );
+    wait_until("a warm member", LONG, || {
+        template_members(&template).len() == 1
+    });
+    let warm = template_members(&template);
+
+    // Claimed from the pool: the workspace content is there, the root change is not.
+    let child = unique("wchild");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &child,
+        json!({"template": template}),
+    );
+    let running = server.wait_running(&child);
+    assert_eq!(
+        running["status"]["claimedFrom"],
+        format!("T-{template}"),
+        "{running:#}"
+    );
+    let claimed = running["status"]["containerID"].as_str().unwrap();
+    assert!(
+        warm.iter().any(|id| id == claimed),
+        "{claimed} not in {warm:?}"
+    );
+    assert_eq!(running["status"]["sourceSnapshot"], snapshot.as_str());
+    let (code, out) = server.exec(
+        &child,
+        "cat /workspace/src/note; test -e /usr/local/bin/tool && echo tool-present",
+    );
+    assert_eq!((code, out.as_str()), (1, "from-workspace\n"), "{out}");
+    assert_eq!(memory_of(&child), 224 * MIB);
+
+    // Not from the pool (another root filesystem mode than the members'): the same content,
+    // restored on demand.
+    let own = unique("wown");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &own,
+        json!({"template": template, "readOnlyRootfs": true}),
+    );
+    let running = server.wait_running(&own);
+    assert!(running["status"]["claimedFrom"].is_null(), "{running:#}");
+    assert_eq!(running["status"]["sourceSnapshot"], snapshot.as_str());
+    let (code, out) = server.exec(
+        &own,
+        "cat /workspace/src/note; test -e /usr/local/bin/tool && echo tool-present",
+    );
+    assert_eq!((code, out.as_str()), (1, "from-workspace\n"), "{out}");
+
+    for name in [&child, &own, &source] {
+        server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
+    }
+    server.request(
+        "DELETE",
+        &format!("{API}/sandboxtemplates/{template}"),
+        None,
+    );
+    wait_until("the pool drained", LONG, || {
+        template_members(&template).is_empty()
+    });
 }

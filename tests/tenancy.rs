@@ -1,7 +1,9 @@
 //! Scoped API keys against a real server and Docker: a view key reads but never runs or writes;
 //! an edit key scoped to another namespace cannot get, list, watch, exec, read files of,
 //! snapshot, fork from, delete or even detect a sandbox of `default`, through the resource API,
-//! `/v1`, the CLI and MCP; a revoked key fails on its open watch within about a second.
+//! `/v1`, the CLI and MCP; two edit keys of two namespaces each have their own sandbox of one
+//! name, and neither reaches the other's; a data directory from before namespaces loads with its
+//! containers; a revoked key fails on its open watch within about a second.
 
 mod common;
 
@@ -317,8 +319,17 @@ fn an_edit_key_of_another_namespace_cannot_reach_or_detect_a_sandbox() {
     // The admin key sees it all (the filter is the key's, not an empty server).
     let (_, admin_list) = s.request("GET", &format!("{API}/sandboxes"), None);
     assert!(admin_list.to_string().contains(&id));
-    // Nor can it create in the default namespace.
-    let (status, answer) = as_key(s, &other, "POST", "/v1/sandboxes", Some(json!({})));
+    // Nor can it create in the default namespace (its `/v1` creates go to its own).
+    let (status, answer) = as_key(
+        s,
+        &other,
+        "POST",
+        &format!("{API}/namespaces/default/sandboxes"),
+        Some(
+            json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+            "metadata": {"name": "intruder"}, "spec": {}}),
+        ),
+    );
     assert_eq!(status, 403, "{answer}");
     assert!(!answer.to_string().contains(&id));
 
@@ -567,4 +578,381 @@ fn audit_lines_name_the_key_never_the_key_and_survive_kill_9() {
         has(&after, "editor", "exec", 200),
         "lost after kill -9: {after:#?}"
     );
+}
+
+/// The resource API path of `rest` in `namespace`.
+fn in_ns(namespace: &str, rest: &str) -> String {
+    format!("{API}/namespaces/{namespace}/{rest}")
+}
+
+#[test]
+fn two_namespaces_each_have_their_own_sandbox_of_one_name() {
+    let t = Tenancy::start();
+    let s = &t.server;
+    let a = t.key("team-a-ci", "team-a", "edit");
+    let b = t.key("team-b-ci", "team-b", "edit");
+    // One name, three namespaces: each key creates in its own; the admin in `default`.
+    let web = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+        "metadata": {"name": "web"}, "spec": {}});
+    for (key, namespace) in [(&a, "team-a"), (&b, "team-b")] {
+        let (status, body) = as_key(
+            s,
+            key,
+            "POST",
+            &in_ns(namespace, "sandboxes"),
+            Some(web.clone()),
+        );
+        assert_eq!(status, 201, "{body}\n{}", s.log());
+        assert_eq!(body["metadata"]["namespace"], namespace, "{body}");
+        assert_eq!(body["metadata"]["name"], "web", "{body}");
+    }
+    let (status, body) = s.request("POST", &format!("{API}/sandboxes"), Some(&web));
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["metadata"]["namespace"], "default", "{body}");
+    // A key cannot create in a namespace it does not reach, nor name another in its document.
+    let (status, body) = as_key(
+        s,
+        &a,
+        "POST",
+        &in_ns("team-b", "sandboxes"),
+        Some(web.clone()),
+    );
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = as_key(
+        s,
+        &a,
+        "POST",
+        &in_ns("team-a", "sandboxes"),
+        Some(
+            json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+            "metadata": {"name": "x", "namespace": "team-b"}, "spec": {}}),
+        ),
+    );
+    assert_eq!(status, 400, "{body}");
+    for key in ["team-a.web", "team-b.web", "web"] {
+        s.wait_running(key);
+    }
+
+    // Each writes into its own; `/v1` IDs of another namespace are keys.
+    for (key, id, who) in [(&a, "team-a.web", "a"), (&b, "team-b.web", "b")] {
+        let (status, body) = as_key(
+            s,
+            key,
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({"command": format!("echo {who} > who; cat who")})),
+        );
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["stdout"], format!("{who}\n"), "{body}");
+    }
+    // The admin's `web` of `default` is a third sandbox: it has no such file.
+    assert_eq!(
+        s.exec("web", "test -e who && echo yes || echo no").1,
+        "no\n"
+    );
+
+    // Team b reaches nothing of team a's, and learns nothing: answers match a name that never
+    // existed.
+    let ghost = "nobody";
+    let calls = |name: &str| -> Vec<(&'static str, String, Option<Value>)> {
+        vec![
+            ("GET", in_ns("team-a", &format!("sandboxes/{name}")), None),
+            (
+                "DELETE",
+                in_ns("team-a", &format!("sandboxes/{name}")),
+                None,
+            ),
+            (
+                "GET",
+                in_ns("team-a", &format!("sandboxes/{name}/stats")),
+                None,
+            ),
+            (
+                "POST",
+                format!("/v1/sandboxes/team-a.{name}/exec"),
+                Some(json!({"command": "id"})),
+            ),
+            (
+                "GET",
+                format!("/v1/sandboxes/team-a.{name}/files?path=who"),
+                None,
+            ),
+            (
+                "POST",
+                format!("/v1/sandboxes/team-a.{name}/snapshots"),
+                Some(json!({})),
+            ),
+        ]
+    };
+    for ((method, path, body), (_, ghost_path, ghost_body)) in
+        calls("web").into_iter().zip(calls(ghost))
+    {
+        let (status, answer) = as_key(s, &b, method, &path, body);
+        assert_eq!(status, 404, "{method} {path}: {answer}");
+        let (_, ghost_answer) = as_key(s, &b, method, &ghost_path, ghost_body);
+        assert_eq!(
+            anonymous(&answer, &["web"]),
+            anonymous(&ghost_answer, &[ghost]),
+            "{method} {path} tells an existing object from a missing one"
+        );
+    }
+    // Un-namespaced paths mean `default` for one object: team b's key does not reach it either.
+    let (status, _) = as_key(s, &b, "GET", &format!("{API}/sandboxes/web"), None);
+    assert_eq!(status, 404);
+    // A key is not a name: only the namespaced path names another namespace's object.
+    let (status, _) = s.request("GET", &format!("{API}/sandboxes/team-a.web"), None);
+    assert_eq!(status, 404);
+
+    // Lists across namespaces show each key its own only; the admin sees all three.
+    let namespaces_of = |answer: &Value| -> Vec<String> {
+        let mut out: Vec<String> = answer["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| {
+                format!(
+                    "{}/{}",
+                    i["metadata"]["namespace"].as_str().unwrap(),
+                    i["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let (_, list) = as_key(s, &a, "GET", &format!("{API}/sandboxes"), None);
+    assert_eq!(namespaces_of(&list), vec!["team-a/web"]);
+    let (status, list) = as_key(s, &b, "GET", &in_ns("team-a", "sandboxes"), None);
+    assert_eq!(status, 200);
+    assert_eq!(namespaces_of(&list), Vec::<String>::new());
+    let (_, list) = s.request("GET", &format!("{API}/sandboxes"), None);
+    assert_eq!(
+        namespaces_of(&list),
+        vec!["default/web", "team-a/web", "team-b/web"]
+    );
+    let (_, list) = s.request("GET", &in_ns("team-b", "sandboxes"), None);
+    assert_eq!(namespaces_of(&list), vec!["team-b/web"]);
+    let (_, v1) = as_key(s, &b, "GET", "/v1/sandboxes", None);
+    let ids: Vec<&str> = v1["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|x| x["id"].as_str())
+        .collect();
+    assert_eq!(ids, vec!["team-b.web"], "{v1}");
+    let (status, watch) = as_key(
+        s,
+        &b,
+        "GET",
+        &in_ns("team-a", "sandboxes?watch=true&timeoutSeconds=1"),
+        None,
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        watch,
+        Value::String(String::new()),
+        "the watch showed something"
+    );
+    let (_, events) = as_key(s, &b, "GET", &format!("{API}/events"), None);
+    for event in events["items"].as_array().unwrap() {
+        assert_eq!(event["involvedObject"]["namespace"], "team-b", "{event}");
+    }
+
+    // Snapshots and forks stay in their namespace: team a forks its own snapshot; a Fork of
+    // team b naming it finds nothing.
+    let (status, snap) = as_key(
+        s,
+        &a,
+        "POST",
+        "/v1/sandboxes/team-a.web/snapshots",
+        Some(json!({})),
+    );
+    assert_eq!(status, 201, "{snap}");
+    let snap_id = snap["id"].as_str().unwrap().to_string();
+    let snap_name = snap_id
+        .strip_prefix("team-a.")
+        .expect("a key of team-a")
+        .to_string();
+    let (status, snapshot) = as_key(
+        s,
+        &a,
+        "GET",
+        &in_ns("team-a", &format!("snapshots/{snap_name}")),
+        None,
+    );
+    assert_eq!(status, 200, "{snapshot}");
+    assert_eq!(snapshot["spec"]["sandbox"], "web");
+    let fork = |name: &str| {
+        json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Fork",
+            "metadata": {"name": name}, "spec": {"snapshot": snap_name, "replicas": 1}})
+    };
+    let (status, body) = as_key(s, &a, "POST", &in_ns("team-a", "forks"), Some(fork("try")));
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = as_key(
+        s,
+        &b,
+        "POST",
+        &in_ns("team-b", "forks"),
+        Some(fork("steal")),
+    );
+    assert_eq!(status, 201, "{body}");
+    let child = s.wait_running("team-a.try-0");
+    assert_eq!(child["metadata"]["namespace"], "team-a");
+    let (_, out) = as_key(
+        s,
+        &a,
+        "POST",
+        "/v1/sandboxes/team-a.try-0/exec",
+        Some(json!({"command": "cat who"})),
+    );
+    assert_eq!(out["stdout"], "a\n", "{out}");
+    s.wait_for(
+        "forks",
+        "team-b.steal",
+        "Failed",
+        Duration::from_secs(30),
+        |f| f.is_some_and(|f| f["status"]["phase"] == "Failed"),
+    );
+    let (status, _) = as_key(
+        s,
+        &b,
+        "POST",
+        &format!("/v1/snapshots/{snap_id}/fork"),
+        Some(json!({})),
+    );
+    assert_eq!(status, 404);
+    let (status, _) = as_key(
+        s,
+        &b,
+        "POST",
+        "/v1/sandboxes/team-b.web/rollback",
+        Some(json!({"snapshot_id": snap_id})),
+    );
+    assert_eq!(status, 404);
+
+    // The CLI with --namespace.
+    let (code, out, err) = cli_as(s, &a, &["exec", "-n", "team-a", "web", "--", "cat", "who"]);
+    assert_eq!((code, out.as_str()), (0, "a\n"), "{err}");
+    let (code, out, err) = cli_as(s, &b, &["get", "sandboxes", "-n", "team-a"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("web"), "{out}");
+    let (code, _, err) = cli_as(s, &b, &["delete", "sandbox", "web", "-n", "team-a"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("not found"), "{err}");
+
+    // MCP: its IDs are `/v1`'s, and team b's key reaches nothing of team a's by them.
+    let answers = mcp(
+        s,
+        &b,
+        &[
+            ("sandbox_list", json!({})),
+            (
+                "sandbox_exec",
+                json!({"sandbox_id": "team-a.web", "command": "cat who"}),
+            ),
+            (
+                "sandbox_read_file",
+                json!({"sandbox_id": "team-a.web", "path": "who"}),
+            ),
+            ("sandbox_destroy", json!({"sandbox_id": "team-a.web"})),
+        ],
+    );
+    assert!(
+        answers[0].to_string().contains("team-b.web"),
+        "{}",
+        answers[0]
+    );
+    assert!(!answers[0].to_string().contains("team-a"), "{}", answers[0]);
+    for answer in &answers[1..] {
+        assert_eq!(answer["isError"], true, "{answer}");
+        assert!(answer.to_string().contains("not found"), "{answer}");
+    }
+
+    // Deleting one leaves the others of its name.
+    let (status, body) = as_key(s, &a, "DELETE", &in_ns("team-a", "sandboxes/web"), None);
+    assert_eq!(status, 200, "{body}");
+    let (_, out) = as_key(
+        s,
+        &b,
+        "POST",
+        "/v1/sandboxes/team-b.web/exec",
+        Some(json!({"command": "cat who"})),
+    );
+    assert_eq!(out["stdout"], "b\n", "{out}");
+    assert!(s.get("sandboxes", "web").is_some());
+}
+
+#[test]
+fn a_data_directory_from_before_namespaces_loads_with_its_containers() {
+    let mut s = Server::start();
+    let id = sandbox(&s);
+    let before = s.wait_running(&id);
+    let container = before["status"]["containerID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    s.exec(&id, "echo kept > kept");
+    s.kill9();
+    // What the release before namespaces wrote: no namespace in the manifest or the state.
+    let manifest = s.data_dir.join(format!("manifests/sandboxes/{id}.yaml"));
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    assert!(text.contains("namespace: default"), "{text}");
+    std::fs::write(&manifest, text.replace("  namespace: default\n", "")).unwrap();
+    let state = s.data_dir.join(format!("state/sandboxes/{id}.json"));
+    let mut json: Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    json["declaration"]["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("namespace");
+    std::fs::write(&state, serde_json::to_vec_pretty(&json).unwrap()).unwrap();
+
+    s.restart();
+    let after = s.wait_running(&id);
+    assert_eq!(after["metadata"]["namespace"], "default");
+    assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
+    assert_eq!(
+        after["status"]["containerID"].as_str(),
+        Some(container.as_str()),
+        "the sandbox was recreated:\n{}",
+        s.log()
+    );
+    assert_eq!(s.exec(&id, "cat kept").1, "kept\n");
+}
+
+#[test]
+fn a_folder_bound_to_a_namespace_declares_into_it() {
+    let folder = tempfile::tempdir().unwrap();
+    // Its own namespace: the suite's other servers share the Docker host.
+    let ns = common::unique("team");
+    let binding = format!("{ns}={}", folder.path().display());
+    let s = Server::start_with(&[("AGENT_SANDBOX_WATCH_DIRS", &binding)]);
+    common::write_manifest(
+        folder.path(),
+        "web.yaml",
+        &format!(
+            "{}---\napiVersion: agent-sandbox.io/v1\nkind: Sandbox\nmetadata:\n  name: elsewhere\n  namespace: team-b\nspec: {{}}\n",
+            common::sandbox_manifest("web", "")
+        ),
+    );
+    let web = s.wait_running(&format!("{ns}.web"));
+    assert_eq!(web["metadata"]["namespace"], ns.as_str());
+    assert!(
+        s.get("sandboxes", "web").is_none(),
+        "it went to default too"
+    );
+    common::wait_until(
+        "the misplaced document's error",
+        Duration::from_secs(10),
+        || {
+            let (_, errors) = s.request("GET", &format!("{API}/errors"), None);
+            errors["errors"].as_array().is_some_and(|list| {
+                list.iter().any(|e| {
+                    e["field"] == "metadata.namespace"
+                        && e["line"].as_u64().is_some_and(|l| l > 1)
+                        && e["message"].as_str().is_some_and(|m| m.contains(&ns))
+                })
+            })
+        },
+    );
+    assert!(s.get("sandboxes", "team-b.elsewhere").is_none());
 }

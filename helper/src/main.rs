@@ -12,7 +12,8 @@
 //!   `/workspace`, answering with `helper_protocol::file_exit` codes.
 //! - `idle`: a container's main process, which keeps it alive and is its process supervisor
 //!   (`supervisor.rs`): it owns the sandbox's long-lived processes (`process.rs`, output kept in
-//!   `ring.rs`) and serves them on a Unix socket.
+//!   `ring.rs`) and serves them on a Unix socket; it also owns the sandbox's directory watches
+//!   (`watch.rs`, inotify).
 //! - `bridge` (`bridge.rs`): relays stdin/stdout to that socket, for the server's `docker exec`.
 //! - `relay PORT` (`relay.rs`): relays stdin/stdout to `127.0.0.1:PORT`, for the server's port
 //!   proxy and port-forward.
@@ -30,6 +31,7 @@ mod shepherd;
 mod splice;
 mod supervisor;
 mod sys;
+mod watch;
 
 use helper_protocol::PROTOCOL_VERSION;
 

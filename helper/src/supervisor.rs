@@ -19,6 +19,10 @@
 //! reads it, so a client that never reads stalls nothing but its own connection (whose queue is
 //! bounded by [`CONN_HIGH_WATER`]). It keeps at most [`KEEP_EXITED`] ended processes, forgetting
 //! the oldest first.
+//!
+//! It also owns the sandbox's directory watches (`watch.rs`, inotify): one streamed on a
+//! connection ends with it; a detached one lives until it is removed, is not asked for its events
+//! for its idle time, or the container ends. At most `max_watchers` exist at once.
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -26,11 +30,12 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::Instant;
 
-use helper_protocol::supervisor::{ErrorCode, ProcStart, Reply, SupRequest};
+use helper_protocol::supervisor::{ErrorCode, ProcStart, Reply, SupRequest, WatchStart};
 use helper_protocol::{FrameDecoder, MAX_CHUNK_LEN};
 
 use crate::process::{Process, STDIN_QUEUE};
 use crate::sys;
+use crate::watch::Watcher;
 
 /// The abstract socket name (no leading NUL here; the address adds it).
 pub const SOCKET_NAME: &str = "agent-sandbox-supervisor";
@@ -59,6 +64,8 @@ enum Wait {
     },
     Stdin(String),
     Delete(String),
+    /// Streaming a watcher's events.
+    Watch(String),
 }
 
 struct Conn {
@@ -96,6 +103,7 @@ pub struct Supervisor {
     procs: Vec<Process>,
     /// The order processes ended in, for forgetting the oldest.
     ended: Vec<String>,
+    watchers: Vec<Watcher>,
     uid: u32,
 }
 
@@ -123,6 +131,10 @@ pub fn main() -> ! {
 }
 
 fn random_id() -> String {
+    random_id_with("p_")
+}
+
+fn random_id_with(prefix: &str) -> String {
     let mut b = [0u8; 8];
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
     if n != 8 {
@@ -130,7 +142,7 @@ fn random_id() -> String {
         let t = crate::process::now_ms() ^ (u64::from(std::process::id()) << 40);
         b = t.to_be_bytes();
     }
-    let mut s = String::from("p_");
+    let mut s = String::from(prefix);
     for x in b {
         s.push_str(&format!("{x:02x}"));
     }
@@ -159,6 +171,7 @@ impl Supervisor {
             conns: Vec::new(),
             procs: Vec::new(),
             ended: Vec::new(),
+            watchers: Vec::new(),
             uid: unsafe { libc::getuid() },
         }
     }
@@ -189,6 +202,7 @@ impl Supervisor {
         const OUT: u8 = 3;
         const ERR: u8 = 4;
         const STDIN: u8 = 5;
+        const WATCH: u8 = 6;
         let mut pfds = vec![sys::pollfd(&self.listener, libc::POLLIN)];
         let mut what = vec![(LISTEN, 0)];
         for (i, c) in self.conns.iter().enumerate() {
@@ -220,6 +234,12 @@ impl Supervisor {
                 }
             }
         }
+        for (i, w) in self.watchers.iter().enumerate() {
+            if w.failed.is_none() {
+                pfds.push(sys::pollfd(w.fd(), libc::POLLIN));
+                what.push((WATCH, i));
+            }
+        }
         if sys::poll(&mut pfds, timeout).is_err() {
             return;
         }
@@ -234,6 +254,7 @@ impl Supervisor {
                 STATUS => self.procs[i].read_status(),
                 OUT => self.procs[i].read_output(false, &mut buf),
                 ERR => self.procs[i].read_output(true, &mut buf),
+                WATCH => self.watchers[i].read(&mut buf),
                 _ => {
                     let _ = self.procs[i].write_stdin();
                 }
@@ -249,6 +270,13 @@ impl Supervisor {
             self.progress(i);
         }
         self.forget_oldest();
+        // A streamed watch ends with its connection; a detached one nobody asks about, in time.
+        for c in self.conns.iter().filter(|c| c.dead) {
+            if let Wait::Watch(id) = &c.wait {
+                self.watchers.retain(|w| w.id != *id);
+            }
+        }
+        self.watchers.retain(|w| !w.idle(now));
         self.conns.retain(|c| !c.dead);
     }
 
@@ -387,6 +415,10 @@ impl Supervisor {
                 err_pos,
                 follow,
             } => self.pump(i, id, out_pos, err_pos, follow),
+            Wait::Watch(id) => match self.hand_out(i, &id) {
+                true => (Wait::None, true),
+                false => (Wait::Watch(id), false),
+            },
         };
         self.conns[i].wait = next;
         done
@@ -464,7 +496,83 @@ impl Supervisor {
         )
     }
 
+    /// Moves a watcher's queued events to a connection, up to its high-water mark; true when the
+    /// answer ended (the watcher failed, and is removed, or there is none).
+    fn hand_out(&mut self, i: usize, id: &str) -> bool {
+        let Some(wi) = self.watchers.iter().position(|w| w.id == id) else {
+            self.conns[i].error(ErrorCode::NotFound, format!("no watcher {id}"));
+            return true;
+        };
+        let w = &mut self.watchers[wi];
+        let c = &mut self.conns[i];
+        while c.out.len() < CONN_HIGH_WATER {
+            let Some((op, name)) = w.queue.pop_front() else {
+                break;
+            };
+            c.reply(&Reply::FsEvent { op, name });
+        }
+        if w.queue.is_empty() {
+            if let Some((code, message)) = w.failed.clone() {
+                c.error(code, message);
+                self.watchers.remove(wi);
+                return true;
+            }
+        }
+        false
+    }
+
+    fn watch(&mut self, i: usize, w: WatchStart) {
+        if self.watchers.len() >= w.max_watchers as usize {
+            self.conns[i].error(
+                ErrorCode::TooMany,
+                format!(
+                    "{} directory watches exist in this sandbox, the most allowed",
+                    self.watchers.len()
+                ),
+            );
+            return;
+        }
+        let mut id = random_id_with("w_");
+        while self.watchers.iter().any(|w| w.id == id) {
+            id = random_id_with("w_");
+        }
+        match Watcher::start(id.clone(), &w) {
+            Ok(watcher) => {
+                self.watchers.push(watcher);
+                self.conns[i].reply(&Reply::Watcher { id: id.clone() });
+                if w.follow {
+                    self.conns[i].wait = Wait::Watch(id);
+                } else {
+                    self.conns[i].reply(&Reply::Ok);
+                }
+            }
+            Err((code, message)) => self.conns[i].error(code, message),
+        }
+    }
+
     fn handle(&mut self, i: usize, req: SupRequest) {
+        let req = match req {
+            SupRequest::Watch(w) => return self.watch(i, w),
+            SupRequest::WatchEvents { id } => {
+                match self.watchers.iter_mut().find(|w| w.id == id && !w.follow) {
+                    Some(w) => w.last_asked = Instant::now(),
+                    None => {
+                        self.conns[i].error(ErrorCode::NotFound, format!("no watcher {id}"));
+                        return;
+                    }
+                }
+                if !self.hand_out(i, &id) {
+                    self.conns[i].reply(&Reply::Ok);
+                }
+                return;
+            }
+            SupRequest::Unwatch { id } => {
+                self.watchers.retain(|w| w.id != id || w.follow);
+                self.conns[i].reply(&Reply::Ok);
+                return;
+            }
+            other => other,
+        };
         let id_of = |req: &SupRequest| match req {
             SupRequest::Get { id }
             | SupRequest::Output { id, .. }
@@ -472,7 +580,11 @@ impl Supervisor {
             | SupRequest::Signal { id, .. }
             | SupRequest::Resize { id, .. }
             | SupRequest::Delete { id } => Some(id.clone()),
-            SupRequest::Start(_) | SupRequest::List => None,
+            SupRequest::Start(_)
+            | SupRequest::List
+            | SupRequest::Watch(_)
+            | SupRequest::WatchEvents { .. }
+            | SupRequest::Unwatch { .. } => None,
         };
         let target = id_of(&req).map(|id| (self.find(&id), id));
         if let Some((None, id)) = &target {
@@ -565,6 +677,7 @@ impl Supervisor {
                 }
                 self.conns[i].wait = Wait::Delete(id);
             }
+            SupRequest::Watch(_) | SupRequest::WatchEvents { .. } | SupRequest::Unwatch { .. } => {}
         }
     }
 

@@ -466,3 +466,226 @@ fn a_process_outlives_its_client_and_garbage_is_refused() {
         }
     ));
 }
+
+/// A fresh directory of this test's own under the system's temporary directory.
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("ash-watch-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn watch(path: &std::path::Path, recursive: bool, follow: bool, max_watchers: u32) -> SupRequest {
+    SupRequest::Watch(WatchStart {
+        path: path.to_str().unwrap().to_string(),
+        recursive,
+        follow,
+        max_watchers,
+        max_dirs: 64,
+        max_queued: 1000,
+        idle_ms: 0,
+    })
+}
+
+/// Events a detached watcher has queued, asked for until `want` have come (or 5 s passed).
+fn poll_events(c: &mut Client, id: &str, want: usize) -> Vec<(FsOp, String)> {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.len() < want && Instant::now() < deadline {
+        c.req(&SupRequest::WatchEvents { id: id.into() });
+        for r in c.collect() {
+            match r {
+                Reply::FsEvent { op, name } => got.push((op, name)),
+                Reply::Ok => {}
+                other => panic!("watch events answered {other:?}"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    got
+}
+
+#[test]
+fn a_streamed_watch_reports_real_changes_recursively_and_ends_with_its_connection() {
+    let sup = supervisor();
+    let dir = temp_dir("stream");
+    std::fs::create_dir(dir.join("old")).unwrap();
+    let mut c = Client::new(&sup);
+    c.req(&watch(&dir, true, true, 1));
+    assert!(matches!(c.next(), Reply::Watcher { .. }));
+    std::fs::write(dir.join("a.txt"), b"x").unwrap();
+    std::fs::set_permissions(
+        dir.join("a.txt"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::rename(dir.join("a.txt"), dir.join("b.txt")).unwrap();
+    std::fs::remove_file(dir.join("b.txt")).unwrap();
+    std::fs::write(dir.join("old/in-old"), b"").unwrap();
+    std::fs::create_dir_all(dir.join("new/deeper")).unwrap();
+    std::fs::write(dir.join("new/deeper/f"), b"y").unwrap();
+    let mut got = Vec::new();
+    let want = [
+        (FsOp::Create, "a.txt"),
+        (FsOp::Write, "a.txt"),
+        (FsOp::Chmod, "a.txt"),
+        (FsOp::Rename, "a.txt"),
+        (FsOp::Create, "b.txt"),
+        (FsOp::Remove, "b.txt"),
+        (FsOp::Create, "old/in-old"),
+        (FsOp::Create, "new"),
+        (FsOp::Create, "new/deeper/f"),
+    ];
+    while !want
+        .iter()
+        .all(|(op, n)| got.iter().any(|(o, m): &(FsOp, String)| o == op && m == n))
+    {
+        match c.next() {
+            Reply::FsEvent { op, name } => got.push((op, name)),
+            other => panic!("the stream answered {other:?} after {got:?}"),
+        }
+    }
+    // The first six in order: what happened to one file.
+    let firsts: Vec<(FsOp, &str)> = got.iter().take(6).map(|(o, n)| (*o, n.as_str())).collect();
+    assert_eq!(&firsts[..], &want[..6]);
+    // One watcher at most: a second is refused while the stream lives...
+    let mut other = Client::new(&sup);
+    other.req(&watch(&dir, false, false, 1));
+    assert!(matches!(
+        other.collect().as_slice(),
+        [Reply::Error {
+            code: ErrorCode::TooMany,
+            ..
+        }]
+    ));
+    // ...and taken once the stream's connection is gone.
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        other.req(&watch(&dir, false, false, 1));
+        match other.collect().as_slice() {
+            [Reply::Watcher { .. }, Reply::Ok] => break,
+            [Reply::Error { .. }] if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            r => panic!("after the stream ended a watch answered {r:?}"),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_detached_watcher_queues_until_asked_and_is_removed() {
+    let sup = supervisor();
+    let dir = temp_dir("detached");
+    let mut c = Client::new(&sup);
+    c.req(&watch(&dir, false, false, 4));
+    let id = match c.collect().as_slice() {
+        [Reply::Watcher { id }, Reply::Ok] => id.clone(),
+        other => panic!("watch answered {other:?}"),
+    };
+    assert!(id.starts_with("w_"));
+    std::fs::create_dir(dir.join("sub")).unwrap();
+    // Not recursive: what happens inside `sub` is not reported.
+    std::fs::write(dir.join("sub/inner"), b"").unwrap();
+    std::fs::write(dir.join("top"), b"").unwrap();
+    let got = poll_events(&mut c, &id, 2);
+    assert_eq!(
+        got,
+        vec![(FsOp::Create, "sub".into()), (FsOp::Create, "top".into())]
+    );
+    c.req(&SupRequest::Unwatch { id: id.clone() });
+    assert_eq!(c.collect(), vec![Reply::Ok]);
+    c.req(&SupRequest::WatchEvents { id });
+    assert!(matches!(
+        c.collect().as_slice(),
+        [Reply::Error {
+            code: ErrorCode::NotFound,
+            ..
+        }]
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn watch_limits_and_bad_paths_are_clear_errors() {
+    let sup = supervisor();
+    let dir = temp_dir("limits");
+    let mut c = Client::new(&sup);
+    let code = |c: &mut Client, req: SupRequest| match c.collect().as_slice() {
+        [Reply::Error { code, message }] => (*code, message.clone()),
+        other => panic!("{req:?} answered {other:?}"),
+    };
+    let missing = dir.join("missing");
+    c.req(&watch(&missing, false, false, 4));
+    let (e, m) = code(&mut c, watch(&missing, false, false, 4));
+    assert_eq!(e, ErrorCode::NotFound);
+    assert!(m.contains("not found"), "{m}");
+    std::fs::write(dir.join("file"), b"").unwrap();
+    c.req(&watch(&dir.join("file"), false, false, 4));
+    assert_eq!(
+        code(&mut c, watch(&dir, false, false, 4)).0,
+        ErrorCode::Invalid
+    );
+    // A tree larger than max_dirs is refused whole.
+    for i in 0..70 {
+        std::fs::create_dir(dir.join(format!("d{i}"))).unwrap();
+    }
+    c.req(&watch(&dir, true, false, 4));
+    assert_eq!(
+        code(&mut c, watch(&dir, true, false, 4)).0,
+        ErrorCode::TooMany
+    );
+    // More events than may wait: the watcher fails with a message saying so, after handing out
+    // what it kept.
+    c.req(&SupRequest::Watch(WatchStart {
+        path: dir.to_str().unwrap().into(),
+        max_watchers: 4,
+        max_dirs: 4,
+        max_queued: 3,
+        ..WatchStart::default()
+    }));
+    let id = match c.collect().as_slice() {
+        [Reply::Watcher { id }, Reply::Ok] => id.clone(),
+        other => panic!("watch answered {other:?}"),
+    };
+    for i in 0..5 {
+        std::fs::write(dir.join(format!("f{i}")), b"").unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    c.req(&SupRequest::WatchEvents { id: id.clone() });
+    let replies = c.collect();
+    assert_eq!(replies.len(), 4, "{replies:?}");
+    match replies.last() {
+        Some(Reply::Error {
+            code: ErrorCode::TooMany,
+            message,
+        }) => assert!(message.contains("events were lost"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn removing_the_watched_directory_ends_the_watch() {
+    let sup = supervisor();
+    let dir = temp_dir("gone");
+    let mut c = Client::new(&sup);
+    c.req(&watch(&dir, true, true, 4));
+    assert!(matches!(c.next(), Reply::Watcher { .. }));
+    std::fs::write(dir.join("f"), b"").unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    loop {
+        match c.next() {
+            Reply::FsEvent { .. } => {}
+            Reply::Error {
+                code: ErrorCode::NotFound,
+                message,
+            } => {
+                assert!(message.contains("was removed"), "{message}");
+                break;
+            }
+            other => panic!("the stream answered {other:?}"),
+        }
+    }
+}

@@ -76,8 +76,19 @@ async fn read(
 
 /// Middleware: records audited requests once answered.
 pub async fn record(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let Some(what) = describe(request.method().as_str(), request.uri().path()) else {
+    let Some((verb, resource, key)) = describe(request.method().as_str(), request.uri().path())
+    else {
         return next.run(request).await;
+    };
+    // Paths name objects by their keys: the namespace is in the key, or, for a create, in the
+    // path (else it is the caller's first).
+    let asked = request
+        .extensions()
+        .get::<crate::api::namespace::RequestNamespace>()
+        .and_then(|n| n.0.clone());
+    let (namespace, name) = match crate::resource::split_key(&key) {
+        (_, "") => (asked, String::new()),
+        (namespace, name) => (Some(namespace.to_string()), name.to_string()),
     };
     let channel = if request.uri().path().starts_with("/v1/") {
         "v1"
@@ -93,16 +104,23 @@ pub async fn record(State(state): State<AppState>, request: Request, next: Next)
         None => channel.to_string(),
     };
     let response = next.run(request).await;
-    let key = response
+    let key_name = response
         .extensions()
         .get::<Principal>()
         .map_or("-", |p| p.name())
         .to_string();
+    let namespace = namespace.unwrap_or_else(|| {
+        response
+            .extensions()
+            .get::<Principal>()
+            .map_or(DEFAULT_NAMESPACE, |p| p.home_namespace())
+            .to_string()
+    });
     let record = AuditRecord::new(
         chrono::Utc::now(),
-        &key,
-        DEFAULT_NAMESPACE,
-        what,
+        &key_name,
+        &namespace,
+        (verb, resource, name),
         response.status().as_u16(),
         source,
     );

@@ -172,7 +172,16 @@ pub async fn require_key(
         Ok(principal) => principal,
         Err(error) => return error.into_response(),
     };
-    let asked = authz::classify(request.method().as_str(), request.uri().path());
+    let asked_namespace = request
+        .extensions()
+        .get::<super::namespace::RequestNamespace>()
+        .and_then(|n| n.0.clone());
+    let asked = authz::classify(
+        request.method().as_str(),
+        request.uri().path(),
+        asked_namespace.as_deref(),
+        principal.home_namespace(),
+    );
     let refusal = match principal.decide(&asked) {
         Decision::Allow => None,
         Decision::NotFound(message) => Some(ApiError::NotFound(message)),

@@ -13,6 +13,7 @@ pub mod error;
 pub mod health;
 pub mod http;
 pub mod metrics;
+pub mod namespace;
 pub mod openapi;
 pub mod ports;
 pub mod power;
@@ -147,7 +148,7 @@ pub fn router(state: AppState) -> Router {
             .unwrap_or_default(),
     );
     let document = OpenApiText(Arc::from(openapi::to_text(&document)));
-    routes
+    let routes: Router = routes
         .layer(middleware::from_fn_with_state(state.clone(), audit::record))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -158,11 +159,6 @@ pub fn router(state: AppState) -> Router {
         .layer(Extension(document))
         .layer(middleware::from_fn(common_error_shape))
         .layer(middleware::from_fn(e2b::control_error_shape))
-        // Wraps every route and the fallbacks: a preview host never reaches the API.
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            previews::preview_hosts,
-        ))
         // Sets the default for body extractors; a route that takes larger bodies sets its own
         // `DefaultBodyLimit` closer to the handler, which wins.
         .layer(DefaultBodyLimit::max(body::MAX_JSON_BODY))
@@ -178,7 +174,16 @@ pub fn router(state: AppState) -> Router {
                 })
                 .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
         )
-        .with_state(state)
+        .with_state(state.clone());
+    // Namespaced paths are rewritten before the routes above see them, so this wraps the
+    // router as a whole; a preview host never reaches the API (nor the rewrite).
+    Router::new()
+        .fallback_service(routes)
+        .layer(middleware::from_fn(namespace::rewrite))
+        .layer(middleware::from_fn_with_state(
+            state,
+            previews::preview_hosts,
+        ))
 }
 
 /// Unknown path: 404, except that a documented route asked for with a trailing slash is

@@ -589,7 +589,70 @@ pub fn finish<S: Clone + Send + Sync + 'static>(router: ApiRouter<S>) -> (Router
     check(&api);
     let mut document = serde_json::to_value(&api).expect("the OpenAPI document serializes");
     state_defaults(&mut document);
+    namespaced_twins(&mut document);
     (router, document)
+}
+
+/// Documents `/apis/agent-sandbox.io/v1/namespaces/{namespace}/…`, the namespaced twin of every
+/// path of a namespaced kind (served by the same handlers, see `super::namespace`): the same
+/// operations with a `namespace` parameter, ids ending in `Namespaced`, and a 404 for a
+/// namespace name that is not one.
+fn namespaced_twins(document: &mut Value) {
+    const APIS: &str = "/apis/agent-sandbox.io/v1/";
+    let Some(paths) = document.get("paths").and_then(Value::as_object) else {
+        return;
+    };
+    let namespaced = |rest: &str| {
+        let plural = rest.split('/').next().unwrap_or_default();
+        plural == "events"
+            || crate::resource::Kind::from_plural(plural)
+                .is_some_and(|k| k != crate::resource::Kind::Webhook)
+    };
+    let parameter = serde_json::json!({
+        "in": "path",
+        "name": "namespace",
+        "required": true,
+        "description": "The namespace of the objects (names are unique per namespace).",
+        "schema": {"type": "string", "pattern": crate::resource::NAMESPACE_PATTERN},
+    });
+    let not_found = serde_json::json!({
+        "description": "No such namespace name, or no such object in it",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    });
+    let mut twins = serde_json::Map::new();
+    for (path, item) in paths {
+        let Some(rest) = path.strip_prefix(APIS).filter(|rest| namespaced(rest)) else {
+            continue;
+        };
+        let mut twin = item.clone();
+        if let Some(operations) = twin.as_object_mut() {
+            for (method, operation) in operations.iter_mut() {
+                if method == "parameters" {
+                    continue;
+                }
+                if let Some(id) = operation.get("operationId").and_then(Value::as_str) {
+                    operation["operationId"] = Value::String(format!("{id}Namespaced"));
+                }
+                match operation
+                    .get_mut("parameters")
+                    .and_then(Value::as_array_mut)
+                {
+                    Some(list) => list.insert(0, parameter.clone()),
+                    None => operation["parameters"] = Value::Array(vec![parameter.clone()]),
+                }
+                if let Some(responses) = operation
+                    .get_mut("responses")
+                    .and_then(Value::as_object_mut)
+                {
+                    responses.entry("404").or_insert_with(|| not_found.clone());
+                }
+            }
+        }
+        twins.insert(format!("{APIS}namespaces/{{namespace}}/{rest}"), twin);
+    }
+    if let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) {
+        paths.extend(twins);
+    }
 }
 
 /// A route's wildcard (`{*path}`, axum's syntax) is a plain path parameter in the document.

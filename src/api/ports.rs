@@ -1,7 +1,8 @@
 //! The proxy subresource: `ANY …/sandboxes/{name}/proxy/{port}/{path…}` forwards the request to
 //! `127.0.0.1:{port}` inside the sandbox (Kubernetes' convention) and streams the answer back;
 //! `GET …/sandboxes/{name}/portforward?port=P` upgrades to a WebSocket whose binary messages
-//! carry one raw TCP connection to that port (closing either side closes both). This file
+//! carry one raw TCP connection to that port (closing either side closes both). The bytes of
+//! both count as the sandbox's activity for its idle policy. This file
 //! parses, finds the sandbox's container, frames and maps errors; connecting is `ports`.
 
 use std::net::SocketAddr;
@@ -155,7 +156,9 @@ async fn portforward(
         .ports
         .connect(&target.container_id, port)
         .await
-        .map_err(port_error)?;
+        .map_err(port_error)?
+        // The bytes through it are the sandbox's activity, as calls are (idle policies).
+        .counting(Some(state.activity.toucher(&target.name)));
     Ok(ws
         .protocols([PORTFORWARD_PROTOCOL])
         .max_message_size(MAX_FORWARD_MESSAGE)
@@ -248,6 +251,7 @@ async fn proxy(State(state): State<AppState>, request: Request) -> Result<Respon
             super::session::CSRF_COOKIE.to_string(),
         ],
         stop,
+        activity: Some(state.activity.toucher(&target.name)),
     };
     state
         .ports

@@ -8,12 +8,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::resource::{AnyResource, Kind, Sandbox, SandboxPhase, SandboxState};
+use crate::resource::{AnyResource, Kind, Sandbox, SandboxPhase, SandboxSpec, SandboxState};
 use crate::store::{Store, StoreError};
 
 /// How long a state change waits for the controller.
@@ -30,6 +31,18 @@ pub async fn set_state(
     state: SandboxState,
     timeout: Duration,
 ) -> Result<Sandbox, ApiError> {
+    set_state_with(store, name, state, timeout, |_| {}).await
+}
+
+/// [`set_state`], with `also` changing the spec in the same write (a resume that also moves the
+/// end of the lifetime must not leave a moment where the new lifetime runs with the old end).
+async fn set_state_with(
+    store: &Arc<Store>,
+    name: &str,
+    state: SandboxState,
+    timeout: Duration,
+    also: impl Fn(&mut SandboxSpec) + Send + 'static,
+) -> Result<Sandbox, ApiError> {
     // Subscribed before the write, so the controller's answer cannot slip by.
     let mut events = store.subscribe();
     let owned = name.to_string();
@@ -40,10 +53,11 @@ pub async fn set_state(
                     if sandbox.metadata.deletion_timestamp.is_some() {
                         return Err(StoreError::Terminating {
                             kind: Kind::Sandbox,
-                            name: sandbox.metadata.name.clone(),
+                            name: sandbox.metadata.key(),
                         });
                     }
                     sandbox.spec.state = Some(state);
+                    also(&mut sandbox.spec);
                     Ok(())
                 }
                 _ => Err(StoreError::Invalid(format!("{owned} is not a sandbox"))),
@@ -123,7 +137,7 @@ pub fn needs_resume(sandbox: &Sandbox) -> bool {
 /// or stopped sandbox first (or refuses with 409 `sandbox_paused` when it does not resume by
 /// itself). Answers the sandbox as it is when the call may go ahead.
 pub async fn awake(state: &AppState, sandbox: Sandbox) -> Result<Sandbox, ApiError> {
-    let name = sandbox.metadata.name.clone();
+    let name = sandbox.metadata.key();
     if !wake_with_change(state, &sandbox)? {
         return Ok(sandbox);
     }
@@ -133,11 +147,53 @@ pub async fn awake(state: &AppState, sandbox: Sandbox) -> Result<Sandbox, ApiErr
     Ok(resumed)
 }
 
+/// An explicit resume (E2B's `connect`): a paused or stopped sandbox runs again whatever its
+/// `spec.autoResume` says, the call counting as activity. With `keep_until`, a lifetime that
+/// would end before then is moved to end then, in the same write as the resume: a short
+/// lifetime (it starts again at each resume) cannot end between the two. Answers the sandbox as
+/// it then is; one that did not need a resume is answered unchanged, for the caller to extend.
+pub async fn resume(
+    state: &AppState,
+    sandbox: Sandbox,
+    keep_until: Option<DateTime<Utc>>,
+) -> Result<Sandbox, ApiError> {
+    let name = sandbox.metadata.key();
+    state.activity.touch(&name);
+    if !needs_resume(&sandbox) {
+        return Ok(sandbox);
+    }
+    let extend = move |spec: &mut SandboxSpec| {
+        if let Some(end) = keep_until {
+            // The controller anchors the new lifetime at the resume, which is now.
+            keep_alive_until(spec, Utc::now(), end);
+        }
+    };
+    let resumed = set_state_with(
+        &state.store,
+        &name,
+        SandboxState::Running,
+        STATE_WAIT,
+        extend,
+    )
+    .await?;
+    state.activity.touch(&name);
+    Ok(resumed)
+}
+
+/// Moves the end of a lifetime that starts at `anchor` to `end` when it would come sooner: the
+/// absolute time then rules (`shutdownTime`), the time to live gives way to it.
+fn keep_alive_until(spec: &mut SandboxSpec, anchor: DateTime<Utc>, end: DateTime<Utc>) {
+    if spec.expires_at(anchor).is_none_or(|at| at < end) {
+        spec.shutdown_time = Some(end);
+        spec.ttl_seconds = None;
+    }
+}
+
 /// Before a call that needs `sandbox` running and changes its spec anyway (a rollback): counts
 /// the call as activity and answers whether the same write must also set `spec.state: Running`
 /// (it is paused or stopped and resumes by itself), or refuses with 409 `sandbox_paused`.
 pub fn wake_with_change(state: &AppState, sandbox: &Sandbox) -> Result<bool, ApiError> {
-    let name = sandbox.metadata.name.as_str();
+    let name = &sandbox.metadata.key();
     state.activity.touch(name);
     if !needs_resume(sandbox) {
         return Ok(false);
@@ -172,6 +228,32 @@ mod tests {
             ..SandboxStatus::default()
         });
         sb
+    }
+
+    #[test]
+    fn a_resume_with_a_later_end_replaces_a_shorter_lifetime_and_keeps_a_longer_one() {
+        let now = Utc::now();
+        let end = now + chrono::TimeDelta::seconds(120);
+        // Stopped at the end of a 6 s lifetime: resumed, it would live 6 s more; now until `end`.
+        let mut short = SandboxSpec {
+            ttl_seconds: Some(6),
+            expiry_action: Some(crate::resource::ExpiryAction::Stop),
+            ..SandboxSpec::default()
+        };
+        keep_alive_until(&mut short, now, end);
+        assert_eq!((short.shutdown_time, short.ttl_seconds), (Some(end), None));
+        // A lifetime that already goes past `end` is left alone.
+        let mut long = SandboxSpec {
+            ttl_seconds: Some(600),
+            expiry_action: Some(crate::resource::ExpiryAction::Stop),
+            ..SandboxSpec::default()
+        };
+        keep_alive_until(&mut long, now, end);
+        assert_eq!((long.shutdown_time, long.ttl_seconds), (None, Some(600)));
+        // No lifetime at all gets one ending at `end`.
+        let mut endless = SandboxSpec::default();
+        keep_alive_until(&mut endless, now, end);
+        assert_eq!(endless.shutdown_time, Some(end));
     }
 
     #[test]

@@ -31,6 +31,9 @@ use crate::ports::preview::{
 use crate::ports::{Forwarded, PortError};
 use crate::resource::Kind;
 
+/// The header carrying an E2B sandbox's traffic access token.
+const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
+
 /// A preview link.
 #[derive(Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -152,7 +155,8 @@ async fn create(
         now.timestamp_millis(),
     );
     let url = format!(
-        "http://{port}-{name}.{domain}:{}/?token={token}",
+        "http://{}.{domain}:{}/?token={token}",
+        crate::ports::preview::host_label(port, &name),
         state.settings.port
     );
     Ok((
@@ -316,6 +320,21 @@ async fn serve_preview(
                 return Err(unauthorized("the API key is not valid".into()))
             }
         }
+    } else if let Some(token) = request.headers().get(TRAFFIC_TOKEN_HEADER) {
+        // An E2B sandbox's traffic access token (`trafficAccessToken`), as E2B's hosts take it.
+        let opens = state
+            .store
+            .get(Kind::Sandbox, name)
+            .and_then(|e| e.resource.as_sandbox().cloned())
+            .zip(token.to_str().ok())
+            .is_some_and(|(sandbox, token)| {
+                crate::api::e2b::envd::traffic_token_opens(state, &sandbox, token)
+            });
+        if !opens {
+            return Err(unauthorized(format!(
+                "the {TRAFFIC_TOKEN_HEADER} header is not this sandbox's traffic access token"
+            )));
+        }
     } else if state.keys.is_enabled() {
         let token = cookie(request.headers(), COOKIE)
             .ok_or_else(|| unauthorized("a preview needs the API key or a token".into()))?;
@@ -341,6 +360,7 @@ async fn serve_preview(
             crate::api::session::CSRF_COOKIE.to_string(),
         ],
         stop,
+        activity: Some(state.activity.toucher(&target.name)),
     };
     state
         .ports

@@ -31,6 +31,7 @@ use super::openapi::Describe;
 use super::processes::{parse_start, process_error, target};
 use super::resources::PREFIX;
 use super::AppState;
+use crate::activity::Toucher;
 use crate::processes::{OutputEvent, Processes, StartSpec, Stream, Target};
 
 pub const CHANNEL_STDIN: u8 = 0;
@@ -152,9 +153,10 @@ async fn attach(
         .map_err(process_error)?;
     let from = (p.stdout_bytes, p.stderr_bytes);
     let processes = Arc::clone(&state.processes);
+    let activity = state.activity.toucher(&name);
     Ok(limited(ws).on_upgrade(move |socket| async move {
         principal
-            .while_valid(run(socket, processes, target, id, from))
+            .while_valid(run(socket, processes, target, id, from, activity))
             .await;
     }))
 }
@@ -278,11 +280,12 @@ async fn exec(
         .await
         .map_err(process_error)?;
     let processes = Arc::clone(&state.processes);
+    let activity = state.activity.toucher(&name);
     // Which process this is, for a client that wants to find it again (`…/processes/{id}`).
     let id_header = axum::http::HeaderValue::from_str(&p.id).ok();
     let mut response = limited(ws).on_upgrade(move |socket| async move {
         principal
-            .while_valid(run(socket, processes, target, p.id, (0, 0)))
+            .while_valid(run(socket, processes, target, p.id, (0, 0), activity))
             .await;
     });
     if let Some(v) = id_header {
@@ -323,7 +326,9 @@ async fn run(
     target: Target,
     id: String,
     (stdout_from, stderr_from): (u64, u64),
+    activity: Toucher,
 ) {
+    let output_activity = activity.clone();
     let (mut tx, mut rx) = socket.split();
     let events = match processes
         .output(&target, &id, stdout_from, stderr_from, true)
@@ -348,6 +353,8 @@ async fn run(
                         Stream::Stdout => CHANNEL_STDOUT,
                         Stream::Stderr => CHANNEL_STDERR,
                     };
+                    // Output and input count as the sandbox's activity (idle policies).
+                    output_activity.touch();
                     framed(ch, &data)
                 }
                 OutputEvent::Exit {
@@ -390,6 +397,7 @@ async fn run(
             let Some((&channel, body)) = data.split_first() else {
                 continue;
             };
+            activity.touch();
             if session.is_none() {
                 match processes.session(&target).await {
                     Ok(s) => session = Some(s),

@@ -30,11 +30,14 @@ use tokio::sync::broadcast;
 
 use super::body::{read_body, request_format, respond, response_format, Format, MAX_JSON_BODY};
 use super::error::ApiError;
+use super::namespace::RequestNamespace;
 use super::v1::wait::Poll;
 use super::AppState;
 use crate::authz::{namespace_of, Principal};
 use crate::resource::yaml::{self, DocumentError};
-use crate::resource::{is_valid_name, AnyResource, Kind, API_VERSION};
+use crate::resource::{
+    is_valid_key, is_valid_name, split_key, AnyResource, Kind, API_VERSION, DEFAULT_NAMESPACE,
+};
 use crate::store::{EventType, Store, WatchEvent, WriteOptions};
 
 mod archive;
@@ -239,6 +242,60 @@ fn check_name(name: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Puts a new object in its namespace: the one its path named, else the one its document names,
+/// else the caller's first. A document naming another namespace than its path is refused, and a
+/// caller may create only in namespaces it reaches.
+fn place(
+    resource: &mut AnyResource,
+    asked: &RequestNamespace,
+    principal: &Principal,
+) -> Result<(), ApiError> {
+    let declared = resource.namespace().to_string();
+    let namespace = match &asked.0 {
+        Some(path) if declared == DEFAULT_NAMESPACE || declared == *path => path.clone(),
+        Some(path) => {
+            return Err(ApiError::InvalidRequest(format!(
+                "metadata.namespace {declared:?} does not match the namespace in the URL \
+                 ({path:?})"
+            )))
+        }
+        None if declared == DEFAULT_NAMESPACE => principal.home_namespace().to_string(),
+        None => declared,
+    };
+    if !principal.reaches(&namespace) {
+        return Err(ApiError::Forbidden(format!(
+            "key {:?} may not create objects in namespace {namespace:?}",
+            principal.name()
+        )));
+    }
+    resource.metadata_mut().namespace = namespace;
+    Ok(())
+}
+
+/// Checks that a document sent to the object of key `key` (from the URL) names that object,
+/// filling in the name and namespace it leaves out.
+pub(crate) fn check_identity(resource: &mut AnyResource, key: &str) -> Result<(), ApiError> {
+    let (namespace, name) = split_key(key);
+    let meta = resource.metadata_mut();
+    if meta.name.is_empty() {
+        meta.name = name.to_string();
+    } else if meta.name != name {
+        return Err(ApiError::InvalidRequest(format!(
+            "metadata.name {:?} does not match the name in the URL ({name:?})",
+            meta.name
+        )));
+    }
+    if meta.namespace == DEFAULT_NAMESPACE {
+        meta.namespace = namespace.to_string();
+    } else if meta.namespace != namespace {
+        return Err(ApiError::InvalidRequest(format!(
+            "metadata.namespace {:?} does not match the namespace in the URL ({namespace:?})",
+            meta.namespace
+        )));
+    }
+    Ok(())
+}
+
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct List<'a> {
@@ -273,17 +330,17 @@ fn limit(params: &HashMap<String, String>) -> Result<Option<usize>, ApiError> {
     }
 }
 
-/// Where a page ends in the list's order (creation time, then name): `<unix nanos>.<name>`.
+/// Where a page ends in the list's order (creation time, then key): `<unix nanos>.<key>`.
 fn continue_token(resource: &AnyResource) -> String {
     let nanos = resource
         .metadata()
         .creation_timestamp
         .and_then(|t| t.timestamp_nanos_opt())
         .unwrap_or(0);
-    format!("{nanos}.{}", resource.name())
+    format!("{nanos}.{}", resource.key())
 }
 
-/// A place in a list's order: creation time, then name.
+/// A place in a list's order: creation time, then key.
 type ListPosition = (Option<chrono::DateTime<chrono::Utc>>, String);
 
 /// The position after which `continue` resumes: the key the list is ordered by.
@@ -300,7 +357,7 @@ fn continue_from(params: &HashMap<String, String>) -> Result<Option<ListPosition
     // Any whole number the document's pattern allows; beyond i64 it lies past every object.
     let nanos: i128 = nanos.parse().map_err(|_| invalid())?;
     let nanos = nanos.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
-    if !is_valid_name(name) {
+    if !is_valid_key(name) {
         return Err(invalid());
     }
     let at = (nanos != 0).then(|| chrono::DateTime::from_timestamp_nanos(nanos));
@@ -310,6 +367,7 @@ fn continue_from(params: &HashMap<String, String>) -> Result<Option<ListPosition
 async fn list<K: DocumentedKind>(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
+    Extension(asked): Extension<RequestNamespace>,
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -320,18 +378,26 @@ async fn list<K: DocumentedKind>(
     let limit = limit(&params)?;
     let after = continue_from(&params)?;
     if flag(&params, "watch")? {
-        return Ok(watch(&state.store, kind, selector, principal, timeout));
+        return Ok(watch(
+            &state.store,
+            kind,
+            selector,
+            principal,
+            asked,
+            timeout,
+        ));
     }
     let entries = state.store.list(kind);
     let all: Vec<&AnyResource> = entries
         .iter()
         .map(|e| &e.resource)
         .filter(|r| principal.reaches(namespace_of(r.metadata())))
+        .filter(|r| asked.shows(namespace_of(r.metadata())))
         .filter(|r| selector.matches(&r.metadata().labels))
         .filter(|r| {
-            // The store lists by creation time, then name; a page resumes past its token.
-            after.as_ref().is_none_or(|(at, name)| {
-                (r.metadata().creation_timestamp, r.name()) > (*at, name.as_str())
+            // The store lists by creation time, then key; a page resumes past its token.
+            after.as_ref().is_none_or(|(at, key)| {
+                (r.metadata().creation_timestamp, r.key()) > (*at, key.clone())
             })
         })
         .collect();
@@ -395,12 +461,16 @@ fn watch(
     kind: Kind,
     selector: LabelSelector,
     principal: Principal,
+    asked: RequestNamespace,
     timeout: Option<std::time::Duration>,
 ) -> Response {
     // Subscribe before listing, so nothing between the two is lost (at worst seen twice).
     let receiver = store.subscribe();
     let visible = move |r: &AnyResource| {
-        principal.reaches(namespace_of(r.metadata())) && selector.matches(&r.metadata().labels)
+        let namespace = namespace_of(r.metadata());
+        principal.reaches(namespace)
+            && asked.shows(namespace)
+            && selector.matches(&r.metadata().labels)
     };
     let initial: Vec<Result<Bytes, Infallible>> = store
         .list(kind)
@@ -453,6 +523,8 @@ fn watch(
 
 async fn create<K: DocumentedKind>(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Extension(asked): Extension<RequestNamespace>,
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
     body: Body,
@@ -465,6 +537,7 @@ async fn create<K: DocumentedKind>(
         resource.metadata_mut().name = generated_name(kind);
     }
     check_name(resource.name())?;
+    place(&mut resource, &asked, &principal)?;
     let _admission = super::quota::lock_for(&state, kind).await;
     super::quota::check(&state, &resource)?;
     let created = state
@@ -474,7 +547,7 @@ async fn create<K: DocumentedKind>(
             // a dry run first keeps a refused create from touching another Secret's value.
             if let (Some(value), false) = (secret_value, opts.dry_run) {
                 store.create(resource.clone(), WriteOptions { dry_run: true })?;
-                store.set_secret_value(resource.name(), value.as_bytes())?;
+                store.set_secret_value(&resource.key(), value.as_bytes())?;
             }
             store.create(resource, opts)
         })
@@ -511,14 +584,7 @@ async fn replace<K: DocumentedKind>(
     let opts = dry_run(&params)?;
     let bytes = read_body(&headers, body, MAX_JSON_BODY).await?;
     let (mut resource, secret_value) = parse_with_value(&headers, &bytes, kind)?;
-    if resource.name().is_empty() {
-        resource.metadata_mut().name = name.clone();
-    } else if resource.name() != name {
-        return Err(ApiError::InvalidRequest(format!(
-            "metadata.name {:?} does not match the name in the URL ({name:?})",
-            resource.name()
-        )));
-    }
+    check_identity(&mut resource, &name)?;
     let _admission = super::quota::lock_for(&state, kind).await;
     super::quota::check(&state, &resource)?;
     let replaced = state
@@ -526,7 +592,7 @@ async fn replace<K: DocumentedKind>(
         .write(move |store| {
             if let (Some(value), false) = (secret_value, opts.dry_run) {
                 store.replace(resource.clone(), WriteOptions { dry_run: true })?;
-                store.set_secret_value(resource.name(), value.as_bytes())?;
+                store.set_secret_value(&resource.key(), value.as_bytes())?;
             }
             store.replace(resource, opts)
         })
@@ -628,12 +694,16 @@ async fn document_errors(
     Extension(principal): Extension<Principal>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    // Folder manifests are in the default namespace.
+    // An error is shown to the keys of its document's namespace; one whose document could not
+    // be read far enough to tell is shown to keys of every namespace only.
     let errors = state
         .store
         .document_errors()
         .iter()
-        .filter(|_| principal.reaches(crate::authz::DEFAULT_NAMESPACE))
+        .filter(|e| match &e.identity {
+            Some((_, key)) => principal.reaches(split_key(key).0),
+            None => principal.reaches("*"),
+        })
         .map(DocumentErrorInfo::from)
         .collect();
     respond(

@@ -6,7 +6,8 @@
 //!
 //! It never sees a key (only SHA-256 digests), knows nothing of HTTP beyond a method and a path,
 //! and never touches the store: handlers filter what they list with [`Principal::reaches`].
-//! Until namespaces exist, every object is in [`DEFAULT_NAMESPACE`].
+//! An object's namespace is read from its key in the path (namespaced paths are rewritten to keys
+//! before routing: `crate::api::namespace`).
 
 pub mod keyring;
 
@@ -16,12 +17,12 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::resource::keyfile::Role;
 
-/// The namespace of every object until objects carry one.
-pub const DEFAULT_NAMESPACE: &str = "default";
+use crate::resource::split_key;
+pub use crate::resource::DEFAULT_NAMESPACE;
 
-/// The namespace of an object: [`DEFAULT_NAMESPACE`] for every object until objects carry one.
-pub fn namespace_of(_metadata: &crate::resource::ObjectMeta) -> &str {
-    DEFAULT_NAMESPACE
+/// The namespace of an object.
+pub fn namespace_of(metadata: &crate::resource::ObjectMeta) -> &str {
+    &metadata.namespace
 }
 
 /// The caller of a request, as its key makes it.
@@ -206,12 +207,13 @@ pub enum Decision {
     Unauthenticated,
 }
 
-/// Reaching into the sandbox `name` (its ports, through a preview host).
-pub fn inside_sandbox(name: &str) -> Classified {
+/// Reaching into the sandbox of key `key` (its ports, through a preview host).
+pub fn inside_sandbox(key: &str) -> Classified {
+    let (namespace, name) = split_key(key);
     Classified {
         access: Access::Write,
         target: Target::Object {
-            namespace: DEFAULT_NAMESPACE.to_string(),
+            namespace: namespace.to_string(),
             missing: format!("sandbox {name:?} not found"),
         },
     }
@@ -236,10 +238,14 @@ fn kind_of(plural: &str) -> Option<&'static str> {
 }
 
 /// What `method` on `path` asks for. Anything not recognized is [`Target::Server`] (admin only).
-pub fn classify(method: &str, path: &str) -> Classified {
+/// Objects of the resource API are named by their keys (the namespace is in the key);
+/// `collection` is the namespace a namespaced path named, `home` the namespace of calls that
+/// name none (`/v1`, E2B, un-namespaced creates): the key's first.
+pub fn classify(method: &str, path: &str, collection: Option<&str>, home: &str) -> Classified {
     let read_method = matches!(method, "GET" | "HEAD");
     let access = |read: bool| if read { Access::Read } else { Access::Write };
-    let ns = DEFAULT_NAMESPACE.to_string();
+    let ns = collection.unwrap_or(home).to_string();
+    let home = home.to_string();
     let server = Classified {
         access: access(read_method),
         target: Target::Server,
@@ -273,6 +279,7 @@ pub fn classify(method: &str, path: &str) -> Classified {
                             | ("sandboxes", ["stats", "history"])
                             | ("sandboxes", ["processes", _])
                     );
+                let (namespace, name) = split_key(name);
                 let missing = if sub.is_empty() {
                     format!("{kind} {name:?} not found")
                 } else {
@@ -281,7 +288,7 @@ pub fn classify(method: &str, path: &str) -> Classified {
                 Classified {
                     access: access(read),
                     target: Target::Object {
-                        namespace: ns,
+                        namespace: namespace.to_string(),
                         missing,
                     },
                 }
@@ -293,14 +300,17 @@ pub fn classify(method: &str, path: &str) -> Classified {
         match segments.as_slice() {
             ["sandboxes" | "snapshots"] => Classified {
                 access: access(read_method),
-                target: Target::Collection { namespace: ns },
+                target: Target::Collection {
+                    namespace: home.clone(),
+                },
             },
             [plural @ ("sandboxes" | "snapshots"), id, sub @ ..] => {
                 let singular = plural.trim_end_matches("es").trim_end_matches('s');
+                // A `/v1` ID is the object's key: its namespace is in it.
                 Classified {
                     access: access(read_method && sub.is_empty()),
                     target: Target::Object {
-                        namespace: ns,
+                        namespace: split_key(id).0.to_string(),
                         missing: format!("{singular} {id} not found"),
                     },
                 }
@@ -308,17 +318,19 @@ pub fn classify(method: &str, path: &str) -> Classified {
             _ => server,
         }
     } else if let Some(rest) = path.strip_prefix("/e2b/") {
-        // E2B's control API: its sandboxes are the default namespace's, like `/v1`'s.
+        // E2B's control API acts in the default namespace only (its IDs are plain names).
         let rest = rest.strip_prefix("v2/").unwrap_or(rest);
         match rest.split('/').collect::<Vec<_>>().as_slice() {
             ["sandboxes"] => Classified {
                 access: access(read_method),
-                target: Target::Collection { namespace: ns },
+                target: Target::Collection {
+                    namespace: DEFAULT_NAMESPACE.to_string(),
+                },
             },
             ["sandboxes", id, sub @ ..] => Classified {
                 access: access(read_method && sub.is_empty()),
                 target: Target::Object {
-                    namespace: ns,
+                    namespace: DEFAULT_NAMESPACE.to_string(),
                     missing: format!("sandbox {id} not found"),
                 },
             },
@@ -339,7 +351,7 @@ mod tests {
     }
 
     fn decide(p: &Principal, method: &str, path: &str) -> Decision {
-        p.decide(&classify(method, path))
+        p.decide(&classify(method, path, None, p.home_namespace()))
     }
 
     #[test]
@@ -396,8 +408,19 @@ mod tests {
             decide(&other, "POST", "/v1/snapshots/s/fork"),
             Decision::NotFound("snapshot s not found".into())
         );
-        assert!(matches!(
+        // An un-namespaced create goes to the key's own namespace; a namespaced one elsewhere
+        // is refused.
+        assert_eq!(
             decide(&other, "POST", "/apis/agent-sandbox.io/v1/sandboxes"),
+            Decision::Allow
+        );
+        assert!(matches!(
+            other.decide(&classify(
+                "POST",
+                "/apis/agent-sandbox.io/v1/sandboxes",
+                Some("default"),
+                other.home_namespace()
+            )),
             Decision::Forbidden(_)
         ));
         // Lists are allowed and filtered by the handler.

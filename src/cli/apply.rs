@@ -116,7 +116,8 @@ pub async fn apply_one(
     dry_run: bool,
 ) -> Result<Outcome, CliError> {
     let kind = resource.kind();
-    let name = resource.name();
+    let key = resource.key();
+    let name = key.as_str();
     let body = resource.declaration().to_json();
     match client.get_resource(kind, name).await? {
         None => {
@@ -174,9 +175,17 @@ async fn wait_ready(
 ) -> Result<(), CliError> {
     let mut progress = Progress::on_stderr();
     for doc in documents {
-        let (kind, name) = (doc.resource.kind(), doc.resource.name());
-        let waited =
-            wait_for_condition(client, kind, name, "Ready", "True", deadline, &mut progress).await;
+        let (kind, name) = (doc.resource.kind(), doc.resource.key());
+        let waited = wait_for_condition(
+            client,
+            kind,
+            &name,
+            "Ready",
+            "True",
+            deadline,
+            &mut progress,
+        )
+        .await;
         match waited {
             Ok(()) => emit(&format!("{} ready\n", doc.reference())),
             Err(WaitError::TimedOut(why)) => {
@@ -226,7 +235,7 @@ fn delete_targets(args: &DeleteArgs) -> Result<Vec<(Kind, String)>, CliError> {
             ));
         }
         for doc in read_all(&args.files)? {
-            targets.push((doc.resource.kind(), doc.resource.name().to_string()));
+            targets.push((doc.resource.kind(), doc.resource.key()));
         }
         return Ok(targets);
     }

@@ -10,7 +10,7 @@ use clap::Args;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
-use crate::resource::Kind;
+use crate::resource::{is_valid_namespace, object_key, split_key, Kind, DEFAULT_NAMESPACE};
 
 /// Where the resource API lives on the server.
 pub const RESOURCE_PREFIX: &str = "/apis/agent-sandbox.io/v1";
@@ -38,6 +38,15 @@ pub struct Connection {
         global = true
     )]
     pub api_key: Option<String>,
+    /// Namespace of the objects named on the command line, and of the lists shown (without
+    /// it: `default` for names, every namespace the key reaches for lists).
+    #[arg(
+        long = "namespace",
+        short = 'n',
+        env = "AGENT_SANDBOX_NAMESPACE",
+        global = true
+    )]
+    pub namespace: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +103,7 @@ pub struct Client {
     http: reqwest::Client,
     base: String,
     key: Option<String>,
+    namespace: Option<String>,
 }
 
 impl Client {
@@ -113,7 +123,44 @@ impl Client {
             .map(str::trim)
             .filter(|k| !k.is_empty())
             .map(String::from);
-        Ok(Client { http, base, key })
+        let namespace = connection
+            .namespace
+            .as_deref()
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(String::from);
+        if let Some(bad) = namespace.as_deref().filter(|n| !is_valid_namespace(n)) {
+            return Err(ClientError::Protocol(format!(
+                "--namespace {bad:?} is not a namespace name (a-z, 0-9 and -, at most 63)"
+            )));
+        }
+        Ok(Client {
+            http,
+            base,
+            key,
+            namespace,
+        })
+    }
+
+    /// The key of the object `name` names on the command line: in `--namespace` when given. A
+    /// key already (a `/v1` ID of another namespace) stays as it is.
+    pub fn key(&self, name: &str) -> String {
+        match &self.namespace {
+            Some(namespace) if !name.contains('.') => object_key(namespace, name),
+            _ => name.to_string(),
+        }
+    }
+
+    /// The collection of `kind`: in `--namespace` when given, else across namespaces.
+    pub fn collection_path(&self, kind: Kind) -> String {
+        match &self.namespace {
+            Some(namespace) => format!(
+                "{RESOURCE_PREFIX}/namespaces/{}/{}",
+                encode(namespace),
+                kind.plural()
+            ),
+            None => Client::resource_path(kind, None),
+        }
     }
 
     pub fn base_url(&self) -> &str {
@@ -235,16 +282,26 @@ impl Client {
 
     // The resource API.
 
+    /// The path of the object of key `name` (namespaced when the key names a namespace other
+    /// than `default`), or of the collection across namespaces.
     pub fn resource_path(kind: Kind, name: Option<&str>) -> String {
-        match name {
-            Some(name) => format!("{RESOURCE_PREFIX}/{}/{}", kind.plural(), encode(name)),
+        match name.map(split_key) {
+            Some((DEFAULT_NAMESPACE, name)) => {
+                format!("{RESOURCE_PREFIX}/{}/{}", kind.plural(), encode(name))
+            }
+            Some((namespace, name)) => format!(
+                "{RESOURCE_PREFIX}/namespaces/{}/{}/{}",
+                encode(namespace),
+                kind.plural(),
+                encode(name)
+            ),
             None => format!("{RESOURCE_PREFIX}/{}", kind.plural()),
         }
     }
 
     /// One resource, or `None` when the server has no such resource.
     pub async fn get_resource(&self, kind: Kind, name: &str) -> ClientResult<Option<Value>> {
-        let path = Client::resource_path(kind, Some(name));
+        let path = Client::resource_path(kind, Some(&self.key(name)));
         match self.json(self.request(Method::GET, &path)).await {
             Ok(value) => Ok(Some(value)),
             Err(e) if e.is_not_found() => Ok(None),
@@ -254,7 +311,7 @@ impl Client {
 
     /// Every resource of a kind (the `items` of the list), optionally filtered by labels.
     pub async fn list_resources(&self, kind: Kind, selector: Option<&str>) -> ClientResult<Value> {
-        let mut builder = self.request(Method::GET, &Client::resource_path(kind, None));
+        let mut builder = self.request(Method::GET, &self.collection_path(kind));
         if let Some(selector) = selector {
             builder = builder.query(&[("labelSelector", selector)]);
         }
@@ -268,7 +325,7 @@ impl Client {
         dry_run: bool,
     ) -> ClientResult<Value> {
         let mut builder = self
-            .request(Method::POST, &Client::resource_path(kind, None))
+            .request(Method::POST, &self.collection_path(kind))
             .json(body);
         if dry_run {
             builder = builder.query(&[("dryRun", "All")]);
@@ -284,7 +341,10 @@ impl Client {
         dry_run: bool,
     ) -> ClientResult<Value> {
         let mut builder = self
-            .request(Method::PUT, &Client::resource_path(kind, Some(name)))
+            .request(
+                Method::PUT,
+                &Client::resource_path(kind, Some(&self.key(name))),
+            )
             .json(body);
         if dry_run {
             builder = builder.query(&[("dryRun", "All")]);
@@ -293,7 +353,7 @@ impl Client {
     }
 
     pub async fn delete_resource(&self, kind: Kind, name: &str) -> ClientResult<Value> {
-        let path = Client::resource_path(kind, Some(name));
+        let path = Client::resource_path(kind, Some(&self.key(name)));
         self.json(self.request(Method::DELETE, &path)).await
     }
 
@@ -460,11 +520,13 @@ mod tests {
         let c = Connection {
             server: "localhost:8080".into(),
             api_key: None,
+            namespace: None,
         };
         assert!(matches!(Client::new(&c), Err(ClientError::BadUrl(_))));
         let c = Connection {
             server: "http://h:1/".into(),
             api_key: Some("  ".into()),
+            namespace: None,
         };
         let client = Client::new(&c).unwrap();
         assert_eq!(client.base_url(), "http://h:1");

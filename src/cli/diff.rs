@@ -385,7 +385,7 @@ async fn check_with_server(client: &Client, doc: &Document, plan: &Plan) -> Resu
         }
         Plan::Update(_) => {
             client
-                .replace_resource(kind, doc.resource.name(), &body, true)
+                .replace_resource(kind, &doc.resource.key(), &body, true)
                 .await?;
         }
     }
@@ -399,7 +399,7 @@ pub async fn diff(args: DiffArgs) -> Result<ExitCode, CliError> {
     let mut failed = 0;
     for doc in &documents {
         let server = client
-            .get_resource(doc.resource.kind(), doc.resource.name())
+            .get_resource(doc.resource.kind(), &doc.resource.key())
             .await?;
         let plan = plan(server.as_ref(), &doc.resource);
         if let Err(e) = check_with_server(&client, doc, &plan).await {
@@ -560,6 +560,58 @@ mod tests {
             text.contains("state outside /workspace is lost, /workspace is kept"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn service_edits_apply_in_place_beside_a_replacing_change() {
+        let with = |services: Value| {
+            let mut spec = base();
+            spec.services = serde_json::from_value(services).unwrap();
+            spec
+        };
+        let server = server_of(
+            &sandbox(with(json!([
+                {"name": "a", "command": "exec sleep 1000"},
+                {"name": "b", "command": "exec sleep 2000"},
+            ]))),
+            json!({}),
+        );
+        // One service's command edited, another added: in place, said in words.
+        let edited = with(json!([
+            {"name": "a", "command": "exec sleep 1000"},
+            {"name": "b", "command": "exec sleep 3000"},
+            {"name": "c", "command": "exec sleep 4000", "restartPolicy": "Never"},
+        ]));
+        let p = plan(Some(&server), &sandbox(edited.clone()));
+        let Plan::Update(changes) = &p else {
+            panic!("{p:?}")
+        };
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert_eq!(changes[0].field, "spec.services");
+        assert_eq!(changes[0].impact, Impact::InPlace);
+        assert_eq!(p.impact(), Some(Impact::InPlace));
+        let text = render("sandbox/demo", &p);
+        assert!(
+            text.contains("restarts only the services it changes, in the same container"),
+            "{text}"
+        );
+        // Removing every service is in place too.
+        let p = plan(Some(&server), &sandbox(base()));
+        assert_eq!(p.impact(), Some(Impact::InPlace), "{p:?}");
+        // Beside a new image the plan as a whole replaces the container.
+        let p = plan(
+            Some(&server),
+            &sandbox(SandboxSpec {
+                image: Some("img:2".into()),
+                ..edited
+            }),
+        );
+        assert_eq!(p.impact(), Some(Impact::ReplacesContainer), "{p:?}");
+        let Plan::Update(changes) = &p else {
+            panic!("{p:?}")
+        };
+        let services = changes.iter().find(|c| c.field == "spec.services").unwrap();
+        assert_eq!(services.impact, Impact::InPlace);
     }
 
     #[test]

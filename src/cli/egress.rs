@@ -45,7 +45,7 @@ pub async fn egress(args: EgressArgs) -> Result<ExitCode, CliError> {
     let client = Client::new(&args.connection)?;
     let path = format!(
         "{}/egress",
-        Client::resource_path(Kind::Sandbox, Some(&args.name))
+        Client::resource_path(Kind::Sandbox, Some(&client.key(&args.name)))
     );
     let follow = if args.follow { "true" } else { "false" };
     let response = client

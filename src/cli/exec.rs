@@ -91,7 +91,7 @@ pub async fn exec(args: ExecArgs) -> Result<ExitCode, CliError> {
     if let Some(timeout) = args.timeout {
         body["timeout_seconds"] = json!(timeout.as_secs_f64());
     }
-    let path = Client::sandbox_path(&args.name, "/exec/stream");
+    let path = Client::sandbox_path(&client.key(&args.name), "/exec/stream");
     let response = client
         .send(client.request(Method::POST, &path).json(&body))
         .await?;
@@ -150,7 +150,10 @@ async fn exec_attached(client: &Client, args: &ExecArgs) -> Result<ExitCode, Cli
     }
     let path = format!(
         "{}/exec",
-        Client::resource_path(crate::resource::Kind::Sandbox, Some(&args.name))
+        Client::resource_path(
+            crate::resource::Kind::Sandbox,
+            Some(&client.key(&args.name))
+        )
     );
     let (socket, _) = client
         .websocket(
@@ -252,7 +255,7 @@ async fn download(
     path: &str,
     dst: &str,
 ) -> Result<ExitCode, CliError> {
-    let url = Client::sandbox_path(name, "/files");
+    let url = Client::sandbox_path(&client.key(name), "/files");
     let bytes = client
         .bytes(client.request(Method::GET, &url).query(&[("path", path)]))
         .await?;
@@ -304,7 +307,7 @@ async fn upload(client: &Client, src: &str, name: &str, path: &str) -> Result<Ex
             }
         }
     }
-    let url = Client::sandbox_path(name, "/files");
+    let url = Client::sandbox_path(&client.key(name), "/files");
     client
         .json(
             client

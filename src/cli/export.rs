@@ -51,9 +51,6 @@ pub struct ExportArgs {
     /// Exit 1, printing nothing but the reasons, when anything cannot be expressed.
     #[arg(long)]
     pub strict: bool,
-    /// Namespace to write into every object.
-    #[arg(long, short = 'n')]
-    pub namespace: Option<String>,
     /// Count `ttlSeconds` from this instant (RFC 3339) instead of now.
     #[arg(long, value_name = "TIME")]
     pub start_time: Option<DateTime<Utc>>,
@@ -121,7 +118,9 @@ impl ServerDefaults {
                 args.workspace_size
             )));
         }
-        if let Some(ns) = &args.namespace {
+        // `--namespace` (the connection's) is written into every object, and with
+        // `--from-server` also names the namespace read.
+        if let Some(ns) = &args.connection.namespace {
             if !export::names::is_dns_label(ns) {
                 return Err(CliError::Usage(format!(
                     "--namespace {ns:?}: expected a DNS label (lower-case letters, digits, '-')"
@@ -137,6 +136,7 @@ impl ServerDefaults {
                 cpus: self.default_cpus,
                 memory_mb: self.default_memory_mb,
                 pids_limit: self.default_pids_limit,
+                disk_mb: 0,
                 egress_by_default: false,
             },
             tmp_size_mb: self.tmp_size_mb,
@@ -145,7 +145,7 @@ impl ServerDefaults {
             docker_runtime: self.docker_runtime.trim().to_string(),
             gvisor_runtime_class: args.gvisor_runtime_class.clone(),
             start_time: args.start_time.unwrap_or_else(Utc::now),
-            namespace: args.namespace.clone(),
+            namespace: args.connection.namespace.clone(),
             workspace_size: args.workspace_size.clone(),
             storage_class: args.storage_class.clone(),
         })

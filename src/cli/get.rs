@@ -287,7 +287,7 @@ async fn watch(
     args: &GetArgs,
 ) -> Result<ExitCode, CliError> {
     let mut builder = client
-        .request(Method::GET, &Client::resource_path(kind, None))
+        .request(Method::GET, &client.collection_path(kind))
         .query(&[("watch", "true")]);
     if let Some(selector) = &args.selector {
         builder = builder.query(&[("labelSelector", selector.as_str())]);

@@ -139,7 +139,7 @@ pub async fn snapshot(args: SnapshotArgs) -> Result<ExitCode, CliError> {
         .sandbox
         .ok_or_else(|| CliError::Usage("snapshot: name the sandbox to save".into()))?;
     let client = Client::new(&args.connection)?;
-    let path = Client::sandbox_path(&sandbox, "/snapshots");
+    let path = Client::sandbox_path(&client.key(&sandbox), "/snapshots");
     let mut body = json!({ "name": args.name });
     if args.full {
         body["scope"] = json!("Full");
@@ -188,7 +188,7 @@ pub struct RollbackArgs {
 pub async fn rollback(args: RollbackArgs) -> Result<ExitCode, CliError> {
     let client = Client::new(&args.connection)?;
     let snapshot = snapshot_id(&args.snapshot);
-    let path = Client::sandbox_path(&args.sandbox, "/rollback");
+    let path = Client::sandbox_path(&client.key(&args.sandbox), "/rollback");
     client
         .json(
             client
@@ -265,7 +265,7 @@ pub async fn fork(args: ForkArgs) -> Result<ExitCode, CliError> {
         if let Some(memory) = args.memory_mb {
             body.insert("memory_mb".into(), json!(memory));
         }
-        let path = Client::snapshot_path(&snapshot, "/fork");
+        let path = Client::snapshot_path(&client.key(&snapshot), "/fork");
         let sandbox = client
             .json(
                 client
@@ -366,7 +366,7 @@ pub struct TimeoutArgs {
 
 pub async fn timeout(args: TimeoutArgs) -> Result<ExitCode, CliError> {
     let client = Client::new(&args.connection)?;
-    let path = Client::sandbox_path(&args.sandbox, "/timeout");
+    let path = Client::sandbox_path(&client.key(&args.sandbox), "/timeout");
     let sandbox = client
         .json(
             client

@@ -125,7 +125,7 @@ async fn forward(
 ) -> Result<(), CliError> {
     let path = format!(
         "{}/portforward?port={remote}",
-        Client::resource_path(Kind::Sandbox, Some(name))
+        Client::resource_path(Kind::Sandbox, Some(&client.key(name)))
     );
     let (socket, _) = client
         .websocket(client.request(Method::GET, &path), PORTFORWARD_PROTOCOL)
@@ -172,7 +172,7 @@ pub async fn preview(args: PreviewArgs) -> Result<ExitCode, CliError> {
     }
     let path = format!(
         "{}/previews",
-        Client::resource_path(Kind::Sandbox, Some(&args.name))
+        Client::resource_path(Kind::Sandbox, Some(&client.key(&args.name)))
     );
     let answer = client
         .json(client.request(Method::POST, &path).json(&body))

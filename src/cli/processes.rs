@@ -68,7 +68,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     let p = client
         .json(
             client
-                .request(Method::POST, &path(&args.name, ""))
+                .request(Method::POST, &path(&client.key(&args.name), ""))
                 .json(&body),
         )
         .await?;
@@ -98,7 +98,7 @@ fn describe_end(p: &Value) -> String {
 pub async fn ps(args: PsArgs) -> Result<ExitCode, CliError> {
     let client = Client::new(&args.connection)?;
     let list = client
-        .json(client.request(Method::GET, &path(&args.name, "")))
+        .json(client.request(Method::GET, &path(&client.key(&args.name), "")))
         .await?;
     let mut out = format!(
         "{:<20} {:>7} {:<14} {:>10} {:>10}  COMMAND\n",
@@ -162,7 +162,7 @@ pub async fn logs(args: LogsArgs) -> Result<ExitCode, CliError> {
             client
                 .request(
                     Method::GET,
-                    &path(&args.name, &format!("/{}/output", args.id)),
+                    &path(&client.key(&args.name), &format!("/{}/output", args.id)),
                 )
                 .query(&[
                     ("stdoutFrom", from.as_str()),
@@ -242,7 +242,10 @@ pub struct AttachArgs {
 pub async fn attach(args: AttachArgs) -> Result<ExitCode, CliError> {
     let client = Client::new(&args.connection)?;
     let p = client
-        .json(client.request(Method::GET, &path(&args.name, &format!("/{}", args.id))))
+        .json(client.request(
+            Method::GET,
+            &path(&client.key(&args.name), &format!("/{}", args.id)),
+        ))
         .await?;
     if p["state"] != "Running" {
         return Err(CliError::Failed(format!(
@@ -260,7 +263,7 @@ pub async fn attach(args: AttachArgs) -> Result<ExitCode, CliError> {
         .websocket(
             client.request(
                 Method::GET,
-                &path(&args.name, &format!("/{}/attach", args.id)),
+                &path(&client.key(&args.name), &format!("/{}/attach", args.id)),
             ),
             super::interactive::PROTOCOL,
         )
@@ -305,7 +308,7 @@ pub async fn kill(args: KillArgs) -> Result<ExitCode, CliError> {
                     client
                         .request(
                             Method::POST,
-                            &path(&args.name, &format!("/{}/signal", args.id)),
+                            &path(&client.key(&args.name), &format!("/{}/signal", args.id)),
                         )
                         .json(&json!({"signal": signal.to_ascii_uppercase()})),
                 )
@@ -313,7 +316,10 @@ pub async fn kill(args: KillArgs) -> Result<ExitCode, CliError> {
         }
         None => {
             client
-                .send(client.request(Method::DELETE, &path(&args.name, &format!("/{}", args.id))))
+                .send(client.request(
+                    Method::DELETE,
+                    &path(&client.key(&args.name), &format!("/{}", args.id)),
+                ))
                 .await?;
         }
     }

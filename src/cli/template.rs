@@ -61,7 +61,7 @@ async fn create(args: CreateArgs) -> Result<ExitCode, CliError> {
     let sandbox: Sandbox = serde_json::from_value(sandbox)
         .map_err(|e| CliError::Reported(format!("sandbox {:?}: {e}", args.from_sandbox)))?;
     // The Full snapshot answers once it is Ready (or failed, as an error).
-    let path = Client::sandbox_path(&args.from_sandbox, "/snapshots");
+    let path = Client::sandbox_path(&client.key(&args.from_sandbox), "/snapshots");
     let body = json!({ "name": format!("template {}", args.name), "scope": "Full" });
     let snapshot = client
         .json(client.request(Method::POST, &path).json(&body))

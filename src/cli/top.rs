@@ -14,7 +14,7 @@ use futures::StreamExt;
 use reqwest::Method;
 use serde_json::Value;
 
-use super::client::{encode, Client, Connection};
+use super::client::{Client, Connection};
 use super::get::phase;
 use super::util::{bytes, parse_duration, table};
 use super::{emit, CliError};
@@ -110,13 +110,13 @@ async fn sample(
             .as_str()
             .unwrap_or_default()
             .to_string();
+        let namespace = item["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or(crate::resource::DEFAULT_NAMESPACE);
+        let key = crate::resource::object_key(namespace, &name);
         let phase = phase(&item);
         let stats = if phase == "Running" || phase == "Paused" {
-            let path = format!(
-                "{}/{}/stats",
-                Client::resource_path(Kind::Sandbox, None),
-                encode(&name)
-            );
+            let path = format!("{}/stats", Client::resource_path(Kind::Sandbox, Some(&key)));
             // A sandbox that stopped or went away in between is shown without numbers.
             client.json(client.request(Method::GET, &path)).await.ok()
         } else {

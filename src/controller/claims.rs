@@ -264,8 +264,14 @@ impl Pools {
             memory_mb: defaults.memory_mb,
             pids_limit: defaults.pids_limit,
         };
-        self.claim_from(&pool.metadata.name, member_limits, name, effective, as_name)
-            .await
+        self.claim_from(
+            &pool.metadata.key(),
+            member_limits,
+            name,
+            effective,
+            as_name,
+        )
+        .await
     }
 
     /// Claims a running member of pool `pool_name`, whose members run with `member_limits`,

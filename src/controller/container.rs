@@ -37,6 +37,11 @@ pub(super) struct Containers {
     pub(super) gateway: std::sync::OnceLock<Arc<Gateway>>,
     /// Open bridges whose firewall guard this server has put in place (once per run each).
     guarded: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Serializes putting firewall rules in place, so that two reconciles do not both find a
+    /// rule missing and both insert it.
+    firewall: tokio::sync::Mutex<()>,
+    /// The file systems of workspaces with a size limit (see `workspace_disk.rs`).
+    pub(super) disks: Arc<crate::disk::Disks>,
 }
 
 /// The network a container joins, and for a policed one where its gateway listens.
@@ -53,8 +58,10 @@ impl Containers {
         settings: Arc<Settings>,
         server_id: String,
         helper_binary: Option<&'static [u8]>,
+        disks: Arc<crate::disk::Disks>,
     ) -> Containers {
         Containers {
+            disks,
             pulls: super::pulls::Pulls::new(Arc::clone(&engine), Arc::clone(&settings)),
             engine,
             settings,
@@ -64,6 +71,7 @@ impl Containers {
             removing: Arc::default(),
             gateway: std::sync::OnceLock::new(),
             guarded: std::sync::Mutex::default(),
+            firewall: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -115,6 +123,8 @@ impl Containers {
                     .listen_on(address)
                     .await
                     .map_err(|source| ReconcileError::EgressGateway { address, source })?;
+                self.redirect(&name, info.bridge.as_deref(), address)
+                    .await?;
                 Some(address)
             }
             _ => None,
@@ -140,6 +150,7 @@ impl Containers {
         let done = |guarded: &std::sync::Mutex<std::collections::HashSet<String>>| {
             guarded.lock().is_ok_and(|g| g.contains(bridge))
         };
+        let _one_at_a_time = self.firewall.lock().await;
         if done(&self.guarded) {
             return Ok(());
         }
@@ -155,6 +166,38 @@ impl Containers {
         Ok(())
     }
 
+    /// Puts the rule that sends TCP from the internal network `network` (host interface
+    /// `bridge`) to the gateway's transparent listener at `address` in place, once per run.
+    async fn redirect(
+        &self,
+        network: &str,
+        bridge: Option<&str>,
+        address: std::net::IpAddr,
+    ) -> Result<(), ReconcileError> {
+        let failed = |message: String| ReconcileError::EgressRedirect {
+            network: network.to_string(),
+            message,
+        };
+        let bridge =
+            bridge.ok_or_else(|| failed("Docker names no host interface for it".into()))?;
+        let key = format!("redirect {bridge} {address}");
+        let _one_at_a_time = self.firewall.lock().await;
+        if self.guarded.lock().is_ok_and(|g| g.contains(&key)) {
+            return Ok(());
+        }
+        crate::firewall::redirect_policed_bridge(bridge, address, crate::egress::TRANSPARENT_PORT)
+            .await
+            .map_err(|error| failed(error.to_string()))?;
+        let group = self.gateway.get().and_then(|g| g.refused_group());
+        crate::firewall::refuse_policed_bridge(bridge, address, group)
+            .await
+            .map_err(|error| failed(error.to_string()))?;
+        if let Ok(mut guarded) = self.guarded.lock() {
+            guarded.insert(key);
+        }
+        Ok(())
+    }
+
     /// Tells the gateway the list of `sandbox`, running in `container`, when it is policed
     /// (making sure the gateway listens, as after a restart); forgets it otherwise.
     pub(super) async fn police(
@@ -166,7 +209,7 @@ impl Containers {
         let Some(gateway) = self.gateway.get() else {
             return Ok(());
         };
-        let name = sandbox.metadata.name.as_str();
+        let name = &sandbox.metadata.key();
         if !effective.egress {
             gateway.forget(name);
             return Ok(());
@@ -230,7 +273,7 @@ impl Containers {
         let joined = self.network(effective.network, effective.egress).await?;
         let (network, dns, env, ca_dir) = split_joined(joined);
         Ok(ContainerPlan {
-            sandbox: sandbox.metadata.name.clone(),
+            sandbox: sandbox.metadata.key(),
             name: None,
             uid: sandbox.metadata.uid.clone().unwrap_or_default(),
             server: self.server_id.clone(),
@@ -238,6 +281,7 @@ impl Containers {
             cpus: effective.cpus,
             memory_mb: effective.memory_mb,
             pids_limit: effective.pids_limit,
+            workspace_disk_mb: effective.disk_mb,
             network,
             read_only_rootfs: effective.read_only_rootfs,
             // Commands get the env from the spec when they start (see `container_hash`); a copy
@@ -281,6 +325,7 @@ impl Containers {
             cpus: defaults.cpus,
             memory_mb: defaults.memory_mb,
             pids_limit: defaults.pids_limit,
+            workspace_disk_mb: 0,
             network,
             read_only_rootfs: pool.spec.read_only_rootfs.unwrap_or(true),
             env,
@@ -353,6 +398,7 @@ impl Containers {
         for volume in self.engine.list_volumes().await? {
             if volume.sandbox() == Some(name) && self.is_ours(&volume.labels) {
                 self.engine.remove_volume(&volume.name).await?;
+                self.disks.forget(&volume.name).await;
             }
         }
         Ok(())
@@ -387,6 +433,7 @@ impl Containers {
             if ours {
                 tracing::info!(volume = %volume.name, sandbox = name, "removing replaced workspace");
                 self.engine.remove_volume(&volume.name).await?;
+                self.disks.forget(&volume.name).await;
             }
         }
         Ok(())
@@ -425,7 +472,9 @@ impl Containers {
     /// member that could not be made). Failures are left to garbage collection.
     pub(super) async fn discard(&self, container: &str, volume: &str) {
         let _ = self.engine.remove_container(container).await;
-        let _ = self.engine.remove_volume(volume).await;
+        if self.engine.remove_volume(volume).await.is_ok() {
+            self.disks.forget(volume).await;
+        }
     }
 
     /// The workspace volume a sandbox `name` of uid `uid` that has none yet gets: [`volume_name`],
@@ -507,6 +556,7 @@ impl Containers {
         recorded: Option<String>,
     ) {
         let engine = Arc::clone(&self.engine);
+        let disks = Arc::clone(&self.disks);
         let server = self.server_id.clone();
         let name = name.to_string();
         let removing = Arc::clone(&self.removing);
@@ -544,7 +594,8 @@ impl Containers {
                 }
                 match engine.remove_volume(&volume.name).await {
                     Ok(()) => {
-                        tracing::debug!(volume = %volume.name, "deleted sandbox's workspace removed")
+                        tracing::debug!(volume = %volume.name, "deleted sandbox's workspace removed");
+                        disks.forget(&volume.name).await;
                     }
                     Err(error) => {
                         tracing::warn!(volume = %volume.name, %error, "removing a deleted sandbox's workspace failed")
@@ -568,7 +619,7 @@ pub(super) struct Replaced {
 impl Replaced {
     /// Removes the previous container, then its workspace. Failures are left to garbage
     /// collection (a retired container belongs to no one) and the stray-volume cleanup.
-    pub(super) async fn remove(self, engine: &dyn Engine) {
+    pub(super) async fn remove(self, engine: &dyn Engine, disks: &crate::disk::Disks) {
         if let Some(container) = &self.container {
             if let Err(error) = engine.remove_container(container).await {
                 tracing::warn!(container, %error, "removing the replaced container failed");
@@ -576,8 +627,11 @@ impl Replaced {
             }
         }
         if let Some(volume) = &self.volume {
-            if let Err(error) = engine.remove_volume(volume).await {
-                tracing::warn!(volume, %error, "removing the replaced workspace failed");
+            match engine.remove_volume(volume).await {
+                Ok(()) => disks.forget(volume).await,
+                Err(error) => {
+                    tracing::warn!(volume, %error, "removing the replaced workspace failed")
+                }
             }
         }
     }

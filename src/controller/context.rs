@@ -66,6 +66,8 @@ pub(super) struct PoolContext<'a> {
     pub(super) pools: &'a Pools,
     /// For the snapshot content of a template's pool members.
     pub(super) validated_files: &'a ValidatedFiles,
+    /// Opens a member's supervisor connection while it waits to be claimed.
+    pub(super) processes: &'a Arc<crate::processes::Processes>,
 }
 
 /// Garbage collection compares Docker's objects with the store.

@@ -38,6 +38,10 @@ pub enum ReconcileError {
         "docker reports no gateway address for network {0}; the egress gateway cannot listen there"
     )]
     EgressNoAddress(String),
+    /// The firewall rule that sends a policed sandbox's TCP to the gateway's transparent
+    /// listener could not be put in place (without it such traffic still goes nowhere).
+    #[error("cannot redirect the TCP of network {network:?} to the egress gateway: {message}")]
+    EgressRedirect { network: String, message: String },
     /// The firewall rules that keep open-network sandboxes from link-local destinations and the
     /// host's own addresses could not be put in place; the sandbox does not start without them.
     #[error(
@@ -48,6 +52,9 @@ pub enum ReconcileError {
     OpenNetworkGuard { network: String, message: String },
     #[error("docker: {0}")]
     Engine(#[from] EngineError),
+    /// The workspace's disk (`spec.diskMB`) cannot be made, mounted or grown.
+    #[error("workspace disk (spec.diskMB): {0}")]
+    Disk(#[from] crate::disk::DiskError),
     #[error("store: {0}")]
     Store(#[from] StoreError),
     #[error("settings: {0}")]

@@ -11,7 +11,7 @@ use super::error::ReconcileError;
 use super::policy::Outcome;
 use super::status::{generation, set_ready, write_status};
 use crate::resource::{
-    is_valid_name, AnyResource, ConditionStatus, Fork, ForkPhase, ForkStatus, Kind, OwnerReference,
+    is_valid_key, AnyResource, ConditionStatus, Fork, ForkPhase, ForkStatus, Kind, OwnerReference,
     Sandbox, SandboxPhase, SandboxSource, SandboxSpec, SnapshotPhase, API_VERSION,
 };
 use crate::store::{StoreError, WriteOptions};
@@ -42,10 +42,10 @@ pub(super) async fn reconcile(
     // Scaling down works whatever the snapshot's state.
     let replicas = fork.spec.replicas;
     for child in &children {
-        if index_of(name, &child.metadata.name).is_none_or(|i| i >= replicas)
+        if index_of(name, &child.metadata.key()).is_none_or(|i| i >= replicas)
             && child.metadata.deletion_timestamp.is_none()
         {
-            delete_child(ctl, &child.metadata.name).await?;
+            delete_child(ctl, &child.metadata.key()).await?;
         }
     }
 
@@ -58,7 +58,7 @@ pub(super) async fn reconcile(
         let mut missing = Vec::new();
         for index in 0..replicas {
             let child_name = child_name(name, index);
-            if !is_valid_name(&child_name) {
+            if !is_valid_key(&child_name) {
                 conflicts.push(format!("child name {child_name:?} is not a valid name"));
                 continue;
             }
@@ -89,7 +89,7 @@ pub(super) async fn reconcile(
     let children = children_of(ctl, &fork);
     let current: Vec<&Sandbox> = children
         .iter()
-        .filter(|c| index_of(name, &c.metadata.name).is_some_and(|i| i < replicas))
+        .filter(|c| index_of(name, &c.metadata.key()).is_some_and(|i| i < replicas))
         .collect();
     status.children = current.iter().map(|c| c.metadata.name.clone()).collect();
     status.ready_replicas = current
@@ -184,7 +184,7 @@ fn template(ctl: &ForkContext<'_>, fork: &Fork) -> Result<SandboxSpec, Problem> 
     let snapshot_name = &fork.spec.snapshot;
     let snapshot = ctl
         .store
-        .get(Kind::Snapshot, snapshot_name)
+        .get(Kind::Snapshot, &fork.metadata.sibling(snapshot_name))
         .and_then(|e| e.resource.as_snapshot().cloned())
         .filter(|s| s.metadata.deletion_timestamp.is_none());
     let Some(snapshot) = snapshot else {
@@ -272,8 +272,8 @@ fn children_of(ctl: &ForkContext<'_>, fork: &Fork) -> Vec<Sandbox> {
         .collect();
     children.sort_by_key(|c| {
         (
-            index_of(&fork.metadata.name, &c.metadata.name),
-            c.metadata.name.clone(),
+            index_of(&fork.metadata.key(), &c.metadata.key()),
+            c.metadata.key(),
         )
     });
     children
@@ -293,7 +293,9 @@ async fn create_children(
     let children = names
         .into_iter()
         .map(|name| {
-            let mut child = Sandbox::new(&name, spec.clone());
+            let (namespace, name) = crate::resource::split_key(&name);
+            let mut child = Sandbox::new(name, spec.clone());
+            child.metadata.namespace = namespace.to_string();
             child.metadata.labels = fork.metadata.labels.clone();
             AnyResource::Sandbox(child)
         })
@@ -359,9 +361,9 @@ async fn delete(
     fork: &Fork,
     children: &[Sandbox],
 ) -> Result<Outcome, ReconcileError> {
-    ctl.fork_progress.forget(&fork.metadata.name);
+    ctl.fork_progress.forget(&fork.metadata.key());
     if children.is_empty() {
-        let name = fork.metadata.name.clone();
+        let name = fork.metadata.key();
         ctl.store
             .write(move |store| store.finalize(Kind::Fork, &name))
             .await?;
@@ -369,7 +371,7 @@ async fn delete(
     }
     for child in children {
         if child.metadata.deletion_timestamp.is_none() {
-            delete_child(ctl, &child.metadata.name).await?;
+            delete_child(ctl, &child.metadata.key()).await?;
         }
     }
     // Each child's removal requeues this fork too; the timer is a safety net.

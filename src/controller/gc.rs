@@ -52,12 +52,7 @@ pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, Reconc
     let sandboxes = ctl.store.list(Kind::Sandbox);
     let live: HashMap<String, Option<String>> = sandboxes
         .iter()
-        .map(|e| {
-            (
-                e.resource.name().to_string(),
-                e.resource.metadata().uid.clone(),
-            )
-        })
+        .map(|e| (e.resource.key(), e.resource.metadata().uid.clone()))
         .collect();
     // Sandboxes with a rollback requested and not yet done, or not yet running at their
     // generation (a container being replaced): only they may have a staging container.
@@ -71,7 +66,7 @@ pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, Reconc
                     && s.observed_generation == sandbox.metadata.generation
             });
             let pending = sandbox.spec.pending_rollback(status).is_some();
-            (pending || !settled).then(|| sandbox.metadata.name.clone())
+            (pending || !settled).then(|| sandbox.metadata.key())
         })
         .collect();
     let statuses: Vec<_> = sandboxes
@@ -93,15 +88,15 @@ pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, Reconc
         .filter_map(|e| {
             let sandbox = e.resource.as_sandbox()?;
             let volume = sandbox.status.as_ref()?.workspace_volume.clone()?;
-            (!rebuilding.contains(&sandbox.metadata.name))
-                .then(|| (sandbox.metadata.name.clone(), volume))
+            (!rebuilding.contains(&sandbox.metadata.key()))
+                .then(|| (sandbox.metadata.key(), volume))
         })
         .collect();
     let pools: HashSet<String> = ctl
         .store
         .list(Kind::SandboxPool)
         .into_iter()
-        .map(|e| e.resource.name().to_string())
+        .map(|e| e.resource.key())
         .chain(super::template_pool::live_pools(ctl.store))
         .collect();
     let labeled_for_live =
@@ -192,6 +187,10 @@ pub(super) async fn collect_garbage(ctl: &GcContext<'_>) -> Result<usize, Reconc
     removed += collect_rootfs_images(ctl, images, &snapshots, &sandboxes, &ours).await;
     let keep_tree =
         move |key: &str| trees_in_use.contains(key) || snapshots.contains(snapshot_of_tree(key));
+    // Disks of workspaces whose volume is gone (a crash between the two, or a failed removal).
+    if ctl.store.is_fully_loaded() {
+        removed += ctl.containers.disks.collect(listed, &present).await;
+    }
     removed += ctl
         .store
         .collect_views_and_trees(listed, present, keep_tree)

@@ -57,6 +57,7 @@ mod termination;
 mod tracker;
 mod views;
 mod workspace;
+mod workspace_disk;
 
 // The reconcilers, one per kind, and what only they use.
 mod fork;
@@ -147,6 +148,10 @@ impl Controller {
             Arc::clone(&settings),
             server_id,
             helper_binary,
+            Arc::new(crate::disk::Disks::new(
+                store.disks_dir(),
+                settings.disk_image_mb,
+            )),
         ));
         let processes = Arc::new(
             crate::processes::Processes::new(Arc::clone(&engine), Arc::clone(&settings))
@@ -217,7 +222,7 @@ impl Controller {
     pub fn enqueue_all(&self) {
         for kind in Kind::ALL {
             for entry in self.store.list(kind) {
-                self.queue.add((kind, entry.resource.name().to_string()));
+                self.queue.add((kind, entry.resource.key()));
             }
         }
     }
@@ -244,7 +249,7 @@ impl Controller {
         let mut skipped = 0usize;
         for kind in Kind::ALL {
             for entry in self.store.list(kind) {
-                let name = entry.resource.name().to_string();
+                let name = entry.resource.key();
                 let settled = entry.resource.as_sandbox().is_some_and(|sandbox| {
                     let Some(status) = &sandbox.status else {
                         return false;
@@ -405,6 +410,7 @@ impl Controller {
             workspaces: &self.workspaces,
             pools: &self.pools,
             validated_files: &self.validated_files,
+            processes: &self.processes,
         }
     }
 
@@ -422,8 +428,7 @@ impl Controller {
             match events.recv().await {
                 Ok(event) => {
                     let resource = &event.resource;
-                    self.queue
-                        .add((resource.kind(), resource.name().to_string()));
+                    self.queue.add((resource.kind(), resource.key()));
                     // A pool counts the sandboxes running on its containers.
                     if let Some(pool) = resource
                         .as_sandbox()
@@ -443,13 +448,13 @@ impl Controller {
                     }
                     // Sandboxes say in their status whether the Secrets they name are usable.
                     if resource.kind() == Kind::Secret {
-                        for sandbox in sandbox_secrets::users_of(&self.store, resource.name()) {
+                        for sandbox in sandbox_secrets::users_of(&self.store, &resource.key()) {
                             self.queue.add((Kind::Sandbox, sandbox));
                         }
                     }
                     // Sandboxes may be waiting for the template.
                     if resource.kind() == Kind::SandboxTemplate {
-                        for sandbox in template::waiting_for(&self.store, resource.name()) {
+                        for sandbox in template::waiting_for(&self.store, &resource.key()) {
                             self.queue.add((Kind::Sandbox, sandbox));
                         }
                     }
@@ -538,8 +543,7 @@ impl Controller {
                     .as_ref()
                     .is_some_and(|s| s.phase == crate::resource::SandboxPhase::Expired);
                 if expired && !already {
-                    self.queue
-                        .add((Kind::Sandbox, sandbox.metadata.name.clone()));
+                    self.queue.add((Kind::Sandbox, sandbox.metadata.key()));
                 }
             }
         }

@@ -127,7 +127,11 @@ pub(super) enum Cleanup {
 impl Cleanup {
     async fn run(self, containers: &Containers) -> Result<(), ReconcileError> {
         match self {
-            Cleanup::Replaced(replaced) => replaced.remove(containers.engine.as_ref()).await,
+            Cleanup::Replaced(replaced) => {
+                replaced
+                    .remove(containers.engine.as_ref(), &containers.disks)
+                    .await
+            }
             Cleanup::Attempts { sandbox, current } => {
                 if let Err(error) = containers.discard_attempts(&sandbox, &current).await {
                     tracing::warn!(sandbox, %error, "removing an interrupted rollback failed");
@@ -169,8 +173,15 @@ pub(super) fn error_policy(error: &ReconcileError) -> Verdict {
         ReconcileError::ImagePulling { .. } => ("PullingImage", Some(PULL_POLL)),
         ReconcileError::ImageNotAllowed(_) => ("ImageNotAllowed", Some(EXTERNAL_RETRY)),
         ReconcileError::EgressRequired => ("EgressRequired", None),
-        ReconcileError::EgressGateway { .. } | ReconcileError::EgressNoAddress(_) => {
-            ("EgressGatewayUnavailable", None)
+        // The limit is never dropped: the sandbox waits, retried with the queue's backoff.
+        ReconcileError::Disk(_) => ("DiskUnavailable", None),
+        ReconcileError::EgressGateway { .. }
+        | ReconcileError::EgressNoAddress(_)
+        | ReconcileError::EgressRedirect { .. } => ("EgressGatewayUnavailable", None),
+        // The old container is gone: the new one is made at once, whatever the backoff grew to
+        // while the daemon was restarting.
+        ReconcileError::Engine(EngineError::StaleRuntimeTask { .. }) => {
+            ("ContainerReplaced", Some(Duration::ZERO))
         }
         // The registry's reason is in the message; retried with the queue's backoff.
         ReconcileError::Engine(EngineError::PullFailed { .. }) => ("ImagePullFailed", None),

@@ -125,7 +125,7 @@ async fn create_member(
     pool: &SandboxPool,
     key: &str,
 ) -> Result<(), ReconcileError> {
-    let member = names::new_member(&pool.metadata.name);
+    let member = names::new_member(&pool.metadata.key());
     let runtime = ctl.pools.runtime_of(pool);
     let plan = ctl
         .containers
@@ -137,9 +137,12 @@ async fn create_member(
         ctl.workspaces
             .start_with_workspace(&id, &runtime, None)
             .await?;
-        Ok::<_, ReconcileError>(())
+        Ok::<_, ReconcileError>(id)
     }
     .await;
+    if let Ok(id) = &created {
+        ctl.processes.warm(id);
+    }
     if let Err(error) = created {
         ctl.containers
             .discard(&names::container_name(&member), &plan.workspace_volume)

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use super::context::SandboxContext;
 use super::error::ReconcileError;
 use super::names::container_name;
-use crate::docker::{ContainerDetails, LABEL_SPEC_HASH, LABEL_UID};
+use crate::docker::{ContainerDetails, EngineError, LABEL_SPEC_HASH, LABEL_UID};
 use crate::resource::{AnyResource, EffectiveSandbox, Kind, Sandbox, SandboxState, SandboxStatus};
 use crate::store::StoreError;
 
@@ -51,7 +51,7 @@ pub(super) async fn hold(
     status: &SandboxStatus,
     state: SandboxState,
 ) -> Result<bool, ReconcileError> {
-    let name = sandbox.metadata.name.as_str();
+    let name = &sandbox.metadata.key();
     let Some(recorded) = status.container_id.as_deref() else {
         return Ok(false);
     };
@@ -81,7 +81,7 @@ pub(super) async fn apply(
         SandboxState::Paused => {
             let _snapshots_wait = ctl.snapshots.lock(name).await;
             if !details.running {
-                ctl.engine.start_container(id).await?;
+                start_existing(ctl, id).await?;
             }
             ctl.engine.pause(id).await?;
         }
@@ -92,6 +92,24 @@ pub(super) async fn apply(
         }
     }
     Ok(())
+}
+
+/// Starts the sandbox's existing container `id`. One whose runtime kept its task across a Docker
+/// daemon restart can never start again, so it is removed and the error returned: the next
+/// reconcile finds no container and makes a new one on the same workspace (processes are fresh
+/// after such a restart anyway; a writable root filesystem's changes are what is lost).
+pub(super) async fn start_existing(
+    ctl: &SandboxContext<'_>,
+    id: &str,
+) -> Result<(), ReconcileError> {
+    match ctl.engine.start_container(id).await {
+        Err(stale @ EngineError::StaleRuntimeTask { .. }) => {
+            tracing::warn!(container = id, "{stale}");
+            ctl.engine.remove_container(id).await?;
+            Err(stale.into())
+        }
+        other => Ok(other?),
+    }
 }
 
 /// Records a resume when a sandbox that was paused or stopped runs again.
@@ -118,7 +136,7 @@ pub(super) fn idle(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Idle {
     let after =
         chrono::TimeDelta::try_seconds(i64::try_from(policy.after_seconds).unwrap_or(i64::MAX))
             .unwrap_or(chrono::TimeDelta::MAX);
-    let (last, busy) = ctl.activity.observe(&sandbox.metadata.name);
+    let (last, busy) = ctl.activity.observe(&sandbox.metadata.key());
     let now = Utc::now();
     if busy {
         // A command runs; its end counts as activity and starts the count again.
@@ -147,7 +165,7 @@ pub(super) async fn confirm_idle(
         return Idle::Since(last);
     };
     let target = crate::processes::Target {
-        name: sandbox.metadata.name.clone(),
+        name: sandbox.metadata.key(),
         uid: sandbox.metadata.uid.clone().unwrap_or_default(),
         container_id: container_id.to_string(),
         env: Default::default(),
@@ -179,7 +197,7 @@ pub(super) async fn act_on_idle(
     let Some(policy) = sandbox.spec.idle.clone() else {
         return Ok(false);
     };
-    let name = sandbox.metadata.name.clone();
+    let name = sandbox.metadata.key();
     let target = policy.action.state();
     tracing::info!(sandbox = %name, state = ?target, after = policy.after_seconds, "sandbox idle");
     let written = ctl
@@ -198,7 +216,7 @@ pub(super) async fn act_on_idle(
         Ok(_) => Ok(true),
         Err(StoreError::ReadOnly { .. }) => {
             tracing::warn!(
-                sandbox = sandbox.metadata.name.as_str(),
+                sandbox = &sandbox.metadata.key(),
                 "idle, but declared in a read-only folder: its state cannot be changed"
             );
             Ok(false)

@@ -86,13 +86,13 @@ pub(super) fn holding(
     if started(sandbox) || store.list(Kind::ResourceQuota).is_empty() {
         return None;
     }
-    let key = |s: &Sandbox| (s.metadata.creation_timestamp, s.metadata.name.clone());
+    let key = |s: &Sandbox| (s.metadata.creation_timestamp, s.metadata.key());
     let mine = key(sandbox);
     let documents: Vec<AnyResource> = counted(store)
         .into_iter()
         .filter(|d| match d.as_sandbox() {
             Some(other) => {
-                other.metadata.name != sandbox.metadata.name
+                other.metadata.key() != sandbox.metadata.key()
                     && !is_held(d)
                     && (started(other) || key(other) < mine)
             }
@@ -110,7 +110,7 @@ pub(super) fn affected_by(store: &Store, changed: &AnyResource) -> Vec<(Kind, St
         .list(Kind::ResourceQuota)
         .into_iter()
         .filter(|e| namespace_of(e.resource.metadata()) == namespace)
-        .map(|e| (Kind::ResourceQuota, e.resource.name().to_string()))
+        .map(|e| (Kind::ResourceQuota, e.resource.key()))
         .collect();
     if keys.is_empty() {
         return keys;
@@ -119,8 +119,8 @@ pub(super) fn affected_by(store: &Store, changed: &AnyResource) -> Vec<(Kind, St
         store
             .list(Kind::Sandbox)
             .into_iter()
-            .filter(|e| is_held(&e.resource) && e.resource.name() != changed.name())
-            .map(|e| (Kind::Sandbox, e.resource.name().to_string())),
+            .filter(|e| is_held(&e.resource) && e.resource.key() != changed.key())
+            .map(|e| (Kind::Sandbox, e.resource.key())),
     );
     keys
 }

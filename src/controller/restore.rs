@@ -74,9 +74,12 @@ pub(super) async fn populate_volume(
 ) -> Result<String, ReconcileError> {
     let volume = plan.workspace_volume.as_str();
     // Whatever an interrupted attempt left there is not trusted; the create makes it anew,
-    // labeled for the sandbox.
+    // labeled for the sandbox (a disk of its own first, for a plan with a disk limit).
     ctl.engine.remove_volume(volume).await?;
-    if let Some(id) = super::views::populate_view(ctl, plan, snapshot).await? {
+    if plan.workspace_disk_mb > 0 {
+        ctl.containers.disks.remove(volume).await?;
+        super::workspace_disk::ensure_volume(ctl, plan).await?;
+    } else if let Some(id) = super::views::populate_view(ctl, plan, snapshot).await? {
         return Ok(id);
     }
     let id = match ctl.engine.create_container(plan).await {
@@ -109,7 +112,7 @@ pub(super) async fn ensure_source(
     effective: &EffectiveSandbox,
     status: &mut SandboxStatus,
 ) -> Result<bool, ReconcileError> {
-    let name = sandbox.metadata.name.as_str();
+    let name = &sandbox.metadata.key();
     let Some(source) = &sandbox.spec.source else {
         clear_condition(&mut status.conditions, SOURCE_CONDITION);
         return Ok(false);
@@ -118,7 +121,7 @@ pub(super) async fn ensure_source(
         note_source_change(status, sandbox, &source.snapshot);
         return Ok(false);
     }
-    let snapshot = validated(ctl, &source.snapshot).await?;
+    let snapshot = validated(ctl, &sandbox.metadata.sibling(&source.snapshot)).await?;
     let rootfs = rootfs_of(ctl, sandbox, &snapshot).await?;
     // A template's pool members already hold its snapshot, root filesystem and all.
     let record = status.template.clone();
@@ -130,8 +133,9 @@ pub(super) async fn ensure_source(
         status.rootfs = rootfs;
         return Ok(true);
     }
-    // Warm pool members run the plain image: they serve Workspace snapshots only.
-    if rootfs.is_none() {
+    // Warm pool members run the plain image: they serve Workspace snapshots only, and have no
+    // disk limit.
+    if rootfs.is_none() && effective.disk_mb == 0 {
         if let Some(claimed) =
             claim_filled(ctl, sandbox, effective, &container_name(name), &snapshot).await?
         {
@@ -198,13 +202,13 @@ pub(super) async fn ensure_rollback(
     effective: &EffectiveSandbox,
     status: &mut SandboxStatus,
 ) -> Result<Option<Replaced>, ReconcileError> {
-    let name = sandbox.metadata.name.as_str();
+    let name = &sandbox.metadata.key();
     let Some(request) = sandbox.spec.pending_rollback(Some(status)) else {
         return Ok(None);
     };
     // A snapshot of this sandbox in progress finishes first.
     let _lock = ctl.snapshots.lock(name).await;
-    let snapshot = validated(ctl, &request.snapshot).await?;
+    let snapshot = validated(ctl, &sandbox.metadata.sibling(&request.snapshot)).await?;
     // A rollback makes a new container: on a Full snapshot's root filesystem, or on the plain
     // image (whose warm pool members may serve it).
     let rootfs = rootfs_of(ctl, sandbox, &snapshot).await?;
@@ -212,6 +216,7 @@ pub(super) async fn ensure_rollback(
     let old_volume = status.workspace_volume.clone();
     let claimed = match rootfs {
         Some(_) => None,
+        None if effective.disk_mb > 0 => None,
         None => claim_filled(ctl, sandbox, effective, &staging, &snapshot).await?,
     };
     let replaced = if let Some(claimed) = claimed {
@@ -260,7 +265,7 @@ async fn claim_filled(
     as_name: &str,
     snapshot: &Validated,
 ) -> Result<Option<Claimed>, ReconcileError> {
-    let name = sandbox.metadata.name.as_str();
+    let name = &sandbox.metadata.key();
     let Some(claimed) = ctl.pools.claim_as(name, effective, as_name).await? else {
         return Ok(None);
     };

@@ -9,7 +9,10 @@ use super::error::ReconcileError;
 use super::names::{self, container_name};
 use super::policy::{Cleanup, Failure, Outcome};
 use super::status::{generation, note_pulled, set_ready, write_status};
-use super::{power, quota, replace, restore, sandbox_secrets, services, template, template_pool};
+use super::{
+    power, quota, replace, restore, sandbox_secrets, services, template, template_pool,
+    workspace_disk,
+};
 use crate::docker::EngineError;
 use crate::resource::{
     set_condition, Condition, ConditionStatus, EffectiveSandbox, ImagePullProgress, Kind, Sandbox,
@@ -62,15 +65,35 @@ pub(super) async fn reconcile(
         status.active_since = Some(now);
         status.expired_generation = None;
     }
-    let anchor = status
-        .active_since
-        .or(sandbox.metadata.creation_timestamp)
-        .unwrap_or(now);
+    // A sandbox whose lifetime's end pauses or stops it (`spec.expiryAction`) has a lifetime only
+    // while it runs: none while it is paused or stopped, a new one from each resume.
+    let desired = sandbox.spec.desired_state();
+    let kept_at_expiry = sandbox.spec.expiry_state();
+    let resuming = kept_at_expiry.is_some()
+        && desired == SandboxState::Running
+        && matches!(status.phase, SandboxPhase::Paused | SandboxPhase::Stopped);
+    let anchor = if resuming {
+        now
+    } else {
+        status
+            .active_since
+            .or(sandbox.metadata.creation_timestamp)
+            .unwrap_or(now)
+    };
     status.active_since = Some(anchor);
-    let expires_at = sandbox.spec.expires_at(anchor);
+    let expires_at = if kept_at_expiry.is_some() && desired != SandboxState::Running {
+        None
+    } else {
+        sandbox.spec.expires_at(anchor)
+    };
     status.expires_at = expires_at;
-    if expires_at.is_some_and(|at| at <= now) {
-        return Ok(expire(ctl, &entry, &sandbox, status).await?);
+    if let Some(at) = expires_at.filter(|at| *at <= now) {
+        return match kept_at_expiry {
+            Some(target) if entry.origin.is_writable() => {
+                Ok(end_lifetime(ctl, &sandbox, target, at - anchor).await?)
+            }
+            _ => Ok(expire(ctl, &entry, &sandbox, status).await?),
+        };
     }
 
     let effective = sandbox.spec.effective(&ctl.containers.defaults());
@@ -118,7 +141,6 @@ pub(super) async fn reconcile(
 
     // Paused or stopped as the spec asks, on the container it already has: nothing else to do
     // (a pending rollback or a container to rebuild goes the long way below).
-    let desired = sandbox.spec.desired_state();
     let was = status.phase;
     if desired != SandboxState::Running && sandbox.spec.pending_rollback(Some(&status)).is_none() {
         match power::hold(ctl, &sandbox, &effective, &status, desired).await {
@@ -175,9 +197,13 @@ pub(super) async fn reconcile(
         match power::hold(ctl, &sandbox, &effective, &status, desired).await {
             Ok(true) => {
                 let outcome = held(ctl, &sandbox, status, desired, expires_at).await?;
-                retired.remove(ctl.engine.as_ref()).await;
+                retired
+                    .remove(ctl.engine.as_ref(), &ctl.containers.disks)
+                    .await;
                 if let Some(leftovers) = replaced {
-                    leftovers.remove(ctl.engine.as_ref()).await;
+                    leftovers
+                        .remove(ctl.engine.as_ref(), &ctl.containers.disks)
+                        .await;
                 }
                 return Ok(outcome);
             }
@@ -263,9 +289,13 @@ pub(super) async fn reconcile(
         );
     }
     write_status(ctl.store, ctl.events, &sandbox, &status).await?;
-    retired.remove(ctl.engine.as_ref()).await;
+    retired
+        .remove(ctl.engine.as_ref(), &ctl.containers.disks)
+        .await;
     if let Some(leftovers) = replaced {
-        leftovers.remove(ctl.engine.as_ref()).await;
+        leftovers
+            .remove(ctl.engine.as_ref(), &ctl.containers.disks)
+            .await;
     }
     if let (true, Some(current)) = (rolled_back, current_volume) {
         if let Err(error) = ctl.containers.remove_stray_volumes(name, &current).await {
@@ -307,7 +337,7 @@ async fn held(
 ) -> Result<Outcome, ReconcileError> {
     // Frozen or stopped: nothing to supervise until it runs again (a resume adopts the
     // services' processes that still run).
-    ctl.services.release(&sandbox.metadata.name);
+    ctl.services.release(&sandbox.metadata.key());
     let generation = generation(&sandbox.metadata);
     status.phase = state.phase();
     status.message.clear();
@@ -363,7 +393,7 @@ fn source_failed(
     // Whatever an attempt interrupted by a crash left (a container, a volume) belongs to a
     // workspace that was never recorded and now cannot be built.
     failure.then(Cleanup::Everything {
-        sandbox: sandbox.metadata.name.clone(),
+        sandbox: sandbox.metadata.key(),
     })
 }
 
@@ -376,10 +406,12 @@ async fn ensure_running(
     status: &mut SandboxStatus,
 ) -> Result<Replaced, ReconcileError> {
     let mut retired = Replaced::default();
-    let name = sandbox.metadata.name.as_str();
+    let name = &sandbox.metadata.key();
     let uid = sandbox.metadata.uid.clone().unwrap_or_default();
     let hash = effective.container_hash();
-    if status.container_id.is_none() && status.workspace_volume.is_none() {
+    // Pool members have plain workspaces: a sandbox with a disk limit never takes one.
+    if status.container_id.is_none() && status.workspace_volume.is_none() && effective.disk_mb == 0
+    {
         // A brand-new sandbox: a warm container, when a pool has one (its template's first),
         // beats creating one.
         let record = status.template.clone();
@@ -399,6 +431,9 @@ async fn ensure_running(
         None => ctl.containers.fresh_workspace(name, &uid).await?,
     };
     status.workspace_volume = Some(volume.clone());
+    // A disk limit's file system is mounted (again, after a reboot) and grown to a raised limit
+    // before anything uses the workspace.
+    workspace_disk::keep(ctl, &volume, effective).await?;
 
     let limits = limits_for(effective);
     let current = container_name(name);
@@ -434,6 +469,7 @@ async fn ensure_running(
             if let Some(rootfs) = &status.rootfs {
                 plan.image = rootfs.image.clone();
             }
+            workspace_disk::ensure_volume(ctl, &plan).await?;
             let id = match &occupant {
                 Some(old) => {
                     let (id, old) = replace::with_new(ctl, name, &mut plan, &old.id).await?;
@@ -474,7 +510,7 @@ async fn ensure_running(
         }
         // A snapshot reading the stopped sandbox's workspace finishes first.
         let _snapshots_wait = ctl.snapshots.lock(name).await;
-        ctl.engine.start_container(&details.id).await?;
+        power::start_existing(ctl, &details.id).await?;
     }
     if status.applied_limits != Some(limits) {
         let updated = if ctl.engine.capabilities().live_limits {
@@ -509,15 +545,92 @@ async fn ensure_running(
     Ok(retired)
 }
 
+/// The end of the lifetime of a sandbox whose `spec.expiryAction` keeps it: writes `spec.state`
+/// (`target`) the way a person would, and when the lifetime was set by `shutdownTime` alone, its
+/// `length` as `ttlSeconds`, so that the next resume gets a lifetime as long. The spec change
+/// brings the sandbox back here, to be paused or stopped.
+async fn end_lifetime(
+    ctl: &SandboxContext<'_>,
+    sandbox: &Sandbox,
+    target: SandboxState,
+    length: chrono::TimeDelta,
+) -> Result<Outcome, ReconcileError> {
+    let name = sandbox.metadata.key();
+    let kept = if target == SandboxState::Paused {
+        "paused"
+    } else {
+        "stopped"
+    };
+    let seconds = u64::try_from(length.num_seconds()).unwrap_or(0).max(1);
+    // Decided on the spec this pass read: a spec written since (a resume that also moved the
+    // end, a new timeout) is not ended by it; its own event brings the sandbox back here.
+    let decided_on = generation(&sandbox.metadata);
+    let written = ctl
+        .store
+        .write(move |store| {
+            store.update(Kind::Sandbox, &name, |resource| match resource {
+                crate::resource::AnyResource::Sandbox(sandbox)
+                    if sandbox.metadata.deletion_timestamp.is_none()
+                        && generation(&sandbox.metadata) == decided_on =>
+                {
+                    sandbox.spec.state = Some(target);
+                    if sandbox.spec.ttl_seconds.is_none() {
+                        sandbox.spec.ttl_seconds = Some(seconds);
+                    }
+                    Ok(())
+                }
+                _ => Err(crate::store::StoreError::Invalid(
+                    "not a live sandbox at the generation read".into(),
+                )),
+            })
+        })
+        .await;
+    if written.is_ok() {
+        tracing::info!(sandbox = %sandbox.metadata.key(), state = ?target, "sandbox lifetime ended; keeping it");
+        record_expired(
+            ctl,
+            sandbox,
+            format!("its lifetime ended; {kept} as spec.expiryAction says"),
+        );
+    }
+    match written {
+        Ok(_)
+        | Err(crate::store::StoreError::Invalid(_))
+        | Err(crate::store::StoreError::NotFound { .. }) => Ok(Outcome::done()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Records the sandbox's `Expired` event, whatever its end of life does.
+fn record_expired(ctl: &SandboxContext<'_>, sandbox: &Sandbox, message: String) {
+    ctl.events.record(crate::resource::Occurrence {
+        involved_object: crate::resource::ObjectReference {
+            kind: "Sandbox".to_string(),
+            name: sandbox.metadata.name.clone(),
+            namespace: sandbox.metadata.namespace.clone(),
+            uid: sandbox.metadata.uid.clone().unwrap_or_default(),
+        },
+        type_: crate::resource::EventSeverity::Normal,
+        reason: "Expired".to_string(),
+        message,
+    });
+}
+
 async fn expire(
     ctl: &SandboxContext<'_>,
     entry: &Entry,
     sandbox: &Sandbox,
     mut status: SandboxStatus,
 ) -> Result<Outcome, ReconcileError> {
-    let name = sandbox.metadata.name.as_str();
+    let name = &sandbox.metadata.key();
     if entry.origin.is_writable() {
         tracing::info!(sandbox = name, "sandbox expired; deleting it");
+        // The document goes, its Expired event stays (as a folder-owned sandbox's does).
+        let message = match status.expires_at {
+            Some(at) => format!("its lifetime ended at {}", at.to_rfc3339()),
+            None => "its lifetime ended".to_string(),
+        };
+        record_expired(ctl, sandbox, message);
         ctl.services.release(name);
         let name = name.to_string();
         ctl.store
@@ -552,7 +665,7 @@ async fn expire(
 }
 
 async fn delete(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Result<Outcome, ReconcileError> {
-    let name = sandbox.metadata.name.as_str();
+    let name = &sandbox.metadata.key();
     let mut status = sandbox.status.clone().unwrap_or_default();
     if status.phase != SandboxPhase::Terminating {
         status.phase = SandboxPhase::Terminating;

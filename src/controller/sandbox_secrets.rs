@@ -22,8 +22,8 @@ pub(super) fn bindings(sandbox: &Sandbox) -> Vec<SecretBinding> {
         .iter()
         .map(|entry| SecretBinding {
             env: entry.env.clone(),
-            secret: entry.secret.clone(),
-            placeholder: crate::egress::placeholder(&sandbox.metadata.name, uid, &entry.secret),
+            secret: sandbox.metadata.sibling(&entry.secret),
+            placeholder: crate::egress::placeholder(&sandbox.metadata.key(), uid, &entry.secret),
         })
         .collect()
 }
@@ -34,8 +34,13 @@ pub(super) fn users_of(store: &Store, name: &str) -> Vec<String> {
         .list(Kind::Sandbox)
         .iter()
         .filter_map(|e| e.resource.as_sandbox())
-        .filter(|s| s.spec.secrets.iter().any(|e| e.secret == name))
-        .map(|s| s.metadata.name.clone())
+        .filter(|s| {
+            s.spec
+                .secrets
+                .iter()
+                .any(|e| s.metadata.sibling(&e.secret) == name)
+        })
+        .map(|s| s.metadata.key())
         .collect()
 }
 
@@ -54,7 +59,7 @@ pub(super) fn report(
     }
     let mut problems = Vec::new();
     for entry in &sandbox.spec.secrets {
-        if let Some(problem) = problem_of(store, &entry.secret) {
+        if let Some(problem) = problem_of(store, &sandbox.metadata.sibling(&entry.secret)) {
             problems.push(format!("{} ({}): {problem}", entry.env, entry.secret));
         }
     }

@@ -21,7 +21,7 @@ pub(super) fn report(
     status: &mut SandboxStatus,
     generation: u64,
 ) -> Vec<String> {
-    let name = sandbox.metadata.name.as_str();
+    let name = &sandbox.metadata.key();
     let Some(container_id) = status.container_id.clone() else {
         return Vec::new();
     };

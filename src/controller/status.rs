@@ -175,7 +175,7 @@ pub(super) async fn write_status<R: Reported>(
     }
     let kind = R::KIND;
     let value = serde_json::to_value(status)?;
-    let name = resource.meta().name.clone();
+    let name = resource.meta().key();
     // The status as stored just before this write, not as this reconcile first read it: a
     // reconcile may write more than once, and each change is one event.
     let written = store
@@ -194,6 +194,7 @@ pub(super) async fn write_status<R: Reported>(
             let object = ObjectReference {
                 kind: kind.to_string(),
                 name: meta.name.clone(),
+                namespace: meta.namespace.clone(),
                 uid: meta.uid.clone().unwrap_or_default(),
             };
             for note in status.notes(before.as_ref()) {

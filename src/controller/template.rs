@@ -28,7 +28,7 @@ pub(super) fn resolve(
     // refused edit: the record wins.
     if status.template.is_none() {
         let template = store
-            .get(Kind::SandboxTemplate, name)
+            .get(Kind::SandboxTemplate, &sandbox.metadata.sibling(name))
             .and_then(|e| e.resource.as_template().cloned())
             .filter(|t| t.metadata.deletion_timestamp.is_none())
             .ok_or_else(|| ReconcileError::TemplateNotFound(name.clone()))?;
@@ -56,9 +56,12 @@ pub(super) fn waiting_for(store: &Store, name: &str) -> Vec<String> {
         .list(Kind::Sandbox)
         .iter()
         .filter_map(|e| e.resource.as_sandbox())
-        .filter(|s| s.spec.template.as_deref() == Some(name))
+        .filter(|s| {
+            let wanted = s.spec.template.as_ref().map(|t| s.metadata.sibling(t));
+            wanted.as_deref() == Some(name)
+        })
         .filter(|s| s.status.as_ref().is_none_or(|st| st.template.is_none()))
-        .map(|s| s.metadata.name.clone())
+        .map(|s| s.metadata.key())
         .collect()
 }
 

@@ -53,7 +53,7 @@ pub(super) fn live_pools(store: &crate::store::Store) -> Vec<String> {
         .iter()
         .filter_map(|e| e.resource.as_template())
         .filter(|t| t.metadata.deletion_timestamp.is_none() && t.spec.pool.is_some())
-        .map(|t| pool_name(&t.metadata.name))
+        .map(|t| pool_name(&t.metadata.key()))
         .collect()
 }
 
@@ -140,7 +140,7 @@ async fn create(
                 ctl.store,
                 &ctl.containers.settings,
                 ctl.validated_files,
-                name,
+                &template.metadata.sibling(name),
             )
             .await?,
         ),
@@ -187,9 +187,13 @@ async fn create(
         let runtime = plan.runtime.clone().unwrap_or_default();
         ctl.workspaces
             .start_with_workspace(&id, &runtime, snapshot.as_ref())
-            .await
+            .await?;
+        Ok::<_, ReconcileError>(id)
     }
     .await;
+    if let Ok(id) = &made {
+        ctl.processes.warm(id);
+    }
     if let Err(error) = made {
         ctl.containers
             .discard(&container_name(&member), &plan.workspace_volume)
@@ -234,7 +238,7 @@ pub(super) async fn claim(
     if !same_source || members_are.container_hash() != effective.container_hash() {
         return Ok(None);
     }
-    let name = sandbox.metadata.name.as_str();
+    let name = &sandbox.metadata.key();
     ctl.pools
         .claim_from(
             &pool_name(&record.name),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::Controller;
 use crate::config::Settings;
 use crate::docker::fake::{FakeContainer, FakeEngine};
-use crate::docker::Engine;
+use crate::docker::{Engine, EngineError};
 use crate::resource::{AnyResource, Kind, Sandbox, SandboxPool, SandboxPoolSpec, SandboxSpec};
 use crate::store::Store;
 
@@ -495,4 +495,46 @@ async fn a_deletion_kills_and_renames_at_once_and_a_new_sandbox_of_the_name_gets
         engine.volumes().into_keys().collect::<Vec<_>>(),
         vec![new.plan.workspace_volume.clone()]
     );
+}
+
+/// After a Docker daemon restart, gVisor's runtime may keep the task of a container the restart
+/// found paused, and every start of it is refused: the container is replaced on the same
+/// workspace instead of the sandbox failing for good.
+#[tokio::test]
+async fn a_container_whose_runtime_kept_its_task_is_replaced_on_the_same_workspace() {
+    let (_dir, engine, ctl) = setup();
+    declare(&ctl, "a");
+    let context = ctl.sandbox_context();
+    super::sandbox::reconcile(&context, "a").await.unwrap();
+    let before = engine.containers();
+    assert_eq!(before.len(), 1);
+    let old = before[0].id.clone();
+    let volume = before[0].plan.workspace_volume.clone();
+    engine
+        .stop_container(&old, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+
+    engine.fail_next_with(
+        "start_container",
+        EngineError::StaleRuntimeTask {
+            container: old.clone(),
+        },
+    );
+    let failed = super::sandbox::reconcile(&context, "a").await;
+    let error = failed.expect_err("the start is refused");
+    let verdict = super::policy::error_policy(&error.error);
+    assert_eq!(verdict.reason, "ContainerReplaced");
+    assert_eq!(verdict.retry_after, Some(std::time::Duration::ZERO));
+    assert!(
+        engine.containers().is_empty(),
+        "the stuck container is removed"
+    );
+
+    super::sandbox::reconcile(&context, "a").await.unwrap();
+    let after = engine.containers();
+    assert_eq!(after.len(), 1);
+    assert_ne!(after[0].id, old, "a new container");
+    assert_eq!(after[0].state, "running");
+    assert_eq!(after[0].plan.workspace_volume, volume, "the same workspace");
 }

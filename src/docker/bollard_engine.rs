@@ -69,6 +69,33 @@ pub struct BollardEngine {
 }
 
 impl BollardEngine {
+    /// A volume of Docker's `local` driver with mount options (an overlay view, a bind of a
+    /// directory of the host).
+    async fn create_local_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        options: [(&str, &str); 3],
+    ) -> EngineResult<()> {
+        let request = bollard::models::VolumeCreateRequest {
+            name: Some(name.to_string()),
+            driver: Some("local".to_string()),
+            driver_opts: Some(
+                options
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<HashMap<_, _>>(),
+            ),
+            labels: Some(labels.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        self.docker
+            .create_volume(request)
+            .await
+            .map(drop)
+            .map_err(map_err("create", &format!("volume {name}")))
+    }
+
     /// Connects to the local daemon (DOCKER_HOST or the default socket) and negotiates the API
     /// version, so that a 20.10 daemon (API 1.41) works.
     pub async fn connect() -> EngineResult<BollardEngine> {
@@ -339,22 +366,33 @@ impl Engine for BollardEngine {
             operation: format!("create volume {name}"),
             message: "the view's paths cannot be written as mount options".into(),
         })?;
-        let request = bollard::models::VolumeCreateRequest {
-            name: Some(name.to_string()),
-            driver: Some("local".to_string()),
-            driver_opts: Some(HashMap::from([
-                ("type".to_string(), "overlay".to_string()),
-                ("device".to_string(), "overlay".to_string()),
-                ("o".to_string(), options),
-            ])),
-            labels: Some(labels.clone().into_iter().collect()),
-            ..Default::default()
-        };
-        self.docker
-            .create_volume(request)
-            .await
-            .map(drop)
-            .map_err(map_err("create", &format!("volume {name}")))
+        self.create_local_volume(
+            name,
+            labels,
+            [("type", "overlay"), ("device", "overlay"), ("o", &options)],
+        )
+        .await
+    }
+
+    async fn create_bind_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        source: &std::path::Path,
+    ) -> EngineResult<()> {
+        let device = source
+            .to_str()
+            .filter(|s| source.is_absolute() && !s.contains([',', ':', '=', ' ']))
+            .ok_or_else(|| EngineError::Docker {
+                operation: format!("create volume {name}"),
+                message: "the directory's path cannot be written as mount options".into(),
+            })?;
+        self.create_local_volume(
+            name,
+            labels,
+            [("type", "none"), ("o", "bind"), ("device", device)],
+        )
+        .await
     }
 
     async fn list_volumes_with_label(&self, key: &str) -> EngineResult<Vec<ManagedVolume>> {
@@ -405,10 +443,16 @@ impl Engine for BollardEngine {
 
     async fn start_container(&self, id: &str) -> EngineResult<()> {
         // 304 (already running) counts as success in bollard.
-        self.docker
-            .start_container(id, None)
-            .await
-            .map_err(map_err("start", &format!("container {id}")))
+        match self.docker.start_container(id, None).await {
+            Err(BollardError::DockerResponseServerError { message, .. })
+                if message.contains("id already in use") =>
+            {
+                Err(EngineError::StaleRuntimeTask {
+                    container: id.to_string(),
+                })
+            }
+            other => other.map_err(map_err("start", &format!("container {id}"))),
+        }
     }
 
     async fn remove_container(&self, id: &str) -> EngineResult<()> {

@@ -360,6 +360,22 @@ impl Engine for FakeEngine {
         Ok(())
     }
 
+    async fn create_bind_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        _source: &std::path::Path,
+    ) -> EngineResult<()> {
+        let mut state = self.enter("create_bind_volume", name)?;
+        if state.volumes.contains_key(name) {
+            return Err(EngineError::Conflict {
+                what: format!("volume {name}"),
+            });
+        }
+        state.volumes.insert(name.to_string(), labels.clone());
+        Ok(())
+    }
+
     async fn list_volumes_with_label(&self, key: &str) -> EngineResult<Vec<ManagedVolume>> {
         let state = self.enter("list_volumes_with_label", key)?;
         Ok(state
@@ -767,6 +783,7 @@ mod tests {
             helper_volume: None,
             workspace_volume: volume_name(name),
             ca_dir: None,
+            workspace_disk_mb: 0,
         }
     }
 

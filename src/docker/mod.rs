@@ -103,6 +103,14 @@ pub enum EngineError {
     /// The engine cannot do this at all (see [`EngineCapabilities`]).
     #[error("{operation} is not supported by this engine")]
     Unsupported { operation: String },
+    /// The container cannot start again: its runtime still holds the task of it from before the
+    /// Docker daemon restarted (gVisor's does when the restart found the container paused), so
+    /// every start is refused with "id already in use". Only a new container gets past it.
+    #[error(
+        "docker refused start container {container}: the runtime kept its task across a daemon \
+         restart (id already in use); the container is replaced"
+    )]
+    StaleRuntimeTask { container: String },
 }
 
 impl EngineError {
@@ -226,7 +234,11 @@ pub struct ContainerPlan {
     pub helper_volume: Option<String>,
     /// The volume mounted at `/workspace`; normally [`volume_name`] of the sandbox.
     pub workspace_volume: String,
-    /// A host directory mounted read-only at [`crate::egress::CA_MOUNT`]: the egress
+    /// The size in MiB of the disk the workspace lives on (its `spec.diskMB`); 0 for a plain
+    /// volume. The controller makes such a volume before the create (see [`crate::disk`]); the
+    /// engine only mounts it.
+    pub workspace_disk_mb: u64,
+    /// A host directory mounted read-only at [`CA_MOUNT`]: the egress
     /// gateway's CA bundle, for policed sandboxes.
     pub ca_dir: Option<String>,
 }
@@ -239,6 +251,10 @@ impl ContainerPlan {
             .unwrap_or_else(|| container_name(&self.sandbox))
     }
 }
+
+/// Where sandboxes find the egress gateway's authority: a read-only mount of the store's public
+/// CA directory (the egress module decides when; the plan only mounts it).
+pub const CA_MOUNT: &str = "/etc/agent-sandbox-ca";
 
 /// Where the helper volume is mounted inside sandboxes.
 pub const HELPER_MOUNT: &str = "/opt/agent-sandbox";
@@ -429,6 +445,17 @@ pub trait Engine: Send + Sync + 'static {
         name: &str,
         labels: &BTreeMap<String, String>,
         view: &ViewPaths,
+    ) -> EngineResult<()>;
+    /// Creates volume `name` carrying `labels` as a bind of the daemon host's directory
+    /// `source` (a workspace with a disk limit: the directory is the root of its own file
+    /// system, see [`crate::disk`]). Docker's `local` driver binds it when a container mounts the
+    /// volume; a start fails while the directory is missing. An existing volume of that name is
+    /// an error.
+    async fn create_bind_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        source: &std::path::Path,
     ) -> EngineResult<()>;
     /// Every volume carrying the label `key`, whatever its value and whether managed or not.
     async fn list_volumes_with_label(&self, key: &str) -> EngineResult<Vec<ManagedVolume>>;

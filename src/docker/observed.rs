@@ -105,6 +105,19 @@ impl Engine for ObservedEngine {
         .await
     }
 
+    async fn create_bind_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        source: &std::path::Path,
+    ) -> EngineResult<()> {
+        self.timed(
+            "create_bind_volume",
+            self.inner.create_bind_volume(name, labels, source),
+        )
+        .await
+    }
+
     async fn list_volumes_with_label(&self, key: &str) -> EngineResult<Vec<ManagedVolume>> {
         self.timed(
             "list_volumes_with_label",

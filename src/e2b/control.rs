@@ -7,7 +7,12 @@
 //! The mapping: `templateID` names a `SandboxTemplate` (`base`, when no template has that name,
 //! is the server's default image); `timeout` is the time to live in seconds; `envVars` the
 //! sandbox's environment; `allow_internet_access: false` no network; `metadata` is kept in the
-//! annotation [`METADATA`] (JSON), the template asked for in [`TEMPLATE`].
+//! annotation [`METADATA`] (JSON), the template asked for in [`TEMPLATE`]; `network`'s
+//! `allowOut`/`denyOut` become the egress allow list ([`egress_of`]); `autoPause` (the SDK's
+//! `lifecycle.on_timeout: pause`) becomes `spec.expiryAction` and `autoResume` `spec.autoResume`;
+//! the answers' `domain` is the preview domain, so that the SDK's `get_host` names a preview host
+//! ([`sandbox_domain`]); snapshots and forks are answered as E2B's `SnapshotInfo` and
+//! `SandboxForkResult`.
 
 use std::collections::BTreeMap;
 
@@ -15,7 +20,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::resource::{Sandbox, SandboxPhase, SandboxSpec};
+use crate::resource::{ExpiryAction, Sandbox, SandboxPhase, SandboxSpec};
 
 /// The annotation holding an E2B sandbox's metadata (a JSON object of strings).
 pub const METADATA: &str = "e2b.dev/metadata";
@@ -59,7 +64,9 @@ pub struct NewSandbox {
     #[serde(default)]
     pub auto_pause: Option<bool>,
     #[serde(default)]
-    pub auto_resume: Option<Value>,
+    pub auto_pause_memory: Option<bool>,
+    #[serde(default)]
+    pub auto_resume: Option<AutoResume>,
     #[serde(default)]
     pub network: Option<Value>,
     #[serde(default)]
@@ -72,6 +79,13 @@ pub struct NewSandbox {
     pub secure: Option<bool>,
 }
 
+/// `SandboxAutoResumeConfig`: whether calls resume a paused sandbox.
+#[derive(Debug, Default, Deserialize)]
+pub struct AutoResume {
+    #[serde(default)]
+    pub enabled: Option<bool>,
+}
+
 /// What a create becomes once its template is known.
 #[derive(Debug, PartialEq)]
 pub struct Wanted {
@@ -81,6 +95,13 @@ pub struct Wanted {
     pub timeout_seconds: Option<i64>,
     pub env: BTreeMap<String, String>,
     pub allow_internet_access: Option<bool>,
+    /// What `network` (with `allow_internet_access`) asked for; `None` when no `network` came.
+    pub egress: Option<Egress>,
+    /// `spec.expiryAction` from `autoPause` (`Pause`, or `Stop` when `autoPauseMemory` is false:
+    /// a filesystem-only pause); `None` when the timeout deletes the sandbox.
+    pub expiry_action: Option<ExpiryAction>,
+    /// `spec.autoResume` from `autoResume.enabled`; `None` leaves the server's default.
+    pub auto_resume: Option<bool>,
     pub annotations: BTreeMap<String, String>,
 }
 
@@ -104,24 +125,25 @@ pub fn plan(
     if !from_template && template != BASE {
         return Err(ControlError::TemplateNotFound(template));
     }
-    if request.auto_pause == Some(true) {
-        return Err(not_supported(
-            "autoPause",
-            "a sandbox expires at its timeout; pause it explicitly",
-        ));
-    }
-    if request.auto_resume.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(not_supported(
-            "autoResume",
-            "sandboxes resume on use already",
-        ));
-    }
+    let expiry_action = match (request.auto_pause, request.auto_pause_memory) {
+        (Some(true), Some(false)) => Some(ExpiryAction::Stop),
+        (Some(true), _) => Some(ExpiryAction::Pause),
+        _ => None,
+    };
+    let auto_resume = request.auto_resume.and_then(|a| a.enabled);
+    let egress = match request.network.as_ref().filter(|v| !is_empty(v)) {
+        None => None,
+        Some(value) => {
+            let config: NetworkConfig = serde_json::from_value(value.clone())
+                .map_err(|e| ControlError::Invalid(format!("network: {e}")))?;
+            Some(egress_of(
+                &config,
+                request.allow_internet_access,
+                "network",
+            )?)
+        }
+    };
     for (field, value, why) in [
-        (
-            "network",
-            &request.network,
-            "use a SandboxTemplate with spec.egress",
-        ),
         ("mcp", &request.mcp, "no MCP gateway inside sandboxes"),
         ("iam", &request.iam, "no cloud identities"),
         ("volumeMounts", &request.volume_mounts, "no E2B volumes"),
@@ -150,6 +172,9 @@ pub fn plan(
         timeout_seconds: request.timeout,
         env: request.env_vars.unwrap_or_default(),
         allow_internet_access: request.allow_internet_access,
+        egress,
+        expiry_action,
+        auto_resume,
         annotations,
     })
 }
@@ -235,8 +260,225 @@ pub fn state_of(sandbox: &Sandbox) -> Option<&'static str> {
     }
 }
 
-/// The answer to a create or a connect (`Sandbox` in E2B's API).
+/// What a `network` config (`SandboxNetworkConfig`, or `SandboxNetworkUpdateConfig`) asks of the
+/// sandbox's outbound traffic, in this server's terms.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Egress {
+    /// Nothing denied: the sandbox's network as it would be without the config.
+    Open,
+    /// Everything denied but these entries (`spec.egress.allow`, with `spec.network: true`).
+    Only(Vec<String>),
+    /// Everything denied: no network at all (`spec.network: false`).
+    Nothing,
+}
+
+/// E2B's "all traffic" (and its IPv6 twin).
+const ALL_TRAFFIC: [&str; 2] = ["0.0.0.0/0", "::/0"];
+
+/// The network fields of a create's `network` and of `PUT /sandboxes/{id}/network`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkConfig {
+    #[serde(default)]
+    pub allow_out: Option<Vec<String>>,
+    #[serde(default)]
+    pub deny_out: Option<Vec<String>>,
+    #[serde(default)]
+    pub allow_public_traffic: Option<bool>,
+    #[serde(default)]
+    pub egress_proxy: Option<Value>,
+    #[serde(default)]
+    pub mask_request_host: Option<Value>,
+    #[serde(default)]
+    pub rules: Option<Value>,
+    #[serde(default)]
+    pub dns_servers: Option<Value>,
+    #[serde(default)]
+    pub https_ports: Option<Value>,
+    #[serde(rename = "allow_internet_access", default)]
+    pub allow_internet_access: Option<bool>,
+}
+
+/// Translates a network config. E2B allows everything not denied, and an allowed entry wins over
+/// a denied one; this server's policy is an allow list, so it can say "everything" (nothing
+/// denied, or all traffic allowed), "only these" (all traffic denied, `allowOut` allowed) and
+/// "nothing" (all traffic denied, nothing allowed). A deny list of some destinations only cannot
+/// be said as an allow list and is refused, as are the fields this server has nothing for.
+/// `internet: Some(false)` (`allow_internet_access`) denies all traffic, as E2B defines it.
+/// `field` names the config in messages (`network`).
+pub fn egress_of(
+    config: &NetworkConfig,
+    internet: Option<bool>,
+    field: &str,
+) -> Result<Egress, ControlError> {
+    for (name, value, why) in [
+        (
+            "egressProxy",
+            &config.egress_proxy,
+            "traffic leaves through this server's own gateway",
+        ),
+        (
+            "maskRequestHost",
+            &config.mask_request_host,
+            "no host masking",
+        ),
+        (
+            "rules",
+            &config.rules,
+            "use a Secret resource to put credentials in requests",
+        ),
+        (
+            "dnsServers",
+            &config.dns_servers,
+            "names are resolved by this server's gateway",
+        ),
+        ("httpsPorts", &config.https_ports, "no per-port TLS"),
+    ] {
+        if value.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(not_supported(&format!("{field}.{name}"), why));
+        }
+    }
+    // `allowPublicTraffic` either way: a sandbox's preview hosts always want a credential here
+    // (the API key, a preview token, or its traffic access token), which is what E2B's `false`
+    // asks for; `true` cannot open them to requests that carry none.
+    let allow = config.allow_out.clone().unwrap_or_default();
+    let deny = config.deny_out.clone().unwrap_or_default();
+    if let Some(some) = deny.iter().find(|d| !ALL_TRAFFIC.contains(&d.trim())) {
+        return Err(ControlError::Invalid(format!(
+            "{field}.denyOut {some:?}: only all traffic (\"0.0.0.0/0\") can be denied here, \
+             since this server's egress policy is an allow list: deny all traffic and list what \
+             may be reached in allowOut"
+        )));
+    }
+    let deny_all = !deny.is_empty() || internet == Some(false);
+    if !deny_all || allow.iter().any(|a| ALL_TRAFFIC.contains(&a.trim())) {
+        return Ok(Egress::Open);
+    }
+    if allow.is_empty() {
+        return Ok(Egress::Nothing);
+    }
+    crate::resource::parse_allow_list(&allow).map_err(|e| {
+        ControlError::Invalid(format!(
+            "{field}.allowOut[{}] {:?}: {}",
+            e.index, e.entry, e.reason
+        ))
+    })?;
+    Ok(Egress::Only(allow))
+}
+
+/// Puts what a network config asked for into a sandbox's spec: an allow list (with the network
+/// it needs) or no network; `Open` leaves the spec's network as it is.
+pub fn apply_egress(spec: &mut SandboxSpec, egress: &Egress) {
+    match egress {
+        Egress::Open => {}
+        Egress::Only(allow) => {
+            spec.network = Some(true);
+            spec.egress = Some(crate::resource::EgressSpec {
+                allow: allow.clone(),
+            });
+        }
+        Egress::Nothing => {
+            spec.network = Some(false);
+            spec.egress = None;
+        }
+    }
+}
+
+/// The most sandboxes one fork makes (E2B's SDK checks the same bound).
+pub const MAX_FORKS: i64 = 20;
+
+/// `SandboxSnapshotRequest`: a snapshot's optional name, and whether to keep memory (which this
+/// server never captures: see [`snapshot_request`]).
+#[derive(Debug, Default, Deserialize)]
+pub struct SnapshotRequest {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub memory: Option<bool>,
+}
+
+/// Checks a snapshot request and answers the snapshot's display name. `memory` is accepted
+/// either way: a snapshot here holds files, never memory, so a sandbox made from one starts its
+/// processes afresh (what E2B's filesystem-only snapshots do).
+pub fn snapshot_request(request: SnapshotRequest) -> Result<Option<String>, ControlError> {
+    match request.name {
+        None => Ok(None),
+        Some(n) if n.is_empty() || n.len() > 128 || n.chars().any(char::is_control) => Err(
+            ControlError::Invalid("name must be 1 to 128 printable characters".into()),
+        ),
+        Some(n) => Ok(Some(n)),
+    }
+}
+
+/// `SandboxForkRequest`: the forks' time to live and how many.
+#[derive(Debug, Default, Deserialize)]
+pub struct ForkRequest {
+    #[serde(default)]
+    pub timeout: Option<i64>,
+    #[serde(default)]
+    pub count: Option<i64>,
+}
+
+/// How many sandboxes a fork makes (1 when not said); refuses a count out of 1 to [`MAX_FORKS`]
+/// and a timeout under a second.
+pub fn fork_count(request: &ForkRequest) -> Result<usize, ControlError> {
+    if let Some(t) = request.timeout {
+        if t < 1 {
+            return Err(ControlError::Invalid(format!(
+                "timeout must be at least 1 second, not {t}"
+            )));
+        }
+    }
+    match request.count {
+        None => Ok(1),
+        Some(n) if (1..=MAX_FORKS).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ControlError::Invalid(format!(
+            "count must be between 1 and {MAX_FORKS}, not {n}"
+        ))),
+    }
+}
+
+/// One fork's outcome (`SandboxForkResult`): exactly one of `sandbox` and `error`.
 #[derive(Debug, Serialize)]
+pub struct ForkResult {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Created>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ForkError>,
+}
+
+/// Why one fork failed (E2B's `Error`: the HTTP status it would have had, and a message).
+#[derive(Debug, Serialize)]
+pub struct ForkError {
+    pub code: u16,
+    pub message: String,
+}
+
+/// A snapshot as E2B shows it (`SnapshotInfo`): its ID (what `Sandbox.create`, `fork` and
+/// `delete_snapshot` take) and its names (its display name, else its ID).
+#[derive(Debug, Serialize, PartialEq)]
+pub struct SnapshotInfo {
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: String,
+    pub names: Vec<String>,
+}
+
+pub fn snapshot_info(id: &str, display_name: Option<&str>) -> SnapshotInfo {
+    SnapshotInfo {
+        snapshot_id: id.to_string(),
+        names: vec![display_name.unwrap_or(id).to_string()],
+    }
+}
+
+/// Whether a snapshot matches a list's `name` filter: its ID or its display name, with an
+/// optional `:default` tag (the only tag a snapshot here has).
+pub fn snapshot_matches(filter: &str, id: &str, display_name: Option<&str>) -> bool {
+    let wanted = filter.strip_suffix(":default").unwrap_or(filter);
+    wanted == id || Some(wanted) == display_name
+}
+
+/// The answer to a create or a connect (`Sandbox` in E2B's API).
+#[derive(Debug, Clone, Serialize)]
 pub struct Created {
     #[serde(rename = "templateID")]
     pub template_id: String,
@@ -248,6 +490,11 @@ pub struct Created {
     pub envd_version: &'static str,
     #[serde(rename = "envdAccessToken")]
     pub envd_access_token: String,
+    /// Opens the sandbox's ports on the preview hosts (`e2b-traffic-access-token`).
+    #[serde(rename = "trafficAccessToken")]
+    pub traffic_access_token: String,
+    /// The preview domain under which `{port}-{sandboxID}.{domain}` reaches the sandbox's ports
+    /// (what the SDK's `get_host` builds); none without preview hosts.
     pub domain: Option<String>,
 }
 
@@ -274,10 +521,43 @@ pub struct Detail {
     pub metadata: BTreeMap<String, String>,
     pub allow_internet_access: bool,
     pub domain: Option<String>,
+    pub lifecycle: Lifecycle,
+}
+
+/// `SandboxLifecycle`: what the timeout does (`pause` for a sandbox kept paused or stopped) and
+/// whether calls resume it.
+#[derive(Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Lifecycle {
+    pub on_timeout: &'static str,
+    pub auto_resume: bool,
+}
+
+/// The lifecycle of `spec`.
+pub fn lifecycle_of(spec: &SandboxSpec) -> Lifecycle {
+    Lifecycle {
+        on_timeout: if spec.expiry_state().is_some() {
+            "pause"
+        } else {
+            "kill"
+        },
+        auto_resume: spec.auto_resumes(),
+    }
 }
 
 fn time(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// The domain E2B's `get_host(port)` puts after `{port}-{sandboxID}.` so that the host is this
+/// server's preview host of that port: the preview domain, under the sandbox's namespace when it
+/// is not the default one (`{port}-{name}.{namespace}.{domain}`).
+pub fn sandbox_domain(sandbox: &Sandbox, preview_domain: Option<&str>) -> Option<String> {
+    let domain = preview_domain?;
+    match sandbox.metadata.namespace.as_str() {
+        crate::resource::DEFAULT_NAMESPACE | "" => Some(domain.to_string()),
+        namespace => Some(format!("{namespace}.{domain}")),
+    }
 }
 
 /// `sandbox` as E2B shows it; `expires_at` is when it ends (none: never, shown far ahead).
@@ -303,6 +583,7 @@ pub fn detail(
         metadata: metadata_of(sandbox),
         allow_internet_access: spec.network.unwrap_or(false),
         domain: None,
+        lifecycle: lifecycle_of(&spec),
     }
 }
 
@@ -416,6 +697,59 @@ mod tests {
     }
 
     #[test]
+    fn lifecycle_becomes_the_expiry_action_and_auto_resume() {
+        let plan_of = |body: Value| plan(request(body), |_| false).unwrap();
+        let kill = plan_of(serde_json::json!({"templateID": "base", "autoPause": false}));
+        assert_eq!((kill.expiry_action, kill.auto_resume), (None, None));
+        let pause = plan_of(serde_json::json!({"templateID": "base", "autoPause": true,
+            "autoPauseMemory": true, "autoResume": {"enabled": true}}));
+        assert_eq!(pause.expiry_action, Some(ExpiryAction::Pause));
+        assert_eq!(pause.auto_resume, Some(true));
+        let filesystem = plan_of(serde_json::json!({"templateID": "base", "autoPause": true,
+            "autoPauseMemory": false, "autoResume": {"enabled": false}}));
+        assert_eq!(filesystem.expiry_action, Some(ExpiryAction::Stop));
+        assert_eq!(filesystem.auto_resume, Some(false));
+        let mut spec = SandboxSpec::default();
+        assert_eq!(
+            lifecycle_of(&spec),
+            Lifecycle {
+                on_timeout: "kill",
+                auto_resume: true
+            }
+        );
+        spec.expiry_action = Some(ExpiryAction::Stop);
+        spec.auto_resume = Some(false);
+        assert_eq!(
+            lifecycle_of(&spec),
+            Lifecycle {
+                on_timeout: "pause",
+                auto_resume: false
+            }
+        );
+    }
+
+    #[test]
+    fn the_domain_makes_get_host_a_preview_host() {
+        let mut sb = Sandbox::new("sb_1", SandboxSpec::default());
+        assert_eq!(sandbox_domain(&sb, None), None);
+        assert_eq!(
+            sandbox_domain(&sb, Some("preview.localhost")).as_deref(),
+            Some("preview.localhost")
+        );
+        sb.metadata.namespace = "team".into();
+        let domain = sandbox_domain(&sb, Some("preview.localhost")).unwrap();
+        assert_eq!(domain, "team.preview.localhost");
+        // What the SDK builds from it is the preview host of that port of that sandbox.
+        assert_eq!(
+            crate::ports::preview::parse_host(&format!("8000-sb_1.{domain}"), "preview.localhost"),
+            crate::ports::preview::PreviewHost::Preview {
+                port: 8000,
+                name: crate::resource::object_key("team", "sb_1")
+            }
+        );
+    }
+
+    #[test]
     fn unknown_templates_and_unsupported_fields_are_refused_by_name() {
         let err = plan(request(serde_json::json!({"templateID": "nope"})), |_| {
             false
@@ -428,11 +762,24 @@ mod tests {
         .unwrap();
         assert!(ok.from_template);
         let err = plan(
-            request(serde_json::json!({"templateID": "base", "network": {"allowOut": ["x"]}})),
+            request(serde_json::json!({"templateID": "base", "network": {"denyOut": ["1.1.1.1"]}})),
             |_| false,
         )
         .unwrap_err();
-        assert!(err.to_string().starts_with("network is not supported"));
+        assert!(err.to_string().starts_with("network.denyOut"));
+        let limited = plan(
+            request(serde_json::json!({"templateID": "base",
+                "network": {"allowOut": ["pypi.org"], "denyOut": ["0.0.0.0/0"]}})),
+            |_| false,
+        )
+        .unwrap();
+        assert_eq!(limited.egress, Some(Egress::Only(vec!["pypi.org".into()])));
+        let err = plan(
+            request(serde_json::json!({"templateID": "base", "mcp": {"x": {"url": "u"}}})),
+            |_| false,
+        )
+        .unwrap_err();
+        assert!(err.to_string().starts_with("mcp is not supported"));
         let err = plan(
             request(serde_json::json!({"templateID": "base", "timeout": 0})),
             |_| false,
@@ -479,5 +826,101 @@ mod tests {
         assert_eq!(f["a b"], "c&d");
         assert_eq!(f["e"], "f");
         assert!(metadata_filter("a=%zz").is_err());
+    }
+
+    #[test]
+    fn fork_counts_and_snapshot_names() {
+        let fork = |v: serde_json::Value| serde_json::from_value::<ForkRequest>(v).unwrap();
+        assert_eq!(fork_count(&fork(serde_json::json!({}))), Ok(1));
+        assert_eq!(fork_count(&fork(serde_json::json!({"count": 20}))), Ok(20));
+        assert_eq!(
+            fork_count(&fork(serde_json::json!({"count": 21}))),
+            Err(ControlError::Invalid(
+                "count must be between 1 and 20, not 21".into()
+            ))
+        );
+        assert!(fork_count(&fork(serde_json::json!({"count": 0}))).is_err());
+        assert!(fork_count(&fork(serde_json::json!({"timeout": 0}))).is_err());
+        let named = |n: &str| SnapshotRequest {
+            name: Some(n.into()),
+            memory: Some(true),
+        };
+        assert_eq!(snapshot_request(named("x")), Ok(Some("x".into())));
+        assert!(snapshot_request(named("")).is_err());
+        assert!(snapshot_request(named("a\nb")).is_err());
+        assert_eq!(snapshot_request(SnapshotRequest::default()), Ok(None));
+        assert_eq!(
+            snapshot_info("snap_1", None),
+            SnapshotInfo {
+                snapshot_id: "snap_1".into(),
+                names: vec!["snap_1".into()]
+            }
+        );
+        assert_eq!(snapshot_info("snap_1", Some("n")).names, vec!["n"]);
+        assert!(snapshot_matches("snap_1", "snap_1", Some("n")));
+        assert!(snapshot_matches("n:default", "snap_1", Some("n")));
+        assert!(!snapshot_matches("n:v2", "snap_1", Some("n")));
+        assert!(!snapshot_matches("m", "snap_1", Some("n")));
+    }
+
+    #[test]
+    fn network_configs_become_allow_lists_or_are_refused() {
+        let config = |v: serde_json::Value| serde_json::from_value::<NetworkConfig>(v).unwrap();
+        let egress = |v: serde_json::Value| egress_of(&config(v), None, "network");
+        assert_eq!(egress(serde_json::json!({})), Ok(Egress::Open));
+        // Allowed entries alone restrict nothing: E2B denies only what denyOut says.
+        assert_eq!(
+            egress(serde_json::json!({"allowOut": ["pypi.org"]})),
+            Ok(Egress::Open)
+        );
+        assert_eq!(
+            egress(
+                serde_json::json!({"allowOut": ["pypi.org", "*.example.com", "10.0.0.0/8"],
+                "denyOut": ["0.0.0.0/0"]})
+            ),
+            Ok(Egress::Only(vec![
+                "pypi.org".into(),
+                "*.example.com".into(),
+                "10.0.0.0/8".into()
+            ]))
+        );
+        assert_eq!(
+            egress(serde_json::json!({"denyOut": ["0.0.0.0/0"]})),
+            Ok(Egress::Nothing)
+        );
+        assert_eq!(
+            egress(serde_json::json!({"allowOut": ["0.0.0.0/0"], "denyOut": ["0.0.0.0/0"]})),
+            Ok(Egress::Open)
+        );
+        assert_eq!(
+            egress_of(
+                &config(serde_json::json!({"allowOut": ["pypi.org"]})),
+                Some(false),
+                "network"
+            ),
+            Ok(Egress::Only(vec!["pypi.org".into()]))
+        );
+        let refused = egress(serde_json::json!({"denyOut": ["1.1.1.1"]})).unwrap_err();
+        assert!(refused
+            .to_string()
+            .starts_with("network.denyOut \"1.1.1.1\": only all traffic"));
+        let bad =
+            egress(serde_json::json!({"allowOut": ["ok.org", "*.com"], "denyOut": ["0.0.0.0/0"]}))
+                .unwrap_err();
+        assert!(
+            bad.to_string()
+                .starts_with("network.allowOut[1] \"*.com\": "),
+            "{bad}"
+        );
+        let proxy = egress(serde_json::json!({"egressProxy": {"address": "x:1"}})).unwrap_err();
+        assert!(proxy.to_string().contains("network.egressProxy"));
+        assert_eq!(
+            egress(serde_json::json!({"allowPublicTraffic": false})),
+            Ok(Egress::Open)
+        );
+        assert_eq!(
+            egress(serde_json::json!({"allowPublicTraffic": true})),
+            Ok(Egress::Open)
+        );
     }
 }

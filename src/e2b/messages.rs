@@ -233,6 +233,56 @@ pub struct ListDirResponse {
     pub entries: Vec<EntryInfo>,
 }
 
+/// `WatchDirRequest` and `CreateWatcherRequest` alike.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchRequest {
+    #[serde(default)]
+    pub path: String,
+    #[serde(default)]
+    pub recursive: bool,
+    /// envd 0.6.3's entry info in events (refused by the SDK for the envd version served here).
+    #[serde(default, alias = "include_entry")]
+    pub include_entry: bool,
+    #[serde(default, alias = "allow_network_mounts")]
+    pub allow_network_mounts: bool,
+}
+
+/// `GetWatcherEventsRequest` and `RemoveWatcherRequest` alike.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct WatcherRequest {
+    #[serde(default, rename = "watcherId", alias = "watcher_id")]
+    pub watcher_id: String,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct FilesystemEvent {
+    /// The entry's path relative to the watched directory.
+    pub name: String,
+    /// `EVENT_TYPE_CREATE`, `_WRITE`, `_REMOVE`, `_RENAME` or `_CHMOD`.
+    #[serde(rename = "type")]
+    pub event_type: &'static str,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "lowercase")]
+pub enum WatchDirResponse {
+    Start(Empty),
+    Filesystem(FilesystemEvent),
+    Keepalive(Empty),
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct CreateWatcherResponse {
+    #[serde(rename = "watcherId")]
+    pub watcher_id: String,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct GetWatcherEventsResponse {
+    pub events: Vec<FilesystemEvent>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,6 +309,26 @@ mod tests {
             serde_json::json!({"event": {"end": {"exitCode": 3, "exited": true,
                 "status": "exit status 3"}}})
         );
+    }
+
+    #[test]
+    fn watch_messages_have_the_proto3_json_shape() {
+        let event = WatchDirResponse::Filesystem(FilesystemEvent {
+            name: "sub/a".into(),
+            event_type: "EVENT_TYPE_WRITE",
+        });
+        assert_eq!(
+            serde_json::to_value(&event).unwrap(),
+            serde_json::json!({"filesystem": {"name": "sub/a", "type": "EVENT_TYPE_WRITE"}})
+        );
+        assert_eq!(
+            serde_json::to_value(WatchDirResponse::Start(Empty {})).unwrap(),
+            serde_json::json!({"start": {}})
+        );
+        let r: WatcherRequest = serde_json::from_str(r#"{"watcher_id": "w_1"}"#).unwrap();
+        assert_eq!(r.watcher_id, "w_1");
+        let r: WatchRequest = serde_json::from_str(r#"{"path": "/w", "recursive": true}"#).unwrap();
+        assert!(r.recursive && !r.include_entry);
     }
 
     #[test]

@@ -371,6 +371,34 @@ const ENTRY_INFO: &Schema = &[
 ];
 pub const ENTRY_RESPONSE: &Schema = &[(1, "entry", Ty::Msg(ENTRY_INFO), false)];
 pub const LIST_DIR_RESPONSE: &Schema = &[(1, "entries", Ty::Msg(ENTRY_INFO), true)];
+/// `WatchDirRequest` and `CreateWatcherRequest` alike.
+pub const WATCH_REQUEST: &Schema = &[
+    (1, "path", Ty::Str, false),
+    (2, "recursive", Ty::Bool, false),
+    (3, "includeEntry", Ty::Bool, false),
+    (4, "allowNetworkMounts", Ty::Bool, false),
+];
+const EVENT_TYPES: &[(i64, &str)] = &[
+    (0, "EVENT_TYPE_UNSPECIFIED"),
+    (1, "EVENT_TYPE_CREATE"),
+    (2, "EVENT_TYPE_WRITE"),
+    (3, "EVENT_TYPE_REMOVE"),
+    (4, "EVENT_TYPE_RENAME"),
+    (5, "EVENT_TYPE_CHMOD"),
+];
+const FILESYSTEM_EVENT: &Schema = &[
+    (1, "name", Ty::Str, false),
+    (2, "type", Ty::Enum(EVENT_TYPES), false),
+];
+/// A `oneof event` of three messages, the two markers empty.
+pub const WATCH_DIR_RESPONSE: &Schema = &[
+    (1, "start", Ty::Msg(EMPTY), false),
+    (2, "filesystem", Ty::Msg(FILESYSTEM_EVENT), false),
+    (3, "keepalive", Ty::Msg(EMPTY), false),
+];
+/// `CreateWatcherResponse`, `GetWatcherEventsRequest` and `RemoveWatcherRequest` alike.
+pub const WATCHER_ID: &Schema = &[(1, "watcherId", Ty::Str, false)];
+pub const WATCHER_EVENTS_RESPONSE: &Schema = &[(1, "events", Ty::Msg(FILESYSTEM_EVENT), true)];
 
 #[cfg(test)]
 mod tests {
@@ -395,6 +423,50 @@ mod tests {
         assert_eq!(
             decode(ENTRY_RESPONSE, &encode(ENTRY_RESPONSE, &entry)).unwrap(),
             entry
+        );
+    }
+
+    #[test]
+    fn watch_messages_have_envd_wire_bytes() {
+        // WatchDirResponse{start: {}}: field 1, length 0.
+        assert_eq!(
+            encode(WATCH_DIR_RESPONSE, &json!({"start": {}})),
+            [0x0a, 0x00]
+        );
+        // {filesystem: {name: "a", type: EVENT_TYPE_REMOVE}}
+        assert_eq!(
+            encode(
+                WATCH_DIR_RESPONSE,
+                &json!({"filesystem": {"name": "a", "type": "EVENT_TYPE_REMOVE"}})
+            ),
+            [0x12, 0x05, 0x0a, 0x01, b'a', 0x10, 0x03]
+        );
+        assert_eq!(
+            encode(WATCH_DIR_RESPONSE, &json!({"keepalive": {}})),
+            [0x1a, 0x00]
+        );
+        let events = json!({"events": [{"name": "x", "type": "EVENT_TYPE_CREATE"},
+            {"name": "y/z", "type": "EVENT_TYPE_CHMOD"}]});
+        assert_eq!(
+            decode(
+                WATCHER_EVENTS_RESPONSE,
+                &encode(WATCHER_EVENTS_RESPONSE, &events)
+            )
+            .unwrap(),
+            events
+        );
+        // CreateWatcherRequest{path: "/w", recursive: true}
+        assert_eq!(
+            decode(WATCH_REQUEST, &[0x0a, 0x02, b'/', b'w', 0x10, 0x01]).unwrap(),
+            json!({"path": "/w", "recursive": true})
+        );
+        assert_eq!(
+            decode(
+                WATCHER_ID,
+                &encode(WATCHER_ID, &json!({"watcherId": "w_1"}))
+            )
+            .unwrap(),
+            json!({"watcherId": "w_1"})
         );
     }
 

@@ -17,8 +17,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 use crate::store::Store;
 
-/// Where sandboxes find the authority: a read-only mount of the store's public CA directory.
-pub const CA_MOUNT: &str = "/etc/agent-sandbox-ca";
+pub use crate::docker::CA_MOUNT;
 /// The host bundles tried, in order, for the roots sandboxes and the gateway trust.
 const HOST_BUNDLES: [&str; 3] = [
     "/etc/ssl/certs/ca-certificates.crt",

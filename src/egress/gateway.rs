@@ -1,7 +1,8 @@
 //! The gateway's shared state: who is speaking (a policed sandbox, by its source address on the
 //! internal network), what its list allows (set by the controller, replaced live on edits), how
 //! names resolve (the hosts file first, then the host's resolver), and where decisions go (the
-//! store's per-sandbox log, and live followers). The listeners live in `dns` and `proxy`, and
+//! store's per-sandbox log, live followers, and a [`DecisionObserver`] that counts them for the
+//! server's metrics without this module knowing them). The listeners live in `dns` and `proxy`, and
 //! `listen.rs` starts them, so that they depend on this state and not the other way round.
 
 use std::collections::{HashMap, HashSet};
@@ -47,7 +48,8 @@ pub struct GatewaySettings {
 #[serde(rename_all = "camelCase")]
 pub struct Decision {
     pub time: chrono::DateTime<chrono::Utc>,
-    /// `dns`, `http` or `tls` (a `CONNECT` tunnel).
+    /// `dns`, `http`, `tls` (a `CONNECT` tunnel, or TLS past the proxy), `tcp` (other TCP past
+    /// the proxy), `udp` or `icmp` (refused packets).
     pub protocol: String,
     pub host: String,
     /// The address connected to (or answered), when there was one.
@@ -58,6 +60,15 @@ pub struct Decision {
     pub rule: String,
     pub bytes_out: u64,
     pub bytes_in: u64,
+}
+
+/// Told of every decision the gateway takes (the server's metrics count them), so that this
+/// module never knows who counts. Called on the deciding task: it must be cheap and never block.
+pub trait DecisionObserver: Send + Sync {
+    /// Sandbox `sandbox` was allowed or refused a lookup (`dns`) or connection (`http`, `tls`).
+    fn egress_decision(&self, sandbox: &str, protocol: &str, allowed: bool);
+    /// Sandbox `sandbox` was deleted: what was counted for it may go.
+    fn egress_forget(&self, sandbox: &str);
 }
 
 /// One `spec.secrets` entry of a policed sandbox: the variable, the Secret, and the placeholder
@@ -107,6 +118,8 @@ pub(super) struct Shared {
     followers: broadcast::Sender<Arc<(String, String)>>,
     /// What each sandbox may ask of the gateway at once.
     pub(super) bounds: Arc<super::bounds::Bounds>,
+    /// Who counts the decisions, once set.
+    observer: std::sync::OnceLock<Arc<dyn DecisionObserver>>,
 }
 
 /// The egress gateway: a DNS server and an HTTP proxy on the host's address of the internal
@@ -117,6 +130,8 @@ pub struct Gateway {
     pub(super) tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
     /// Serializes `listen_on`.
     pub(super) binding: tokio::sync::Mutex<()>,
+    /// The NFLOG group the gateway reads refused packets from, once bound.
+    pub(super) refused_group: std::sync::Mutex<Option<u16>>,
 }
 
 impl Drop for Gateway {
@@ -142,6 +157,7 @@ impl Gateway {
             log,
             followers: broadcast::channel(1024).0,
             bounds: Arc::default(),
+            observer: std::sync::OnceLock::new(),
         });
         let followers = shared.followers.clone();
         let writer_store = Arc::clone(&store);
@@ -163,7 +179,19 @@ impl Gateway {
             store,
             tasks: std::sync::Mutex::new(vec![writer]),
             binding: tokio::sync::Mutex::new(()),
+            refused_group: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Tells `observer` of every decision from now on (once; a second observer is ignored).
+    pub fn observe_with(&self, observer: Arc<dyn DecisionObserver>) {
+        let _ = self.shared.observer.set(observer);
+    }
+
+    /// The NFLOG group whose packets the gateway logs as refused UDP and ICMP, when it could
+    /// bind one.
+    pub fn refused_group(&self) -> Option<u16> {
+        *self.refused_group.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether the gateway listens anywhere yet.
@@ -270,6 +298,9 @@ impl Gateway {
     pub fn forget_deleted(&self, sandbox: &str) {
         self.forget(sandbox);
         self.store.egress_log().remove(sandbox);
+        if let Some(observer) = self.shared.observer.get() {
+            observer.egress_forget(sandbox);
+        }
     }
 
     /// The kept decision lines of `sandbox`, oldest first.
@@ -399,9 +430,12 @@ impl Shared {
         verdict.allowed.then_some(addresses)
     }
 
-    /// Appends `decision` to `sandbox`'s log (dropped, with a warning, when the writer is
-    /// flooded: the gateway never waits on its log).
+    /// Counts `decision` and appends it to `sandbox`'s log (dropped, with a warning, when the
+    /// writer is flooded: the gateway never waits on its log; it is counted all the same).
     pub(super) fn record(&self, sandbox: &str, decision: Decision) {
+        if let Some(observer) = self.observer.get() {
+            observer.egress_decision(sandbox, &decision.protocol, decision.allowed);
+        }
         if self.log.try_send((sandbox.to_string(), decision)).is_err() {
             tracing::warn!(
                 sandbox,

@@ -67,3 +67,25 @@ pub(super) async fn reply<S: AsyncWrite + Unpin>(stream: &mut S, status: &str, r
     let _ = stream.write_all(response.as_bytes()).await;
     let _ = stream.shutdown().await;
 }
+
+/// Sends a request `head` and the bytes the client sent after it (`early`) upstream, then
+/// copies both ways until either side ends. Answers the bytes sent and received.
+pub(super) async fn send_then_splice<C, U>(
+    client: &mut C,
+    upstream: &mut U,
+    head: &[u8],
+    early: &[u8],
+) -> Result<(u64, u64), String>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let io = |e: std::io::Error| e.to_string();
+    upstream.write_all(head).await.map_err(io)?;
+    upstream.write_all(early).await.map_err(io)?;
+    let sent = (head.len() + early.len()) as u64;
+    let (out, back) = super::relay::streams(client, upstream)
+        .await
+        .unwrap_or((0, 0));
+    Ok((sent + out, back))
+}

@@ -9,11 +9,10 @@
 
 use std::sync::Arc;
 
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use super::gateway::{Decision, Shared, Tenant};
-use super::http1::{end_to_end_headers, read_head, reply, HEAD_TIMEOUT};
+use super::http1::{end_to_end_headers, read_head, reply, send_then_splice, HEAD_TIMEOUT};
 use super::inject::inject;
 use crate::resource::Kind;
 
@@ -97,19 +96,12 @@ async fn relay(
             return Err(reason);
         }
     };
-    let io = |e: std::io::Error| e.to_string();
-    upstream.write_all(&head).await.map_err(io)?;
-    upstream.write_all(&early).await.map_err(io)?;
-    let sent = (head.len() + early.len()) as u64;
-    let (out, back) = tokio::io::copy_bidirectional(&mut client, &mut upstream)
-        .await
-        .unwrap_or((0, 0));
-    Ok((sent + out, back))
+    send_then_splice(&mut client, &mut upstream, &head, &early).await
 }
 
 /// An origin-form request head made fit to send on: HTTP/1.x only, hop-by-hop and proxy
 /// headers dropped, `Connection: close`.
-fn origin_head(head: &[u8]) -> Result<Vec<u8>, &'static str> {
+pub(super) fn origin_head(head: &[u8]) -> Result<Vec<u8>, &'static str> {
     let text = std::str::from_utf8(head).map_err(|_| "the request head is not UTF-8")?;
     let mut lines = text.split("\r\n");
     let request_line = lines.next().unwrap_or_default();

@@ -231,6 +231,10 @@ async fn serve_client(
         reply(&mut client, "502 Bad Gateway", "upstream unreachable").await;
         return Ok(());
     };
+    // Each write is passed on at once: with Nagle's algorithm a relayed small write (a TLS
+    // handshake's, an answer's head) could wait for the peer's delayed ACK, tens of milliseconds.
+    let _ = client.set_nodelay(true);
+    let _ = upstream.set_nodelay(true);
     let mut sent = 0u64;
     if request.connect {
         client
@@ -253,7 +257,7 @@ async fn serve_client(
         upstream.write_all(&early).await?;
         sent += early.len() as u64;
     }
-    let copied = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    let copied = super::relay::sockets(&mut client, &mut upstream).await;
     let (out, back) = copied.unwrap_or((0, 0));
     decision.bytes_out = sent + out;
     decision.bytes_in = back;

@@ -194,7 +194,21 @@ pub fn export(resources: &[AnyResource], options: &ExportOptions) -> Result<Expo
         ..Export::default()
     };
     let mut taken: BTreeMap<(&'static str, String), String> = BTreeMap::new();
+    let outer = options;
     for resource in resources {
+        // An object of a namespace other than `default` goes to that namespace unless
+        // `--namespace` names one for all.
+        let scoped;
+        let options = match (&outer.namespace, resource.namespace()) {
+            (None, namespace) if namespace != crate::resource::DEFAULT_NAMESPACE => {
+                scoped = ExportOptions {
+                    namespace: Some(namespace.to_string()),
+                    ..outer.clone()
+                };
+                &scoped
+            }
+            _ => outer,
+        };
         let object = reference(resource);
         let mut claim = |k8s_kind: &'static str, name: &str, gaps: &mut Vec<Gap>| -> bool {
             match taken.get(&(k8s_kind, name.to_string())) {
@@ -438,6 +452,20 @@ fn sandbox(
             ),
         });
     }
+    if let Some(action) = spec
+        .expiry_action
+        .filter(|a| *a != crate::resource::ExpiryAction::Delete)
+    {
+        gaps.push(Gap {
+            object: object.to_string(),
+            field: Some("spec.expiryAction".into()),
+            kind: GapKind::NotExpressed,
+            reason: format!(
+                "{action:?}: a pod cannot be frozen or stopped at the end of its lifetime; the \
+                 exported deadline ends it"
+            ),
+        });
+    }
     if let Some(auto_resume) = spec.auto_resume {
         gaps.push(Gap {
             object: object.to_string(),
@@ -482,7 +510,7 @@ fn sandbox(
     };
     let mut k8s_spec = json!({
         "podTemplate": pod::pod_template(&shape, options, gaps),
-        "volumeClaimTemplates": pod::workspace_claims(options),
+        "volumeClaimTemplates": pod::workspace_claims(options, spec.disk_mb),
         // No headless Service: a sandbox takes no inbound connections.
         "service": false,
     });
@@ -552,7 +580,7 @@ fn pool(
         "metadata": metadata(name, options, &labels, &annotations),
         "spec": {
             "podTemplate": pod::pod_template(&shape, options, gaps),
-            "volumeClaimTemplates": pod::workspace_claims(options),
+            "volumeClaimTemplates": pod::workspace_claims(options, None),
             "service": false,
             "networkPolicyManagement": "Managed",
             "networkPolicy": network::template_network_policy(&egress, object, gaps),

@@ -119,11 +119,17 @@ pub fn pod_template(shape: &PodShape<'_>, options: &ExportOptions, gaps: &mut Ve
     json!({ "metadata": { "labels": shape.labels }, "spec": spec })
 }
 
-/// `spec.volumeClaimTemplates` of a Sandbox or SandboxTemplate: the one workspace claim.
-pub fn workspace_claims(options: &ExportOptions) -> Value {
+/// `spec.volumeClaimTemplates` of a Sandbox or SandboxTemplate: the one workspace claim, as
+/// large as the sandbox's `diskMB` when it has one (the claim's size is its limit), else
+/// `--workspace-size`.
+pub fn workspace_claims(options: &ExportOptions, disk_mb: Option<u64>) -> Value {
+    let size = match disk_mb.filter(|mb| *mb > 0) {
+        Some(mb) => format!("{mb}Mi"),
+        None => options.workspace_size.clone(),
+    };
     let mut spec = json!({
         "accessModes": ["ReadWriteOnce"],
-        "resources": { "requests": { "storage": options.workspace_size } },
+        "resources": { "requests": { "storage": size } },
     });
     if let Some(class) = &options.storage_class {
         spec["storageClassName"] = json!(class);

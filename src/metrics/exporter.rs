@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 
 use super::history::{self, UsageHistory, UsagePoint};
 use super::usage::{network_bytes, CgroupUsage, Cgroups};
-use super::{Metrics, PoolSample, SandboxSample, SnapshotSample, State, DEFAULT_NAMESPACE};
+use super::{Metrics, PoolSample, SandboxSample, SnapshotSample, State};
 use crate::docker::Engine;
 use crate::resource::{Kind, Sandbox, SandboxPhase, SnapshotPhase};
 use crate::store::Store;
@@ -154,7 +154,7 @@ impl Exporter {
             let Some(status) = sandbox.status.as_ref() else {
                 continue;
             };
-            let name = &sandbox.metadata.name;
+            let name = &sandbox.metadata.key();
             live.insert(name.clone());
             if !matches!(status.phase, SandboxPhase::Running | SandboxPhase::Paused) {
                 continue;
@@ -212,7 +212,7 @@ impl Exporter {
                 _ => None,
             };
             sandboxes.push(SandboxSample {
-                namespace: DEFAULT_NAMESPACE.to_string(),
+                namespace: sandbox.metadata.namespace.clone(),
                 name: sandbox.metadata.name.clone(),
                 phase: sandbox_phase(phase),
                 usage,
@@ -228,7 +228,7 @@ impl Exporter {
                 let pool = entry.resource.as_pool()?;
                 let status = pool.status.clone().unwrap_or_default();
                 Some(PoolSample {
-                    namespace: DEFAULT_NAMESPACE.to_string(),
+                    namespace: pool.metadata.namespace.clone(),
                     name: pool.metadata.name.clone(),
                     ready: status.ready_replicas,
                     claimed: status.claimed,
@@ -243,7 +243,7 @@ impl Exporter {
                 let snapshot = entry.resource.as_snapshot()?;
                 let status = snapshot.status.clone().unwrap_or_default();
                 Some(SnapshotSample {
-                    namespace: DEFAULT_NAMESPACE.to_string(),
+                    namespace: snapshot.metadata.namespace.clone(),
                     phase: snapshot_phase(status.phase),
                     size_bytes: status.size_bytes,
                 })
@@ -365,7 +365,7 @@ impl Exporter {
     /// counters, and its workspace's size (measured for this answer unless it was measured in
     /// the last [`WORKSPACE_FRESH`], so that a refreshing `top` does not walk it every time).
     pub async fn usage(&self, sandbox: &Sandbox) -> Result<SandboxUsage, UsageError> {
-        let name = &sandbox.metadata.name;
+        let name = &sandbox.metadata.key();
         let not_running = || UsageError::NotRunning(name.clone());
         let container = sandbox
             .status

@@ -5,7 +5,8 @@
 //! Two kinds of series. What happens — reconciles, Docker calls, HTTP requests, exec and process
 //! starts — is recorded as it happens through a [`Metrics`] handle, which the parts that do the
 //! work are given (the controller, the data plane, the processes, the HTTP layer; Docker calls
-//! through [`crate::docker::CallObserver`], so `docker` never knows this module). What is — the
+//! through [`crate::docker::CallObserver`] and egress decisions through
+//! [`crate::egress::DecisionObserver`], so neither module knows this one). What is — the
 //! sandboxes by phase, the work queue, pools, snapshots, each running sandbox's use of CPU,
 //! memory, processes and disk — is read at each scrape by the [`Exporter`] (`exporter.rs`) from
 //! the store and the host's cgroups (`usage.rs`, `disk.rs`) and handed to [`Metrics::render`] as
@@ -59,6 +60,17 @@ struct HttpLabels {
     code: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EgressLabels {
+    namespace: String,
+    sandbox: String,
+    protocol: String,
+    decision: String,
+}
+
+/// The protocols the egress gateway decides on.
+const EGRESS_PROTOCOLS: [&str; 3] = ["dns", "http", "tls"];
+
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Buckets from 1 ms to about 33 s, doubling.
@@ -80,6 +92,7 @@ struct Recorded {
     http_seconds: Histograms<HttpLabels>,
     exec_start_seconds: Histogram,
     process_start_seconds: Histogram,
+    egress_decisions: Family<EgressLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -142,8 +155,16 @@ impl Metrics {
             Unit::Seconds,
             process_start_seconds.clone(),
         );
+        let egress_decisions = Family::<EgressLabels, Counter>::default();
+        registry.register(
+            "egress_decisions",
+            "Lookups and connections the egress gateway allowed or refused, by namespace, \
+             sandbox, protocol (dns, http, tls) and decision (allowed, refused)",
+            egress_decisions.clone(),
+        );
         Metrics {
             inner: Arc::new(Recorded {
+                egress_decisions,
                 registry,
                 reconciles,
                 reconcile_seconds,
@@ -214,6 +235,38 @@ impl crate::docker::CallObserver for Metrics {
             .docker_seconds
             .get_or_create(&labels)
             .observe(elapsed.as_secs_f64());
+    }
+}
+
+impl crate::egress::DecisionObserver for Metrics {
+    fn egress_decision(&self, sandbox: &str, protocol: &str, allowed: bool) {
+        // Only the protocols the gateway knows become labels.
+        let Some(protocol) = EGRESS_PROTOCOLS.iter().find(|p| **p == protocol) else {
+            return;
+        };
+        // The gateway names a sandbox by its key.
+        let (namespace, name) = crate::resource::split_key(sandbox);
+        let labels = EgressLabels {
+            namespace: namespace.to_string(),
+            sandbox: name.to_string(),
+            protocol: (*protocol).to_string(),
+            decision: if allowed { "allowed" } else { "refused" }.to_string(),
+        };
+        self.inner.egress_decisions.get_or_create(&labels).inc();
+    }
+
+    fn egress_forget(&self, sandbox: &str) {
+        let (namespace, name) = crate::resource::split_key(sandbox);
+        for protocol in EGRESS_PROTOCOLS {
+            for decision in ["allowed", "refused"] {
+                self.inner.egress_decisions.remove(&EgressLabels {
+                    namespace: namespace.to_string(),
+                    sandbox: name.to_string(),
+                    protocol: protocol.to_string(),
+                    decision: decision.to_string(),
+                });
+            }
+        }
     }
 }
 
@@ -417,6 +470,7 @@ fn saturating_i64(n: u64) -> i64 {
 mod tests {
     use super::*;
     use crate::docker::CallObserver;
+    use crate::egress::DecisionObserver;
 
     #[test]
     fn renders_recorded_and_current_series() {
@@ -429,6 +483,10 @@ mod tests {
             404,
             Duration::from_millis(1),
         );
+        metrics.egress_decision("a", "dns", true);
+        metrics.egress_decision("a", "dns", true);
+        metrics.egress_decision("a", "tls", false);
+        metrics.egress_decision("a", "gopher", false);
         let state = State {
             phases: vec!["Running", "Stopped"],
             sandboxes: vec![SandboxSample {
@@ -459,6 +517,8 @@ mod tests {
             "agent_sandbox_sandboxes{namespace=\"default\",phase=\"Running\"} 1",
             "agent_sandbox_sandboxes{namespace=\"default\",phase=\"Stopped\"} 0",
             "agent_sandbox_workqueue_depth 2",
+            "agent_sandbox_egress_decisions_total{namespace=\"default\",sandbox=\"a\",protocol=\"dns\",decision=\"allowed\"} 2",
+            "agent_sandbox_egress_decisions_total{namespace=\"default\",sandbox=\"a\",protocol=\"tls\",decision=\"refused\"} 1",
             "agent_sandbox_snapshot_bytes{namespace=\"default\"} 100",
             "agent_sandbox_sandbox_cpu_seconds_total{namespace=\"default\",sandbox=\"a\"} 1.5",
             "agent_sandbox_sandbox_memory_bytes{namespace=\"default\",sandbox=\"a\"} 4096",
@@ -467,6 +527,9 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }
+        assert!(!text.contains("gopher"), "an unknown protocol is no label");
+        metrics.egress_forget("a");
+        assert!(!metrics.render(&state).contains("egress_decisions_total{"));
         assert!(text.ends_with("# EOF\n"));
         assert_eq!(text.matches("# EOF").count(), 1);
     }

@@ -251,7 +251,10 @@ impl Ports {
                 }
             }
         }
-        let tunnel = self.connect(container, port).await?;
+        let tunnel = self
+            .connect(container, port)
+            .await?
+            .counting(forwarded.activity.clone());
         let mut sender = proxy::handshake(tunnel, port).await?;
         let answer = sender
             .send_request(outgoing)

@@ -5,7 +5,8 @@
 //! revocations live in the data directory, written through `store` (private files); this module
 //! only decides.
 //!
-//! A preview host is `{port}-{name}.{domain}` with an optional `:port` of the listener;
+//! A preview host is `{port}-{name}.{domain}` (`{port}-{name}.{namespace}.{domain}` outside the
+//! `default` namespace) with an optional `:port` of the listener;
 //! [`parse_host`] refuses everything else that claims the domain, and leaves hosts outside it
 //! alone.
 
@@ -255,12 +256,28 @@ pub fn parse_host(host: &str, domain: &str) -> PreviewHost {
     let Ok(port) = super::parse_port(port) else {
         return refused();
     };
-    if sandbox.is_empty() || sandbox.contains('.') || !crate::resource::is_valid_name(sandbox) {
+    // `{name}` in `default`, `{name}.{namespace}` in any other.
+    let (name, namespace) = sandbox
+        .split_once('.')
+        .unwrap_or((sandbox, crate::resource::DEFAULT_NAMESPACE));
+    if !crate::resource::is_valid_name(name)
+        || !crate::resource::is_valid_namespace(namespace)
+        || (sandbox.contains('.') && namespace == crate::resource::DEFAULT_NAMESPACE)
+    {
         return refused();
     }
     PreviewHost::Preview {
         port,
-        name: sandbox.to_string(),
+        name: crate::resource::object_key(namespace, name),
+    }
+}
+
+/// The label before the preview domain of port `port` of the sandbox of key `key`:
+/// `{port}-{name}` in `default`, `{port}-{name}.{namespace}` in any other.
+pub fn host_label(port: u16, key: &str) -> String {
+    match crate::resource::split_key(key) {
+        (crate::resource::DEFAULT_NAMESPACE, name) => format!("{port}-{name}"),
+        (namespace, name) => format!("{port}-{name}.{namespace}"),
     }
 }
 
@@ -340,6 +357,23 @@ mod tests {
     fn hosts_are_judged_strictly() {
         let d = "preview.localhost";
         assert_eq!(
+            parse_host("8000-web.team-a.preview.localhost", d),
+            PreviewHost::Preview {
+                port: 8000,
+                name: "team-a.web".into()
+            }
+        );
+        assert_eq!(host_label(8000, "team-a.web"), "8000-web.team-a");
+        assert_eq!(host_label(8000, "web"), "8000-web");
+        assert!(matches!(
+            parse_host("8000-web.default.preview.localhost", d),
+            PreviewHost::Refused(_)
+        ));
+        assert!(matches!(
+            parse_host("8000-web.a.b.preview.localhost", d),
+            PreviewHost::Refused(_)
+        ));
+        assert_eq!(
             parse_host("8000-web.preview.localhost:8080", d),
             PreviewHost::Preview {
                 port: 8000,
@@ -366,7 +400,8 @@ mod tests {
             "0-web.preview.localhost",
             "70000-web.preview.localhost",
             "8000-.preview.localhost",
-            "8000-a.b.preview.localhost",
+            "8000-a.b.c.preview.localhost",
+            "8000-a.b_c.preview.localhost",
         ] {
             assert!(
                 matches!(parse_host(refused, d), PreviewHost::Refused(_)),

@@ -34,6 +34,9 @@ pub struct Forwarded {
     pub strip_cookies: Vec<String>,
     /// Ends an upgraded connection's byte pipe when cancelled (the client's key was revoked).
     pub stop: Option<tokio_util::sync::CancellationToken>,
+    /// Counts the bytes of the request, the answer and an upgraded connection as the sandbox's
+    /// activity.
+    pub activity: Option<crate::activity::Toucher>,
 }
 
 /// Marks a response that came from a sandbox, so that nothing rewrites it on the way out.
@@ -52,7 +55,9 @@ const HOP_BY_HOP: [&str; 9] = [
     "transfer-encoding",
     "upgrade",
 ];
-const CREDENTIALS: [&str; 2] = ["authorization", "x-api-key"];
+/// What opened the way to the sandbox, never forwarded into it (the last is E2B's header for a
+/// sandbox's traffic access token on its preview hosts).
+const CREDENTIALS: [&str; 3] = ["authorization", "x-api-key", "e2b-traffic-access-token"];
 
 fn upgrade_of(headers: &HeaderMap) -> Option<HeaderValue> {
     let asks = headers

@@ -9,7 +9,7 @@
 //! ends, so a client that left stops what the sandbox sends), and the end of its read side is
 //! the end of the connection. Nothing is buffered
 //! beyond one chunk of the exec's output, so a slow reader slows the sandbox's sender and no one
-//! else.
+//! else. A tunnel can count the bytes through it as its sandbox's activity ([`Tunnel::counting`]).
 
 use std::io;
 use std::pin::Pin;
@@ -23,6 +23,7 @@ use futures::{Stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::PortError;
+use crate::activity::Toucher;
 use crate::docker::{Engine, EngineResult, ExecOutput, ExecPlan, HELPER_BINARY, HELPER_MOUNT};
 use helper_protocol::relay::CONNECTED;
 
@@ -34,6 +35,8 @@ const STDERR_KEEP: usize = 512;
 /// A connection into a sandbox, however it was made.
 pub struct Tunnel {
     inner: Inner,
+    /// Told whenever bytes pass, either way.
+    activity: Option<Toucher>,
 }
 
 enum Inner {
@@ -55,6 +58,21 @@ impl Tunnel {
     pub fn direct(stream: tokio::net::TcpStream) -> Tunnel {
         Tunnel {
             inner: Inner::Direct(stream),
+            activity: None,
+        }
+    }
+
+    /// The same tunnel, counting the bytes through it as activity with `activity`.
+    pub fn counting(mut self, activity: Option<Toucher>) -> Tunnel {
+        self.activity = activity;
+        self
+    }
+
+    fn passed(&self, bytes: usize) {
+        if bytes > 0 {
+            if let Some(activity) = &self.activity {
+                activity.touch();
+            }
         }
     }
 
@@ -118,6 +136,7 @@ impl Tunnel {
                 pending: connected.slice(1..),
                 ended: false,
             }),
+            activity: None,
         })
     }
 }
@@ -128,10 +147,15 @@ impl AsyncRead for Tunnel {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match &mut self.inner {
+        let before = buf.filled().len();
+        let polled = match &mut self.inner {
             Inner::Direct(stream) => Pin::new(stream).poll_read(cx, buf),
             Inner::Relay(relay) => Pin::new(relay).poll_read(cx, buf),
+        };
+        if let Poll::Ready(Ok(())) = polled {
+            self.passed(buf.filled().len() - before);
         }
+        polled
     }
 }
 
@@ -141,10 +165,14 @@ impl AsyncWrite for Tunnel {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.inner {
+        let polled = match &mut self.inner {
             Inner::Direct(stream) => Pin::new(stream).poll_write(cx, buf),
             Inner::Relay(relay) => Pin::new(relay).poll_write(cx, buf),
+        };
+        if let Poll::Ready(Ok(n)) = polled {
+            self.passed(n);
         }
+        polled
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -266,8 +266,12 @@ type Pool = Arc<Mutex<HashMap<String, Vec<Bridge>>>>;
 /// Keeps an idle connection for the next request into its container (a few per container).
 fn give_back(pool: &Pool, container: &str, b: Bridge) {
     let mut pool = pool.lock().unwrap_or_else(|p| p.into_inner());
-    // Containers that are gone leave dead connections behind; forget those pools.
-    pool.retain(|_, idle| !idle.is_empty());
+    // Containers that are gone (a pool member removed unclaimed, too) leave dead connections
+    // behind; forget those.
+    pool.retain(|_, idle| {
+        idle.retain_mut(|b| b.is_alive());
+        !idle.is_empty()
+    });
     let idle = pool.entry(container.to_string()).or_default();
     if idle.len() < POOL_PER_CONTAINER {
         idle.push(b);
@@ -317,6 +321,7 @@ fn reply_error(code: ErrorCode, message: String) -> ProcessError {
         ErrorCode::TooMany => ProcessError::TooMany(message),
         ErrorCode::Invalid => ProcessError::Invalid(message),
         ErrorCode::Internal => ProcessError::Backend(message),
+        ErrorCode::Denied => ProcessError::Invalid(message),
     }
 }
 
@@ -416,16 +421,12 @@ impl Processes {
             .and_then(|s| s.lost.get(id).cloned())
     }
 
-    async fn connect(&self, target: &Target) -> Result<Bridge, ProcessError> {
-        self.note_container(target);
+    /// A new connection to the container's supervisor, waiting for one that does not listen yet.
+    async fn open_bridge(&self, container_id: &str) -> Result<Bridge, BridgeError> {
         let deadline = std::time::Instant::now() + SUPERVISOR_STARTING;
-        let opened = loop {
-            let opened = Bridge::open(
-                &self.engine,
-                &target.container_id,
-                &self.settings.sandbox_user,
-            )
-            .await;
+        loop {
+            let opened =
+                Bridge::open(&self.engine, container_id, &self.settings.sandbox_user).await;
             match opened {
                 Err(BridgeError::NoSupervisor(why))
                     if not_listening_yet(&why) && std::time::Instant::now() < deadline =>
@@ -434,7 +435,36 @@ impl Processes {
                 }
                 opened => break opened,
             }
-        };
+        }
+    }
+
+    /// Opens one connection to a new container's supervisor ahead of any request and keeps it
+    /// idle, in the background. For a pool member waiting to be claimed: the claim keeps the
+    /// container's ID, so the sandbox that claims it starts its first process without paying a
+    /// `docker exec` (tens of milliseconds) first. A failure is only logged; the first request
+    /// then connects as usual.
+    pub fn warm(self: &Arc<Self>, container_id: &str) {
+        let processes = Arc::clone(self);
+        let container_id = container_id.to_string();
+        tokio::spawn(async move {
+            match processes.open_bridge(&container_id).await {
+                Ok(bridge) => give_back(&processes.pool, &container_id, bridge),
+                Err(error) => {
+                    tracing::debug!(container = %container_id, %error, "supervisor not warmed")
+                }
+            }
+        });
+    }
+
+    /// Whether an idle connection to the container's supervisor is kept.
+    pub fn is_warm(&self, container_id: &str) -> bool {
+        let pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        pool.get(container_id).is_some_and(|idle| !idle.is_empty())
+    }
+
+    async fn connect(&self, target: &Target) -> Result<Bridge, ProcessError> {
+        self.note_container(target);
+        let opened = self.open_bridge(&target.container_id).await;
         match opened {
             Ok(b) => {
                 if let Ok(Some(details)) = self.engine.inspect_container(&target.container_id).await
@@ -778,6 +808,54 @@ impl Processes {
             }
         });
         Ok(Box::pin(stream))
+    }
+}
+
+impl Processes {
+    /// One request to the sandbox's supervisor and its whole answer (for the other users of the
+    /// supervisor's protocol, such as directory watches).
+    pub(crate) async fn supervisor_call(
+        &self,
+        target: &Target,
+        req: SupRequest,
+    ) -> Result<Vec<Reply>, ProcessError> {
+        self.call(target, req).await
+    }
+
+    /// Sends a request whose answer streams: its first reply (which may be a final one, such as
+    /// a [`Reply::Error`]; an `Err` when the connection failed), then the rest as they come. The stream ends
+    /// after a final reply, when the connection breaks, or when the container stops running as
+    /// it did; dropping it ends the connection (and what the supervisor tied to it).
+    pub(crate) async fn supervisor_stream(
+        &self,
+        target: &Target,
+        req: SupRequest,
+    ) -> Result<(Reply, BoxStream<'static, Reply>), ProcessError> {
+        let mut b = self.connect(target).await?;
+        b.send(&req).await.map_err(|e| bridge_error(target, e))?;
+        let first = b.next().await.map_err(|e| bridge_error(target, e))?;
+        if first.is_final() {
+            return Ok((first, Box::pin(futures::stream::empty())));
+        }
+        let container = target.container_id.clone();
+        let started_at = self.seen().get(&target.key()).and_then(|s| s.started_at);
+        let engine = Arc::clone(&self.engine);
+        let stream = futures::stream::unfold(Some(b), move |bridge| {
+            let (engine, container) = (Arc::clone(&engine), container.clone());
+            async move {
+                let mut bridge = bridge?;
+                let reply = loop {
+                    match tokio::time::timeout(QUIET_CHECK, bridge.next()).await {
+                        Ok(reply) => break reply.ok()?,
+                        Err(_) if still_there(&engine, &container, started_at).await => {}
+                        Err(_) => return None,
+                    }
+                };
+                let last = reply.is_final();
+                Some((reply, (!last).then_some(bridge)))
+            }
+        });
+        Ok((first, Box::pin(stream)))
     }
 }
 

@@ -25,6 +25,10 @@ pub struct ObjectReference {
     pub kind: String,
     /// The resource's name (for a `Manifest`: the file).
     pub name: String,
+    /// The resource's namespace (`default` for a `Manifest`, and for events recorded before
+    /// objects had namespaces).
+    #[serde(default = "super::meta::default_namespace")]
+    pub namespace: String,
     /// The resource's uid, when it has one: it tells apart two resources of one name over time.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub uid: String,

@@ -71,16 +71,9 @@ pub enum KeyFileError {
 }
 
 /// Whether `name` may name a key or a namespace: 1 to 63 of `a-z`, `0-9`, `-`, starting and
-/// ending with a letter or digit.
+/// ending with a letter or digit (a DNS label, as namespace names are).
 pub fn valid_name(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes[0] != b'-'
-        && bytes[bytes.len() - 1] != b'-'
+    super::is_valid_namespace(name)
 }
 
 /// Parses and checks a keys file's text. An empty file is no keys.

@@ -34,15 +34,17 @@ pub use egress::{
 pub use event::{Event, EventMeta, EventSeverity, ObjectReference, Occurrence};
 pub use fork::{ForkOverrides, ForkPhase, ForkSpec, ForkStatus};
 pub use meta::{
-    is_valid_name, set_condition, Condition, ConditionStatus, ObjectMeta, OwnerReference,
-    API_VERSION, NAME_PATTERN,
+    is_valid_key, is_valid_name, is_valid_namespace, object_key, set_condition, shown_key,
+    split_key, Condition, ConditionStatus, ObjectMeta, OwnerReference, API_VERSION,
+    DEFAULT_NAMESPACE, NAMESPACE_PATTERN, NAME_PATTERN,
 };
 pub use pool::{SandboxPoolSpec, SandboxPoolStatus};
 pub use quota::{QuotaUsage, ResourceQuotaSpec, ResourceQuotaStatus};
 pub use sandbox::{
-    AppliedLimits, EffectiveSandbox, IdleAction, IdlePolicy, ImagePullPolicy, ImagePullProgress,
-    RollbackRecord, RollbackRequest, RootfsRecord, SandboxDefaults, SandboxPhase, SandboxSource,
-    SandboxSpec, SandboxState, SandboxStatus, SpecError, Termination, TerminationReason,
+    AppliedLimits, EffectiveSandbox, ExpiryAction, IdleAction, IdlePolicy, ImagePullPolicy,
+    ImagePullProgress, RollbackRecord, RollbackRequest, RootfsRecord, SandboxDefaults,
+    SandboxPhase, SandboxSource, SandboxSpec, SandboxState, SandboxStatus, SpecError, Termination,
+    TerminationReason,
 };
 pub use secret::{Injection, SecretSpec, SecretSpecError, SecretStatus, ValueFrom};
 pub use service::{
@@ -258,6 +260,15 @@ impl AnyResource {
         &self.metadata().name
     }
 
+    pub fn namespace(&self) -> &str {
+        &self.metadata().namespace
+    }
+
+    /// The key the store, the controller and Docker know this object by ([`object_key`]).
+    pub fn key(&self) -> String {
+        self.metadata().key()
+    }
+
     pub fn metadata(&self) -> &ObjectMeta {
         match self {
             AnyResource::Sandbox(r) => &r.metadata,
@@ -386,6 +397,7 @@ impl AnyResource {
         let meta = out.metadata_mut();
         *meta = ObjectMeta {
             name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
             labels: meta.labels.clone(),
             annotations: meta.annotations.clone(),
             ..ObjectMeta::default()

@@ -25,6 +25,14 @@ pub struct ResourceQuotaSpec {
     /// The sum of those snapshots' sizes (`status.sizeBytes`), in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_bytes: Option<u64>,
+    /// The sum of those sandboxes' workspace size limits (`spec.diskMB`), in MiB. With it set,
+    /// a sandbox without a limit is refused: it could fill any amount.
+    #[serde(
+        default,
+        rename = "workspaceMB",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub workspace_mb: Option<u64>,
 }
 
 /// What the namespace's sandboxes and snapshots use, in the units of the spec.
@@ -41,6 +49,8 @@ pub struct QuotaUsage {
     pub snapshots: u64,
     #[serde(default)]
     pub snapshot_bytes: u64,
+    #[serde(default, rename = "workspaceMB")]
+    pub workspace_mb: u64,
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq)]

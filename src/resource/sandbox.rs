@@ -27,6 +27,13 @@ pub struct SandboxSpec {
     #[serde(default, rename = "memoryMB", skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 16, max = 1048576))]
     pub memory_mb: Option<u64>,
+    /// Size limit of `/workspace` in MiB: writes beyond it fail inside the sandbox with "no
+    /// space" (ENOSPC). 0 is no limit. Default: the server's `AGENT_SANDBOX_DEFAULT_DISK_MB`.
+    /// Raising it applies to the running sandbox; lowering it applies to the next new workspace
+    /// (a rollback).
+    #[serde(default, rename = "diskMB", skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 16777216))]
+    pub disk_mb: Option<u64>,
     /// Maximum number of processes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 8, max = 1048576))]
@@ -53,6 +60,14 @@ pub struct SandboxSpec {
     /// Absolute deadline; the earlier of this and `ttlSeconds` wins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shutdown_time: Option<DateTime<Utc>>,
+    /// What the end of the lifetime (`ttlSeconds`, `shutdownTime`) does: `Delete` (the default)
+    /// deletes the sandbox; `Pause` or `Stop` sets `spec.state` instead and keeps the sandbox.
+    /// With `Pause` or `Stop` the lifetime runs only while the sandbox runs: it starts again at
+    /// each resume (`ttlSeconds` from then; a `shutdownTime` from before the resume no longer
+    /// counts). A lifetime that `shutdownTime` alone set becomes `ttlSeconds` of its length when
+    /// it ends, so the next one is as long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expiry_action: Option<ExpiryAction>,
     /// Start from a snapshot's workspace. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<SandboxSource>,
@@ -155,6 +170,26 @@ pub struct IdlePolicy {
     /// `Pause` (the default) or `Stop`.
     #[serde(default)]
     pub action: IdleAction,
+}
+
+/// `spec.expiryAction`: what the end of a sandbox's lifetime does to it.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExpiryAction {
+    #[default]
+    Delete,
+    Pause,
+    Stop,
+}
+
+impl ExpiryAction {
+    /// The state the end of the lifetime puts the sandbox in; `None` when it deletes it.
+    pub fn state(self) -> Option<SandboxState> {
+        match self {
+            ExpiryAction::Delete => None,
+            ExpiryAction::Pause => Some(SandboxState::Paused),
+            ExpiryAction::Stop => Some(SandboxState::Stopped),
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -415,6 +450,8 @@ pub struct SandboxDefaults {
     pub cpus: f64,
     pub memory_mb: u64,
     pub pids_limit: u64,
+    /// `spec.diskMB` when a sandbox sets none (0: no limit).
+    pub disk_mb: u64,
     /// Sandboxes with a network that set no `egress` get the server's default allow list.
     pub egress_by_default: bool,
 }
@@ -426,6 +463,8 @@ pub struct EffectiveSandbox {
     pub cpus: f64,
     pub memory_mb: u64,
     pub pids_limit: u64,
+    /// The workspace's size limit in MiB (0: none).
+    pub disk_mb: u64,
     pub network: bool,
     /// The network goes through the egress gateway (an allow list applies), rather than open.
     pub egress: bool,
@@ -451,6 +490,7 @@ impl SandboxSpec {
             cpus: self.cpus.unwrap_or(defaults.cpus),
             memory_mb: self.memory_mb.unwrap_or(defaults.memory_mb),
             pids_limit: self.pids_limit.unwrap_or(defaults.pids_limit),
+            disk_mb: self.disk_mb.unwrap_or(defaults.disk_mb),
             network,
             read_only_rootfs: self.read_only_rootfs.unwrap_or(true),
             env: self.env.clone(),
@@ -519,6 +559,11 @@ impl SandboxSpec {
         self.state.unwrap_or_default()
     }
 
+    /// The state the end of the lifetime puts the sandbox in; `None` when it deletes it.
+    pub fn expiry_state(&self) -> Option<SandboxState> {
+        self.expiry_action.unwrap_or_default().state()
+    }
+
     /// Whether calls on a paused or stopped sandbox resume it.
     pub fn auto_resumes(&self) -> bool {
         self.auto_resume.unwrap_or(true)
@@ -531,7 +576,12 @@ impl SandboxSpec {
             .and_then(|ttl| i64::try_from(ttl).ok())
             .and_then(chrono::TimeDelta::try_seconds)
             .and_then(|d| anchor.checked_add_signed(d));
-        match (by_ttl, self.shutdown_time) {
+        // A sandbox its lifetime's end keeps starts a new lifetime at each resume: a deadline
+        // from before that start belongs to an earlier one.
+        let shutdown = self
+            .shutdown_time
+            .filter(|at| self.expiry_state().is_none() || *at > anchor);
+        match (by_ttl, shutdown) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -590,8 +640,34 @@ mod tests {
             cpus: 1.0,
             memory_mb: 512,
             pids_limit: 256,
+            disk_mb: 0,
             egress_by_default: false,
         }
+    }
+
+    #[test]
+    fn a_kept_sandbox_counts_its_lifetime_from_each_resume() {
+        let t0 = Utc::now();
+        let resumed = t0 + chrono::TimeDelta::seconds(100);
+        let mut spec = SandboxSpec {
+            ttl_seconds: Some(10),
+            shutdown_time: Some(t0 + chrono::TimeDelta::seconds(5)),
+            ..SandboxSpec::default()
+        };
+        // Deleted at the end: the earlier deadline wins, wherever the lifetime starts.
+        assert_eq!(spec.expiry_state(), None);
+        assert_eq!(spec.expires_at(t0), spec.shutdown_time);
+        assert_eq!(spec.expires_at(resumed), spec.shutdown_time);
+        // Kept at the end: a deadline from before the current lifetime no longer counts.
+        spec.expiry_action = Some(ExpiryAction::Pause);
+        assert_eq!(spec.expiry_state(), Some(SandboxState::Paused));
+        assert_eq!(spec.expires_at(t0), spec.shutdown_time);
+        assert_eq!(
+            spec.expires_at(resumed),
+            Some(resumed + chrono::TimeDelta::seconds(10))
+        );
+        spec.expiry_action = Some(ExpiryAction::Stop);
+        assert_eq!(spec.expiry_state(), Some(SandboxState::Stopped));
     }
 
     #[test]

@@ -243,7 +243,7 @@ pub fn running_of(sandbox: &crate::resource::Sandbox) -> Option<Running> {
         return None;
     }
     Some(Running {
-        name: sandbox.metadata.name.clone(),
+        name: sandbox.metadata.key(),
         uid: sandbox.metadata.uid.clone().unwrap_or_default(),
         container_id: status.container_id.clone()?,
         started_at: status.started_at,

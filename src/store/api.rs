@@ -13,7 +13,7 @@ use super::index::{self, Inner, Key};
 use super::state::{self, Record};
 use super::{atomic, EventType, Origin, Store, StoreError, StoreResult, WriteOptions};
 use crate::resource::yaml::to_yaml;
-use crate::resource::{is_valid_name, AnyResource, Kind, OwnerReference};
+use crate::resource::{is_valid_key, AnyResource, Kind, OwnerReference};
 
 /// The data directory is always the first source.
 const DATA_DIR: usize = 0;
@@ -153,10 +153,7 @@ pub(super) fn create_all(
     owner_references: Vec<OwnerReference>,
     opts: WriteOptions,
 ) -> Vec<StoreResult<AnyResource>> {
-    let keys: Vec<Key> = resources
-        .iter()
-        .map(|r| (r.kind(), r.name().to_string()))
-        .collect();
+    let keys: Vec<Key> = resources.iter().map(|r| (r.kind(), r.key())).collect();
     let mut results: Vec<StoreResult<AnyResource>> = Vec::with_capacity(keys.len());
     let mut pending: Vec<(usize, NewRecord)> = Vec::new();
     let mut inner = store.lock_to_reserve_all(&keys);
@@ -248,7 +245,7 @@ pub(super) fn create_with_status(
     place_data: impl FnOnce() -> StoreResult<()>,
     remove_data: impl FnOnce(),
 ) -> StoreResult<AnyResource> {
-    let key: Key = (resource.kind(), resource.name().to_string());
+    let key: Key = (resource.kind(), resource.key());
     let mut inner = store.lock_to_reserve(&key);
     let path = check_new(store, &inner, &key)?;
     let declaration = resource.declaration();
@@ -298,7 +295,7 @@ fn copy_of(error: &StoreError) -> StoreError {
 /// Whether `key` may be created: valid, not known, and no file of another kind in its way.
 /// Returns its manifest path.
 fn check_new(store: &Store, inner: &Inner, key: &Key) -> StoreResult<PathBuf> {
-    if !is_valid_name(&key.1) {
+    if !is_valid_key(&key.1) {
         return Err(StoreError::Invalid(if key.1.is_empty() {
             "metadata.name is required".into()
         } else {
@@ -328,7 +325,7 @@ pub(super) fn replace(
     resource: AnyResource,
     opts: WriteOptions,
 ) -> StoreResult<AnyResource> {
-    let key: Key = (resource.kind(), resource.name().to_string());
+    let key: Key = (resource.kind(), resource.key());
     let mut inner = store.lock_key(&key);
     let mut record = found(&inner, &key)?;
     check_writable(&record, &key)?;

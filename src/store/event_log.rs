@@ -481,6 +481,7 @@ mod tests {
         ObjectReference {
             kind: "Sandbox".into(),
             name: name.into(),
+            namespace: "default".into(),
             uid: format!("uid-{name}"),
         }
     }

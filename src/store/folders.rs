@@ -8,7 +8,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::resource::yaml::{parse_file, DocumentError, ParsedFile, MAX_DOCUMENT_BYTES};
-use crate::resource::{is_valid_name, AnyResource, Kind};
+use crate::resource::{is_valid_name, AnyResource, Kind, DEFAULT_NAMESPACE};
 
 /// Deeper trees than this are not walked; no real manifest repository gets close.
 const MAX_DEPTH: usize = 32;
@@ -23,7 +23,7 @@ pub(super) struct Declared {
 
 impl Declared {
     pub fn key(&self) -> (Kind, String) {
-        (self.resource.kind(), self.resource.name().to_string())
+        (self.resource.kind(), self.resource.key())
     }
 }
 
@@ -195,7 +195,7 @@ pub(super) struct Merged {
 /// - an unreadable file or subfolder keeps everything it declared before;
 /// - a name declared twice in one file is an error for the second declaration;
 /// - a source whose files suddenly hold no documents at all keeps the previous documents.
-pub(super) fn merge_scan(prev: &SourceDocs, scan: Scan) -> Merged {
+pub(super) fn merge_scan(prev: &SourceDocs, scan: Scan, namespace: Option<&str>) -> Merged {
     let mut docs = SourceDocs {
         files: BTreeMap::new(),
         errors: scan.errors,
@@ -205,7 +205,7 @@ pub(super) fn merge_scan(prev: &SourceDocs, scan: Scan) -> Merged {
         let previous = prev.files.get(&path).map(Vec::as_slice).unwrap_or(&[]);
         let (mut good, errors, keep_all) = match file {
             FileScan::Unreadable(err) => (Vec::new(), vec![err], true),
-            FileScan::Parsed(parsed) => read_documents(&path, parsed),
+            FileScan::Parsed(parsed) => read_documents(&path, parsed, namespace),
         };
         let declared: BTreeSet<_> = good.iter().map(Declared::key).collect();
         let failed: BTreeSet<_> = errors.iter().filter_map(|e| e.identity.clone()).collect();
@@ -238,14 +238,36 @@ pub(super) fn merge_scan(prev: &SourceDocs, scan: Scan) -> Merged {
 }
 
 /// Splits one parsed file into good declarations and errors. The flag says whether an error could
-/// not be tied to a document.
-fn read_documents(path: &Path, parsed: ParsedFile) -> (Vec<Declared>, Vec<DocumentError>, bool) {
+/// not be tied to a document. In a folder bound to `namespace`, documents that name no namespace
+/// (or `default`) are in it, and a document naming another is an error.
+fn read_documents(
+    path: &Path,
+    parsed: ParsedFile,
+    namespace: Option<&str>,
+) -> (Vec<Declared>, Vec<DocumentError>, bool) {
     let mut errors = parsed.errors;
     let keep_all = errors.iter().any(|e| e.identity.is_none());
     let mut good: Vec<Declared> = Vec::new();
     for doc in parsed.documents {
-        let resource = doc.resource.declaration();
-        let (kind, name) = (resource.kind(), resource.name().to_string());
+        let mut resource = doc.resource.declaration();
+        if let Some(bound) = namespace {
+            let declared = resource.namespace().to_string();
+            if declared != DEFAULT_NAMESPACE && declared != bound {
+                errors.push(DocumentError {
+                    file: Some(path.to_path_buf()),
+                    line: Some(doc.line),
+                    field: Some("metadata.namespace".into()),
+                    message: format!(
+                        "{declared:?}: this folder is bound to namespace {bound:?}; \
+                         leave metadata.namespace out or name {bound:?}"
+                    ),
+                    identity: Some((resource.kind(), resource.key())),
+                });
+                continue;
+            }
+            resource.metadata_mut().namespace = bound.to_string();
+        }
+        let (kind, name) = (resource.kind(), resource.key());
         let fail = |message: String| DocumentError {
             file: Some(path.to_path_buf()),
             line: Some(doc.line),
@@ -253,7 +275,7 @@ fn read_documents(path: &Path, parsed: ParsedFile) -> (Vec<Declared>, Vec<Docume
             message,
             identity: Some((kind, name.clone())),
         };
-        if !is_valid_name(&name) {
+        if !is_valid_name(resource.name()) {
             errors.push(fail(if name.is_empty() {
                 "a name is required in a manifest file".into()
             } else {

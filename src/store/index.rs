@@ -28,6 +28,8 @@ pub(super) struct Source {
     pub seq: u64,
     /// Why the last scan failed, if it did.
     pub failure: Option<DocumentError>,
+    /// The namespace a `--watch NS=DIR` folder is bound to.
+    pub namespace: Option<String>,
 }
 
 pub(super) struct Inner {
@@ -305,17 +307,19 @@ impl Store {
     /// else about its file.
     fn record_manifest_error(&self, inner: &Inner, error: &DocumentError, text: String) {
         let object = match &error.identity {
-            Some((kind, name)) => ObjectReference {
+            Some((kind, key)) => ObjectReference {
                 kind: kind.to_string(),
-                name: name.clone(),
+                name: crate::resource::split_key(key).1.to_string(),
+                namespace: crate::resource::split_key(key).0.to_string(),
                 uid: inner
                     .records
-                    .get(&(*kind, name.clone()))
+                    .get(&(*kind, key.clone()))
                     .and_then(|r| r.resource.metadata().uid.clone())
                     .unwrap_or_default(),
             },
             None => ObjectReference {
                 kind: "Manifest".to_string(),
+                namespace: crate::resource::DEFAULT_NAMESPACE.to_string(),
                 name: error
                     .file
                     .as_ref()
@@ -349,7 +353,8 @@ impl Store {
             let source = &mut inner.sources[index];
             match scan {
                 Ok(scan) => {
-                    let mut merged = folders::merge_scan(&source.docs, scan);
+                    let mut merged =
+                        folders::merge_scan(&source.docs, scan, source.namespace.as_deref());
                     if merged.kept_because_empty {
                         // Visible in the API too, so that whoever emptied the files learns why
                         // nothing was deleted.

@@ -52,7 +52,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use tokio::sync::broadcast;
 
 use crate::resource::yaml::DocumentError;
-use crate::resource::{AnyResource, Kind};
+use crate::resource::{shown_key, AnyResource, Kind};
 use index::{Inner, Source};
 
 pub use atomic::write_atomic;
@@ -105,12 +105,13 @@ pub struct WatchEvent {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("{kind} {name:?} not found")]
+    #[error("{kind} {} not found", shown_key(name))]
     NotFound { kind: Kind, name: String },
-    #[error("{kind} {name:?} already exists")]
+    #[error("{kind} {} already exists", shown_key(name))]
     AlreadyExists { kind: Kind, name: String },
     #[error(
-        "{kind} {name:?} has been modified: resourceVersion {given} is stale (current {current})"
+        "{kind} {} has been modified: resourceVersion {given} is stale (current {current})",
+        shown_key(name)
     )]
     Conflict {
         kind: Kind,
@@ -118,18 +119,21 @@ pub enum StoreError {
         given: String,
         current: String,
     },
-    #[error("{kind} {name:?} is declared in the read-only folder {folder}; change it there")]
+    #[error(
+        "{kind} {} is declared in the read-only folder {folder}; change it there",
+        shown_key(name)
+    )]
     ReadOnly {
         kind: Kind,
         name: String,
         folder: PathBuf,
     },
-    #[error("{kind} {name:?} is being deleted")]
+    #[error("{kind} {} is being deleted", shown_key(name))]
     Terminating { kind: Kind, name: String },
     #[error("{0}")]
     Invalid(String),
     /// An update changes fields that are fixed once the resource exists (Kubernetes' wording).
-    #[error("{kind} {name:?} is invalid: {}", immutable_message(fields))]
+    #[error("{kind} {} is invalid: {}", shown_key(name), immutable_message(fields))]
     Immutable {
         kind: Kind,
         name: String,
@@ -156,6 +160,49 @@ pub fn immutable_message(fields: &[&str]) -> String {
         .map(|f| format!("{f}: field is immutable"))
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// A folder of manifests to watch, and the namespace it is bound to (`--watch team-a=DIR`): its
+/// documents that name no namespace are in that one, and one naming another is an error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchDir {
+    pub path: PathBuf,
+    pub namespace: Option<String>,
+}
+
+impl From<PathBuf> for WatchDir {
+    fn from(path: PathBuf) -> WatchDir {
+        WatchDir {
+            path,
+            namespace: None,
+        }
+    }
+}
+
+impl std::str::FromStr for WatchDir {
+    type Err = String;
+
+    /// `DIR`, or `NS=DIR` where `NS` is a namespace name (a folder whose own name holds `=`
+    /// is written `./x=y`).
+    fn from_str(text: &str) -> Result<WatchDir, String> {
+        match text.split_once('=') {
+            Some((namespace, path)) if !namespace.contains('/') && !namespace.starts_with('.') => {
+                if !crate::resource::is_valid_namespace(namespace) {
+                    return Err(format!(
+                        "{namespace:?} is not a namespace name (a-z, 0-9 and -, at most 63)"
+                    ));
+                }
+                if path.is_empty() {
+                    return Err(format!("{text:?} names no folder after {namespace:?}="));
+                }
+                Ok(WatchDir {
+                    path: PathBuf::from(path),
+                    namespace: Some(namespace.to_string()),
+                })
+            }
+            _ => Ok(WatchDir::from(PathBuf::from(text))),
+        }
+    }
 }
 
 /// Options of a write through the API.
@@ -195,6 +242,12 @@ impl Store {
     /// then each watched folder. Bad documents are recorded, not fatal; a watched folder that
     /// cannot be read yet is retried by the watchers (and [`Store::is_fully_loaded`] stays false).
     pub fn open(data_dir: &Path, watch_dirs: &[PathBuf]) -> StoreResult<Arc<Store>> {
+        let unbound: Vec<WatchDir> = watch_dirs.iter().cloned().map(WatchDir::from).collect();
+        Store::open_watching(data_dir, &unbound)
+    }
+
+    /// [`Store::open`], with folders that may be bound to a namespace.
+    pub fn open_watching(data_dir: &Path, watch_dirs: &[WatchDir]) -> StoreResult<Arc<Store>> {
         let io = |path: PathBuf| move |source| StoreError::Io { path, source };
         for sub in ["manifests", "state"] {
             for kind in Kind::ALL {
@@ -213,25 +266,27 @@ impl Store {
             .map(state::Record::resource_version)
             .max()
             .unwrap_or(0);
-        let roots = std::iter::once((data_dir.join("manifests"), Origin::DataDir)).chain(
-            watch_dirs
-                .iter()
-                .map(|dir| (dir.clone(), Origin::Folder(dir.clone()))),
+        let roots = std::iter::once((data_dir.join("manifests"), Origin::DataDir, None)).chain(
+            watch_dirs.iter().map(|dir| {
+                let origin = Origin::Folder(dir.path.clone());
+                (dir.path.clone(), origin, dir.namespace.clone())
+            }),
         );
         let sources = roots
-            .map(|(root, origin)| Source {
+            .map(|(root, origin, namespace)| Source {
                 root,
                 origin,
                 docs: Default::default(),
                 loaded: false,
                 seq: 0,
                 failure: None,
+                namespace,
             })
             .collect::<Vec<_>>();
         let source_count = sources.len();
         let store = Arc::new(Store {
             data_dir: data_dir.to_path_buf(),
-            watch_dirs: watch_dirs.to_vec(),
+            watch_dirs: watch_dirs.iter().map(|d| d.path.clone()).collect(),
             events: broadcast::channel(EVENT_CAPACITY).0,
             inner: Mutex::new(Inner {
                 records,
@@ -257,6 +312,11 @@ impl Store {
 
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
+    }
+
+    /// The directory of the workspaces' disks (see [`crate::disk`], which owns what is in it).
+    pub fn disks_dir(&self) -> PathBuf {
+        self.data_dir.join("disks")
     }
 
     pub fn watch_dirs(&self) -> &[PathBuf] {
@@ -319,12 +379,7 @@ impl Store {
                 .collect()
         };
         out.sort_by(|a, b| {
-            let key = |e: &Entry| {
-                (
-                    e.resource.metadata().creation_timestamp,
-                    e.resource.name().to_string(),
-                )
-            };
+            let key = |e: &Entry| (e.resource.metadata().creation_timestamp, e.resource.key());
             key(a).cmp(&key(b))
         });
         out

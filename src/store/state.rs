@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{atomic, Origin};
 use crate::resource::yaml::value_to_resource;
-use crate::resource::{is_valid_name, AnyResource, Kind, OwnerReference};
+use crate::resource::{is_valid_key, AnyResource, Kind, OwnerReference};
 
 /// A resource as the index holds it.
 #[derive(Clone, Debug)]
@@ -77,7 +77,9 @@ pub(super) fn encode(data_dir: &Path, record: &Record) -> std::io::Result<(PathB
     let meta = r.metadata();
     let state = StateFile {
         kind: r.kind(),
-        name: meta.name.clone(),
+        // The key ([`crate::resource::object_key`]): the name, namespace-qualified outside
+        // `default`, as the file is named.
+        name: meta.key(),
         uid: meta.uid.clone().unwrap_or_default(),
         generation: meta.generation.unwrap_or(1),
         resource_version: meta.resource_version.clone().unwrap_or_default(),
@@ -93,7 +95,7 @@ pub(super) fn encode(data_dir: &Path, record: &Record) -> std::io::Result<(PathB
         status: r.status_json(),
     };
     let bytes = serde_json::to_vec_pretty(&state).map_err(std::io::Error::other)?;
-    Ok((state_path(data_dir, r.kind(), &meta.name), bytes))
+    Ok((state_path(data_dir, r.kind(), &meta.key()), bytes))
 }
 
 pub(super) fn remove(data_dir: &Path, kind: Kind, name: &str) -> std::io::Result<()> {
@@ -121,7 +123,7 @@ pub(super) fn load_all(data_dir: &Path) -> BTreeMap<(Kind, String), Record> {
             }
             match load_one(&path, kind) {
                 Ok(record) => {
-                    out.insert((kind, record.resource.name().to_string()), record);
+                    out.insert((kind, record.resource.key()), record);
                 }
                 Err(message) => {
                     tracing::warn!(file = %path.display(), "ignoring state file: {message}");
@@ -136,7 +138,7 @@ fn load_one(path: &Path, kind: Kind) -> Result<Record, String> {
     let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
     let state: StateFile = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
     let expected_name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
-    if state.kind != kind || state.name != expected_name || !is_valid_name(&state.name) {
+    if state.kind != kind || state.name != expected_name || !is_valid_key(&state.name) {
         return Err(format!(
             "holds {} {:?}, which does not match its path",
             state.kind, state.name
@@ -144,7 +146,7 @@ fn load_one(path: &Path, kind: Kind) -> Result<Record, String> {
     }
     let mut resource =
         value_to_resource(state.declaration, Some(kind), None).map_err(|e| e.to_string())?;
-    if resource.name() != state.name {
+    if resource.key() != state.name {
         return Err("its declaration names another resource".into());
     }
     if let Err(e) = resource.set_status_json(state.status) {

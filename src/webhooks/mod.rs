@@ -239,6 +239,7 @@ impl Deliveries {
             ObjectReference {
                 kind: Kind::Webhook.to_string(),
                 name: self.name.clone(),
+                namespace: crate::resource::DEFAULT_NAMESPACE.to_string(),
                 uid: self.uid.clone(),
             },
             "DeliveryGivenUp",

@@ -223,8 +223,9 @@ impl Server {
         )
     }
 
+    /// The resource of key `name` (`team-a.web` is `web` in namespace `team-a`).
     pub fn get(&self, kind_plural: &str, name: &str) -> Option<Value> {
-        let (status, body) = self.request("GET", &format!("{API}/{kind_plural}/{name}"), None);
+        let (status, body) = self.request("GET", &object_path(kind_plural, name), None);
         (status == 200).then_some(body)
     }
 
@@ -322,6 +323,23 @@ impl Drop for Server {
                 &format!("agent-sandbox-{name}-workspace"),
             ]);
         }
+        // The file systems of its disk-limited workspaces (`spec.diskMB`), mounted on this host:
+        // unmounted (which releases their loop devices) before the directory goes.
+        if let Ok(entries) = std::fs::read_dir(self.data_dir.join("disks")) {
+            for entry in entries.flatten() {
+                if entry.path().is_dir() {
+                    let _ = Command::new("umount").arg(entry.path()).status();
+                }
+            }
+        }
+    }
+}
+
+/// The resource API path of the object of key `key`: namespaced when the key names a namespace.
+pub fn object_path(kind_plural: &str, key: &str) -> String {
+    match key.split_once('.') {
+        Some((namespace, name)) => format!("{API}/namespaces/{namespace}/{kind_plural}/{name}"),
+        None => format!("{API}/{kind_plural}/{key}"),
     }
 }
 

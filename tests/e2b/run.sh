@@ -20,9 +20,14 @@ source tests/lib/python-suite.sh
 
 suite_args "$@"
 suite_prepare
-suite_serve AGENT_SANDBOX_ALLOW_NETWORK=true
+suite_serve AGENT_SANDBOX_ALLOW_NETWORK=true AGENT_SANDBOX_PREVIEW_DOMAIN=preview.localhost
+# E2B_TEST_BINARY and E2B_TEST_IMAGE let a test start a server of its own (one it restarts).
 suite_pytest \
   E2B_API_URL="http://127.0.0.1:$port/e2b" \
   E2B_SANDBOX_URL="http://127.0.0.1:$port/e2b/envd" \
   E2B_API_KEY="$key" \
-  E2B_TEST_SERVER="http://127.0.0.1:$port"
+  E2B_TEST_SERVER="http://127.0.0.1:$port" \
+  E2B_TEST_PREVIEW_DOMAIN=preview.localhost \
+  E2B_TEST_BINARY="$BINARY" \
+  E2B_TEST_IMAGE="$IMAGE" \
+  E2B_TEST_RUNTIME="${AGENT_SANDBOX_TEST_RUNTIME:-}"

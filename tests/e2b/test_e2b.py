@@ -6,6 +6,11 @@ back, a network interface that is there or not)."""
 
 import json
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +25,7 @@ from e2b import (
     Sandbox,
     SandboxException,
     SandboxQuery,
+    SandboxState,
 )
 
 SERVER = os.environ["E2B_TEST_SERVER"]
@@ -172,6 +178,13 @@ def test_files_list_exists_rename_remove_make_dir(sbx):
     assert sbx.files.read("tree/c.txt") == "a"
     sbx.files.remove("tree/inner")
     assert sbx.files.exists("tree/inner") is False
+    sbx.files.remove("tree/inner")  # as envd: removing what is not there succeeds
+    # A symlink is stated as what it leads to, with its target's absolute path.
+    sbx.commands.run("ln -s c.txt tree/link")
+    link = sbx.files.get_info("tree/link")
+    assert link.type.value == "file"
+    assert link.symlink_target == "/workspace/tree/c.txt"
+    sbx.files.remove("tree/link")
     assert sorted(e.name for e in sbx.files.list("tree")) == ["c.txt"]
 
 
@@ -187,12 +200,265 @@ def test_writing_several_files_at_once(sbx):
 
 
 def test_unsupported_calls_say_so(sbx):
-    with pytest.raises(SandboxException) as watch:
-        sbx.files.watch_dir("/workspace")
-    assert "not supported" in str(watch.value)
-    with pytest.raises(SandboxException) as fork:
-        sbx.fork()
-    assert "not supported" in str(fork.value)
+    request = urllib.request.Request(
+        f"{SERVER}/e2b/envd/process.Process/StreamInput",
+        data=b"{}",
+        headers={
+            "Content-Type": "application/json",
+            "E2b-Sandbox-Id": sbx.sandbox_id,
+            "X-Access-Token": sbx._envd_access_token,
+        },
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 501
+    body = json.load(refused.value)
+    assert body["code"] == "unimplemented" and "not supported" in body["message"]
+
+
+def inotify_watches(sbx):
+    """How many inotify instances the sandbox's processes hold: the directory watches of its
+    supervisor (nothing else in the test image uses inotify)."""
+    out = sbx.commands.run("ls -l /proc/[0-9]*/fd 2>/dev/null | grep -c inotify; true").stdout
+    return int(out.split()[0])
+
+
+def wait_for_events(handle, want, seconds=15):
+    """Events of a polled watcher, asked for until every (type, name) in `want` came."""
+    got = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got += [(e.type.value, e.name) for e in handle.get_new_events()]
+        if all(w in got for w in want):
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"missing {[w for w in want if w not in got]} in {got}")
+
+
+def test_watch_dir_reports_create_write_chmod_rename_remove(sbx):
+    from e2b.envd.filesystem import filesystem_pb
+    from e2b.envd.filesystem.filesystem_connect import FilesystemClientSync
+
+    before = inotify_watches(sbx)
+    sbx.files.make_dir("watched")
+    handle = sbx.files.watch_dir("/home/user/watched")
+    assert inotify_watches(sbx) == before + 1
+    sbx.commands.run(
+        "cd /workspace/watched && echo a > a.txt && chmod 600 a.txt && mv a.txt b.txt && rm b.txt"
+        " && mkdir sub && echo x > sub/not-seen"
+    )
+    sbx.files.write("watched/through-files.txt", "hello")
+    story = [
+        ("create", "a.txt"),
+        ("write", "a.txt"),
+        ("chmod", "a.txt"),
+        ("rename", "a.txt"),
+        ("create", "b.txt"),
+        ("remove", "b.txt"),
+    ]
+    got = wait_for_events(handle, story + [("create", "sub"), ("create", "through-files.txt")])
+    # One file's story in the order it happened.
+    assert [e for e in got if e in story] == story
+    # Not recursive: nothing from inside `sub`.
+    assert not [e for e in got if e[1].startswith("sub/")]
+    watcher_id = handle._watcher_id
+    handle.stop()
+    assert inotify_watches(sbx) == before
+    with pytest.raises(SandboxException):
+        handle.get_new_events()
+    # The server removed it too (not only the SDK's handle): asking for it is a clear error.
+    files = FilesystemClientSync(
+        os.environ["E2B_SANDBOX_URL"], send_compression=None, accept_compression=()
+    )
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token}
+    from connectrpc.errors import ConnectError
+
+    with pytest.raises(ConnectError) as gone:
+        files.get_watcher_events(
+            filesystem_pb.GetWatcherEventsRequest(watcher_id=watcher_id), headers=headers
+        )
+    assert "not found" in str(gone.value)
+
+
+def test_watch_dir_recursive_anywhere_in_the_sandbox(sbx):
+    sbx.commands.run("mkdir -p /tmp/rtree")
+    deep = sbx.files.watch_dir("/tmp/rtree", recursive=True)
+    shallow = sbx.files.watch_dir("/tmp/rtree")
+    sbx.commands.run(
+        "mkdir -p /tmp/rtree/a/b && echo deep > /tmp/rtree/a/b/deep.txt && sleep 0.2"
+        " && echo more >> /tmp/rtree/a/b/deep.txt && rm -r /tmp/rtree/a"
+    )
+    got = wait_for_events(
+        deep,
+        [
+            ("create", "a"),
+            ("create", "a/b/deep.txt"),
+            ("write", "a/b/deep.txt"),
+            ("remove", "a/b/deep.txt"),
+            ("remove", "a/b"),
+            ("remove", "a"),
+        ],
+    )
+    assert got.index(("create", "a/b/deep.txt")) < got.index(("remove", "a/b/deep.txt"))
+    top = wait_for_events(shallow, [("create", "a"), ("remove", "a")])
+    assert all("/" not in name for _, name in top)
+    deep.stop()
+    shallow.stop()
+
+
+def test_watch_dir_on_a_missing_path_or_a_file_is_a_clear_error(sbx):
+    from e2b import InvalidArgumentException, NotFoundException
+
+    with pytest.raises(NotFoundException) as missing:
+        sbx.files.watch_dir("no/such/dir")
+    assert "/workspace/no/such/dir not found" in str(missing.value)
+    sbx.files.write("plain.txt", "x")
+    with pytest.raises(InvalidArgumentException) as not_dir:
+        sbx.files.watch_dir("plain.txt")
+    assert "not a directory" in str(not_dir.value)
+
+
+def test_async_watch_dir_streams_events_and_stops(sbx):
+    """The async SDK watches over the WatchDir stream; stopping it removes the watch."""
+    import asyncio
+
+    from e2b import AsyncSandbox
+
+    before = inotify_watches(sbx)
+
+    async def main():
+        asbx = await AsyncSandbox.connect(sbx.sandbox_id)
+        await asbx.files.make_dir("streamed")
+        events, exits = [], []
+        handle = await asbx.files.watch_dir(
+            "streamed", on_event=events.append, on_exit=exits.append, recursive=True
+        )
+        await asbx.commands.run(
+            "cd /workspace/streamed && mkdir d && echo 1 > d/f && mv d/f d/g && rm d/g"
+        )
+        want = [("create", "d"), ("create", "d/f"), ("rename", "d/f"), ("create", "d/g"),
+                ("remove", "d/g")]
+        for _ in range(150):
+            if all(w in [(e.type.value, e.name) for e in events] for w in want):
+                break
+            await asyncio.sleep(0.1)
+        during = await asyncio.to_thread(inotify_watches, sbx)
+        await handle.stop()
+        return [(e.type.value, e.name) for e in events], exits, during, want
+
+    got, exits, during, want = asyncio.run(main())
+    assert all(w in got for w in want), got
+    assert during == before + 1
+    assert exits == [None]
+    # The server noticed the client went and removed the watch.
+    deadline = time.monotonic() + 10
+    while inotify_watches(sbx) != before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert inotify_watches(sbx) == before
+
+
+def api(method, path, body=None):
+    """A call to this server's own API: (status, parsed body or None)."""
+    request = urllib.request.Request(
+        f"{SERVER}{path}",
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={
+            "Authorization": f"Bearer {KEY}",
+            "X-API-Key": KEY,
+            "Content-Type": "application/json",
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            text = r.read()
+            return r.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def test_fork_starts_new_sandboxes_from_one_snapshot_of_the_source():
+    source = Sandbox.create(timeout=300, metadata={"forked": RUN})
+    forks = []
+    try:
+        source.files.write("state.txt", "before")
+        end = source.get_info().end_at
+        results = source.fork(count=2, timeout=120)
+        forks = [f for f in results if isinstance(f, Sandbox)]
+        assert len(forks) == 2, results
+        ids = {f.sandbox_id for f in forks}
+        assert len(ids) == 2 and source.sandbox_id not in ids
+        snapshots = set()
+        for f in forks:
+            assert f.files.read("state.txt") == "before"
+            assert f.commands.run("cat state.txt").stdout == "before"
+            assert f.get_info().metadata == {"forked": RUN}
+            doc = resource(f.sandbox_id)
+            assert doc["status"]["phase"] == "Running"
+            snapshots.add(doc["spec"]["source"]["snapshot"])
+        # One snapshot for all forks, a Snapshot resource of the source like any other.
+        assert len(snapshots) == 1
+        (snapshot,) = snapshots
+        status, doc = api("GET", f"/apis/agent-sandbox.io/v1/snapshots/{snapshot}")
+        assert status == 200 and doc["spec"]["sandbox"] == source.sandbox_id
+        # Each fork is its own sandbox; the source runs on with its end untouched.
+        forks[0].files.write("state.txt", "fork zero")
+        assert forks[1].files.read("state.txt") == "before"
+        assert source.files.read("state.txt") == "before"
+        assert source.is_running()
+        assert source.get_info().end_at == end
+        # The server checks the count itself too (the SDK checks it before sending).
+        status, body = api(
+            "POST", f"/e2b/sandboxes/{source.sandbox_id}/fork", {"count": 21}
+        )
+        assert status == 400 and "count" in body["message"], body
+        with pytest.raises(SandboxException):
+            Sandbox.fork(f"sb_missing{RUN}")
+    finally:
+        for f in forks:
+            f.kill()
+        source.kill()
+
+
+def test_snapshots_are_taken_listed_used_and_deleted():
+    source = Sandbox.create(timeout=300)
+    made = None
+    name = f"e2b-snap-{RUN}"
+    try:
+        source.files.write("snap.txt", "one")
+        info = source.create_snapshot(name=name)
+        assert info.snapshot_id.startswith("snap_")
+        assert info.names == [name]
+        status, doc = api("GET", f"/apis/agent-sandbox.io/v1/snapshots/{info.snapshot_id}")
+        assert status == 200
+        assert doc["spec"]["sandbox"] == source.sandbox_id
+        assert doc["status"]["phase"] == "Ready"
+        source.files.write("snap.txt", "two")
+        assert info.snapshot_id in [s.snapshot_id for s in source.list_snapshots().next_items()]
+        by_name = Sandbox.list_snapshots(name=name).next_items()
+        assert [s.snapshot_id for s in by_name] == [info.snapshot_id]
+        assert Sandbox.list_snapshots(name=f"none-{RUN}").next_items() == []
+        other = Sandbox.list_snapshots(sandbox_id=f"sb_other{RUN}").next_items()
+        assert other == []
+        # A snapshot's ID is a template to create from: the new sandbox has its files.
+        made = Sandbox.create(info.snapshot_id, timeout=120)
+        assert made.files.read("snap.txt") == "one"
+        assert resource(made.sandbox_id)["spec"]["source"]["snapshot"] == info.snapshot_id
+        assert made.get_info().template_id == info.snapshot_id
+        made.kill()
+        made = None
+        assert source.files.read("snap.txt") == "two"
+        assert Sandbox.delete_snapshot(info.snapshot_id) is True
+        assert Sandbox.delete_snapshot(info.snapshot_id) is False
+        status, _ = api("GET", f"/apis/agent-sandbox.io/v1/snapshots/{info.snapshot_id}")
+        assert status == 404
+        with pytest.raises(Exception) as gone:
+            Sandbox.create(info.snapshot_id, timeout=60)
+        assert "not found" in str(gone.value)
+    finally:
+        if made is not None:
+            made.kill()
+        source.kill()
 
 
 def test_pause_then_connect_keeps_processes_and_files():
@@ -205,11 +471,13 @@ def test_pause_then_connect_keeps_processes_and_files():
         )
         time.sleep(1)
         assert paused.pause() is True
+        assert paused.is_running() is False  # envd's /health answers 502, as E2B's proxy does
         assert paused.get_info().state.value == "paused"
         assert resource(paused.sandbox_id)["status"]["phase"] == "Paused"
         assert paused.pause() is False
         resumed = Sandbox.connect(paused.sandbox_id)
         assert resumed.get_info().state.value == "running"
+        assert resumed.is_running() is True
         assert resumed.files.read("kept.txt") == "still here"
         assert counter.pid in [p.pid for p in resumed.commands.list()]
         first = int(resumed.commands.run("cat /tmp/count").stdout)
@@ -251,6 +519,18 @@ def test_list_filters_by_metadata_and_set_timeout_moves_the_end():
         page_two = pages.next_items()
         assert len(page_two) == 1 and not pages.has_next
         assert sorted(s.sandbox_id for s in page_one + page_two) == sorted(s.sandbox_id for s in both)
+        # Newest first unless asked otherwise; by start time; by template.
+        query = SandboxQuery(metadata={"group": tag})
+        assert [s.sandbox_id for s in both] == [second.sandbox_id, first.sandbox_id]
+        oldest = Sandbox.list(query=query, order="asc").next_items()
+        assert [s.sandbox_id for s in oldest] == [first.sandbox_id, second.sandbox_id]
+        started = second.get_info().started_at
+        later = Sandbox.list(query=SandboxQuery(metadata={"group": tag}, started_after=started))
+        assert [s.sandbox_id for s in later.next_items()] == [second.sandbox_id]
+        base = Sandbox.list(query=SandboxQuery(metadata={"group": tag}, template="base"))
+        assert len(base.next_items()) == 2
+        other = Sandbox.list(query=SandboxQuery(metadata={"group": tag}, template="nope"))
+        assert other.next_items() == []
         before = first.get_info().end_at
         first.set_timeout(3000)
         after = first.get_info().end_at
@@ -284,6 +564,53 @@ def test_allow_internet_access_false_means_no_network(sbx):
         assert resource(offline.sandbox_id)["spec"]["network"] is False
     finally:
         offline.kill()
+
+
+PROXIED_GET = """python3 - <<'EOF'
+import urllib.request, urllib.error
+try:
+    urllib.request.urlopen("http://%s/", timeout=10)
+    print("reached")
+except urllib.error.HTTPError as e:
+    print(e.code)
+EOF"""
+
+
+def test_network_allow_lists_become_the_egress_policy():
+    limited = Sandbox.create(
+        timeout=120,
+        network={"allow_out": ["allowed.invalid"], "deny_out": ["0.0.0.0/0"]},
+    )
+    try:
+        spec = resource(limited.sandbox_id)["spec"]
+        assert spec["network"] is True
+        assert spec["egress"]["allow"] == ["allowed.invalid"]
+        # The gateway refuses what the list does not name, at once, without going anywhere.
+        assert limited.commands.run(PROXIED_GET % "denied.invalid").stdout == "403\n"
+        # update_network replaces the list in place: the sandbox keeps running its processes.
+        sleeper = limited.commands.run("sleep 300", background=True)
+        limited.update_network({"allow_out": ["denied.invalid"], "deny_out": ["0.0.0.0/0"]})
+        spec = resource(limited.sandbox_id)["spec"]
+        assert spec["egress"]["allow"] == ["denied.invalid"]
+        assert limited.commands.run(PROXIED_GET % "allowed.invalid").stdout == "403\n"
+        assert sleeper.pid in [p.pid for p in limited.commands.list()]
+        # Changing to an open network would end its processes: refused, saying why.
+        with pytest.raises(SandboxException) as opened:
+            limited.update_network({})
+        assert "allow list" in str(opened.value)
+    finally:
+        limited.kill()
+    # Denying all traffic with nothing allowed is no network at all.
+    closed = Sandbox.create(timeout=60, network={"deny_out": ["0.0.0.0/0"]})
+    try:
+        assert resource(closed.sandbox_id)["spec"]["network"] is False
+        assert closed.commands.run(INTERFACES).stdout.split() == ["lo"]
+    finally:
+        closed.kill()
+    # A deny list of some destinations cannot be said as an allow list: refused by name.
+    with pytest.raises(SandboxException) as partial:
+        Sandbox.create(timeout=60, network={"deny_out": ["1.1.1.1"]})
+    assert "network.denyOut" in str(partial.value)
 
 
 def test_unknown_template_is_a_clear_error():
@@ -389,6 +716,248 @@ def test_a_repeated_create_with_the_same_idempotency_key_is_the_same_sandbox():
         first.kill()
 
 
+class OwnServer:
+    """A server of this test's own (E2B_TEST_BINARY) on a free port with a data directory that
+    outlives its restarts, so that what must survive a restart can be checked."""
+
+    def __init__(self):
+        self.data = tempfile.mkdtemp(prefix="agent-sandbox-e2b-own.")
+        self.key = uuid.uuid4().hex
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = None
+        self.made = set()
+
+    def params(self):
+        """What points the SDK at this server instead of the suite's."""
+        return {
+            "api_key": self.key,
+            "api_url": f"{self.url}/e2b",
+            "sandbox_url": f"{self.url}/e2b/envd",
+        }
+
+    def start(self):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_SANDBOX_", "E2B_"))}
+        env.update(
+            AGENT_SANDBOX_HOST="127.0.0.1",
+            AGENT_SANDBOX_PORT=str(self.port),
+            AGENT_SANDBOX_DATA_DIR=os.path.join(self.data, "data"),
+            AGENT_SANDBOX_API_KEYS=self.key,
+            AGENT_SANDBOX_DEFAULT_IMAGE=os.environ["E2B_TEST_IMAGE"],
+            AGENT_SANDBOX_ALLOWED_IMAGES="agent-sandbox-test/*",
+        )
+        if os.environ.get("E2B_TEST_RUNTIME"):
+            env["AGENT_SANDBOX_DOCKER_RUNTIME"] = os.environ["E2B_TEST_RUNTIME"]
+        log = open(os.path.join(self.data, "server.log"), "ab")
+        self.process = subprocess.Popen(
+            [os.environ["E2B_TEST_BINARY"], "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, "the server exited before it answered /healthz"
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("the server did not answer /healthz within 120 s")
+
+    def stop(self):
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def close(self):
+        """Stops the server and removes whatever it left on the daemon, then its directory."""
+        self.stop()
+        for sandbox_id in self.made:
+            for kind in ("ps -aq", "volume ls -q"):
+                found = subprocess.run(
+                    f"docker {kind} --filter label=io.agent-sandbox.id={sandbox_id}".split(),
+                    capture_output=True,
+                    text=True,
+                ).stdout.split()
+                if found:
+                    remove = ["docker", "rm", "-f", "-v"] if kind.startswith("ps") else ["docker", "volume", "rm", "-f"]
+                    subprocess.run(remove + found, capture_output=True)
+        server_id = os.path.join(self.data, "data", "server-id")
+        if os.path.exists(server_id):
+            with open(server_id) as f:
+                label = f"io.agent-sandbox.heartbeat={f.read().strip()}"
+            volumes = subprocess.run(
+                ["docker", "volume", "ls", "-q", "--filter", f"label={label}"], capture_output=True, text=True
+            ).stdout.split()
+            if volumes:
+                subprocess.run(["docker", "volume", "rm", "-f", *volumes], capture_output=True)
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+def test_an_idempotency_key_survives_a_restart_of_the_server():
+    server = OwnServer()
+    try:
+        server.start()
+        key = f"restart-{RUN}"
+        first = Sandbox.create(timeout=300, idempotency_key=key, **server.params())
+        server.made.add(first.sandbox_id)
+        first.files.write("mark.txt", "made once")
+        server.stop()
+        server.start()
+        again = Sandbox.create(timeout=300, idempotency_key=key, **server.params())
+        server.made.add(again.sandbox_id)
+        assert again.sandbox_id == first.sandbox_id
+        assert again.files.read("mark.txt") == "made once"
+        other = Sandbox.create(timeout=300, idempotency_key=f"{key}-other", **server.params())
+        server.made.add(other.sandbox_id)
+        assert other.sandbox_id != first.sandbox_id
+        assert other.kill() is True
+        assert again.kill() is True
+    finally:
+        server.close()
+
+
+def wait_state(sandbox, state, limit=60):
+    """Waits until E2B reports the sandbox in `state`; answers its info then."""
+    deadline = time.monotonic() + limit
+    info = Sandbox.get_info(sandbox.sandbox_id)
+    while time.monotonic() < deadline and info.state.value != state:
+        time.sleep(0.5)
+        info = Sandbox.get_info(sandbox.sandbox_id)
+    assert info.state.value == state, f"{sandbox.sandbox_id} is {info.state.value}, not {state}"
+    return info
+
+
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"
+
+
+def test_on_timeout_pause_pauses_at_the_timeout_and_connect_resumes():
+    kept = Sandbox.create(timeout=6, lifecycle={"on_timeout": "pause", "auto_resume": False})
+    try:
+        assert kept.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": False}
+        doc = resource(kept.sandbox_id)
+        assert (doc["spec"]["expiryAction"], doc["spec"]["autoResume"]) == ("Pause", False)
+        kept.files.write("kept.txt", "still here")
+        counter = kept.commands.run(COUNTER, background=True)
+        wait_state(kept, "paused")
+        # Paused, not killed: the resource is there, paused as its spec says, and listed so.
+        doc = resource(kept.sandbox_id)
+        assert doc["spec"]["state"] == "Paused"
+        assert doc["status"]["phase"] == "Paused"
+        paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+        assert kept.sandbox_id in [s.sandbox_id for s in paused]
+        # auto_resume False: a call does not wake it.
+        with pytest.raises(Exception) as refused:
+            kept.files.read("kept.txt")
+        assert "paused" in str(refused.value)
+        assert Sandbox.get_info(kept.sandbox_id).state.value == "paused"
+        # connect resumes it anyway, its processes going on where they were.
+        resumed = Sandbox.connect(kept.sandbox_id)
+        assert resumed.get_info().state.value == "running"
+        assert resumed.files.read("kept.txt") == "still here"
+        assert counter.pid in [p.pid for p in resumed.commands.list()]
+        first = int(resumed.commands.run("cat /tmp/count").stdout)
+        time.sleep(1)
+        assert int(resumed.commands.run("cat /tmp/count").stdout) > first
+        # A new lifetime from the resume, as long as the first: it pauses again.
+        wait_state(resumed, "paused")
+        assert resource(kept.sandbox_id) is not None
+    finally:
+        kept.kill()
+
+
+def test_auto_resume_wakes_a_sandbox_its_timeout_paused():
+    kept = Sandbox.create(timeout=6, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        assert kept.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": True}
+        kept.files.write("kept.txt", "woken")
+        wait_state(kept, "paused")
+        # Any call resumes it, without a connect.
+        assert kept.files.read("kept.txt") == "woken"
+        assert kept.commands.run("echo awake").stdout == "awake\n"
+        assert Sandbox.get_info(kept.sandbox_id).state.value == "running"
+        assert resource(kept.sandbox_id)["status"]["resumes"] >= 1
+    finally:
+        kept.kill()
+
+
+def test_on_timeout_pause_in_filesystem_mode_stops_and_keeps_the_files():
+    kept = Sandbox.create(timeout=6, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
+    try:
+        assert resource(kept.sandbox_id)["spec"]["expiryAction"] == "Stop"
+        kept.files.write("kept.txt", "on disk")
+        kept.commands.run("sleep 600", background=True)
+        wait_state(kept, "paused")
+        stopped = resource(kept.sandbox_id)
+        assert stopped["status"]["phase"] == "Stopped"
+        resumed = Sandbox.connect(kept.sandbox_id, timeout=120)
+        # The resume and the new end are one write: the 6 s lifetime the resume starts cannot
+        # end before the 120 s asked for replaces it.
+        running = resource(kept.sandbox_id)
+        assert running["metadata"]["generation"] == stopped["metadata"]["generation"] + 1
+        assert "ttlSeconds" not in running["spec"] and running["spec"]["state"] == "Running"
+        assert resumed.files.read("kept.txt") == "on disk"
+        # A cold start: the processes of before are gone.
+        assert [p.cmd for p in resumed.commands.list()] == []
+    finally:
+        kept.kill()
+
+
+def test_without_lifecycle_the_timeout_kills_and_calls_resume():
+    plain = Sandbox.create(timeout=60)
+    try:
+        # This server's default: calls resume a paused sandbox (E2B's is not to).
+        assert plain.get_info().lifecycle == {"on_timeout": "kill", "auto_resume": True}
+    finally:
+        plain.kill()
+
+
+PREVIEW_DOMAIN = os.environ["E2B_TEST_PREVIEW_DOMAIN"]
+
+
+def through_host(host, headers=None):
+    """A GET of / on the server's own address with `host` as the Host header: (status, body)."""
+    request = urllib.request.Request(f"{SERVER}/", headers={"Host": host, **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_get_host_is_served_by_the_server_as_a_preview_host(sbx):
+    sbx.files.write("site/index.html", "served from the sandbox")
+    sbx.commands.run("python3 -m http.server 8000 --bind 127.0.0.1 --directory /workspace/site", background=True)
+    host = sbx.get_host(8000)
+    assert host == f"8000-{sbx.sandbox_id}.{PREVIEW_DOMAIN}"
+    token = sbx.traffic_access_token
+    assert token
+    deadline = time.monotonic() + 30
+    status, body = through_host(host, {"e2b-traffic-access-token": token})
+    while time.monotonic() < deadline and status != 200:
+        time.sleep(0.5)
+        status, body = through_host(host, {"e2b-traffic-access-token": token})
+    assert (status, body) == (200, b"served from the sandbox")
+    # The API key opens it too; nothing, a forged token or the envd access token does not.
+    assert through_host(host, {"X-API-Key": KEY}) == (200, b"served from the sandbox")
+    assert through_host(host)[0] == 401
+    assert through_host(host, {"e2b-traffic-access-token": "forged"})[0] == 401
+    envd_token = sbx.connection_config.sandbox_headers["X-Access-Token"]
+    assert through_host(host, {"e2b-traffic-access-token": envd_token})[0] == 401
+    # Nor does one sandbox's token open another's ports.
+    other = Sandbox.create(timeout=60)
+    try:
+        assert through_host(other.get_host(8000), {"e2b-traffic-access-token": token})[0] == 401
+    finally:
+        other.kill()
+
+
 def test_signed_urls_download_and_upload(sbx):
     sbx.files.write("signed/in.txt", "signed read")
     url = sbx.download_url("signed/in.txt")
@@ -424,6 +993,7 @@ def test_signed_urls_download_and_upload(sbx):
     with pytest.raises(urllib.error.HTTPError) as expired:
         urllib.request.urlopen(short, timeout=10)
     assert expired.value.code == 401
+    assert json.load(expired.value) == {"code": 401, "message": "signature is already expired"}
 
 
 def test_get_metrics_reports_the_sampled_cpu_and_memory(sbx):
@@ -438,3 +1008,9 @@ def test_get_metrics_reports_the_sampled_cpu_and_memory(sbx):
     assert last.mem_used > 0
     assert last.cpu_count >= 1
     assert last.cpu_used_pct >= 0
+    # A time range keeps only the samples within it.
+    import datetime
+
+    long_ago = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1)
+    assert sbx.get_metrics(start=long_ago, end=long_ago + datetime.timedelta(minutes=1)) == []
+    assert len(sbx.get_metrics(start=long_ago)) >= len(metrics)

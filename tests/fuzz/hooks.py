@@ -54,4 +54,19 @@ def map_case(context, case):
         and case.path_parameters
     ):
         case.body["metadata"]["name"] = case.path_parameters.get("name")
+    # The namespace is named twice the same way: by a namespaced path (or, on an un-namespaced
+    # one, `default` for one object) and by `metadata.namespace`; a create on a namespaced path
+    # must not name another either.
+    if (
+        positive
+        and operation_id.startswith(("replace", "patch", "create"))
+        and isinstance(case.body, dict)
+        and isinstance(case.body.get("metadata"), dict)
+        and "namespace" in case.body["metadata"]
+    ):
+        path_namespace = (case.path_parameters or {}).get("namespace")
+        if path_namespace is not None:
+            case.body["metadata"]["namespace"] = path_namespace
+        elif not operation_id.startswith("create"):
+            case.body["metadata"]["namespace"] = "default"
     return case

@@ -74,6 +74,10 @@ cleanup() {
       [ "$status" -ne 0 ] || status=1
     fi
   fi
+  # Workspaces with a disk limit are file systems the server mounted under its data directory;
+  # a server that is stopped leaves them mounted (it mounts them again when it starts).
+  awk -v dir="$work/" 'index($2, dir) == 1 { print $2 }' /proc/mounts | sort -r |
+    xargs -r -n1 umount -l 2>/dev/null || true
   mkdir -p "$TARGET_DIR"
   cp "$work/server.log" "$TARGET_DIR/fuzz-server.log" 2>/dev/null || true
   rm -rf "$work"

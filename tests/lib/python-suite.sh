@@ -4,13 +4,15 @@
 # container and volume it knew removed (nothing else on the daemon is touched).
 #
 # A suite's run.sh sets SUITE (its directory under tests/, also the prefix of its messages, venv
-# and kept log) and IMAGE (the server's default image), sources this file, and calls
+# and kept log) and IMAGE (the server's default image), optionally REQUIREMENTS (default
+# tests/$SUITE/requirements.txt), sources this file, and calls
 #   suite_args "$@"; suite_prepare; suite_serve [SETTING=value ...]; suite_pytest [VAR=value ...]
 # Anything after `--` in its arguments goes to pytest.
 
 LABEL=io.agent-sandbox.managed=true
 TARGET_DIR=target
 VENV="$TARGET_DIR/$SUITE-venv"
+REQUIREMENTS="${REQUIREMENTS:-tests/$SUITE/requirements.txt}"
 pytest_args=()
 server_pid=
 work=
@@ -36,7 +38,7 @@ suite_args() {
   done
 }
 
-# The image, the venv with tests/$SUITE/requirements.txt (reinstalled when it changes), the binary.
+# The image, the venv with $REQUIREMENTS (reinstalled when it changes), the binary.
 suite_prepare() {
   if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
     say "image $IMAGE is missing: run scripts/build-test-images.sh --python first"
@@ -47,10 +49,10 @@ suite_prepare() {
     python3 -m venv "$VENV"
   fi
   local want
-  want=$(sha256sum "tests/$SUITE/requirements.txt" | cut -d' ' -f1)
+  want=$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)
   if [ "$(cat "$VENV/.requirements.sha256" 2>/dev/null || true)" != "$want" ]; then
-    say "installing tests/$SUITE/requirements.txt into $VENV"
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "tests/$SUITE/requirements.txt"
+    say "installing $REQUIREMENTS into $VENV"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQUIREMENTS"
     echo "$want" >"$VENV/.requirements.sha256"
   fi
   PYTHON="$VENV/bin/python"

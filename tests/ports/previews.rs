@@ -239,3 +239,48 @@ fn a_recreated_sandbox_of_the_same_name_refuses_old_tokens() {
     server.request("DELETE", &format!("{API}/sandboxes/{name}"), None);
     cleanup_sandbox_objects(&name);
 }
+
+/// `agent-sandbox preview NAME PORT` prints a link whose token opens that port through the
+/// preview host, and no other port.
+#[test]
+fn the_preview_command_prints_a_link_that_opens_the_port() {
+    let server = Server::start_with(&[("AGENT_SANDBOX_PREVIEW_DOMAIN", DOMAIN)]);
+    let Some(sb) = python_sandbox(&server, "the preview command test") else {
+        return;
+    };
+    start_web(&server, &sb, 8000);
+    start_web(&server, &sb, 8001);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent-sandbox"))
+        .args(["preview", &sb, "8000", "--expires", "600"])
+        .env_clear()
+        .env("AGENT_SANDBOX_URL", &server.url)
+        .env("AGENT_SANDBOX_API_KEY", &server.key)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("works until"), "{stderr}");
+    let listener_port = server.url.rsplit(':').next().unwrap().to_string();
+    let host = format!("8000-{sb}.{DOMAIN}:{listener_port}");
+    let url = stdout.trim();
+    let token = url
+        .strip_prefix(&format!("http://{host}/?token="))
+        .unwrap_or_else(|| panic!("{url:?}"))
+        .to_string();
+    assert!(!token.is_empty() && !token.contains(&server.key), "{url}");
+
+    // The link itself: traded for a cookie, which then opens port 8000.
+    let a = on_host(&server, &host, &format!("/?token={token}"), &[]);
+    assert_eq!(a.status, 303, "{}", a.head);
+    assert_eq!(a.header("location").as_deref(), Some("/"));
+    let cookie = format!("agent-sandbox-preview={token}");
+    let a = on_host(&server, &host, "/hello", &[("cookie", &cookie)]);
+    assert_eq!((a.status, a.text().as_str()), (200, "hello from 8000"));
+    // Not port 8001.
+    let host_8001 = format!("8001-{sb}.{DOMAIN}:{listener_port}");
+    let a = on_host(&server, &host_8001, "/hello", &[("cookie", &cookie)]);
+    assert_eq!(a.status, 401, "{}", a.text());
+
+    server.request("DELETE", &format!("/v1/sandboxes/{sb}"), None);
+}

@@ -12,8 +12,17 @@
 //! request with `follow` keeps streaming chunks as they are captured and ends only with `Exit`
 //! (the process really ended) or when the connection closes.
 //!
-//! Offsets are absolute byte positions in a stream since the process started. Like the crate root,
-//! this module never does I/O and never panics on input.
+//! Offsets are absolute byte positions in a stream since the process started.
+//!
+//! Directory watches (inotify, in the supervisor) use the same connections. A [`SupRequest::Watch`]
+//! with `follow` is a stream: one [`Reply::Watcher`], then [`Reply::FsEvent`] frames as changes
+//! happen, ending only with an `Error` (events lost to overflow, the directory removed, a limit
+//! reached) or when the connection closes, which removes the watch. Without `follow` it makes a
+//! detached watcher that queues its events (answered `Watcher` then `Ok`): [`SupRequest::WatchEvents`]
+//! takes what is queued (`FsEvent` frames, then `Ok`, or an `Error` once it has failed), and
+//! [`SupRequest::Unwatch`] removes it; one not asked for its events for `idle_ms` is removed too.
+//!
+//! Like the crate root, this module never does I/O and never panics on input.
 
 use crate::{
     encode_frame, put_len, put_str, put_u32, put_u64, FrameDecoder, ProtocolError, Reader,
@@ -32,6 +41,9 @@ pub mod kind {
     pub const SIGNAL: u8 = 0x25;
     pub const RESIZE: u8 = 0x26;
     pub const DELETE: u8 = 0x27;
+    pub const WATCH: u8 = 0x28;
+    pub const WATCH_EVENTS: u8 = 0x29;
+    pub const UNWATCH: u8 = 0x2a;
 
     pub const PROCESS: u8 = 0xa0;
     pub const CHUNK: u8 = 0xa1;
@@ -40,6 +52,51 @@ pub mod kind {
     pub const ERROR: u8 = 0xa4;
     pub const EXIT: u8 = 0xa5;
     pub const RUNNING: u8 = 0xa6;
+    pub const WATCHER: u8 = 0xa7;
+    pub const FS_EVENT: u8 = 0xa8;
+}
+
+/// Watch a directory (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WatchStart {
+    /// An absolute path.
+    pub path: String,
+    /// Also every directory below it, as they appear.
+    pub recursive: bool,
+    /// Stream the events on this connection (removed when it closes); otherwise a detached
+    /// watcher whose events are taken with [`SupRequest::WatchEvents`].
+    pub follow: bool,
+    /// Refuse with [`ErrorCode::TooMany`] when this many watchers exist in the sandbox.
+    pub max_watchers: u32,
+    /// The most directories one watcher watches; beyond, it fails with `TooMany`.
+    pub max_dirs: u32,
+    /// The most events queued unread; beyond, it fails with `TooMany` (events were lost).
+    pub max_queued: u32,
+    /// A detached watcher not asked for its events for this long is removed; 0 = never.
+    pub idle_ms: u64,
+}
+
+/// What happened to an entry (inotify's events, as E2B names them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsOp {
+    Create = 1,
+    Write = 2,
+    Remove = 3,
+    Rename = 4,
+    Chmod = 5,
+}
+
+impl FsOp {
+    fn from_u8(v: u8) -> Option<FsOp> {
+        Some(match v {
+            1 => FsOp::Create,
+            2 => FsOp::Write,
+            3 => FsOp::Remove,
+            4 => FsOp::Rename,
+            5 => FsOp::Chmod,
+            _ => return None,
+        })
+    }
 }
 
 /// Start one long-lived process.
@@ -96,6 +153,15 @@ pub enum SupRequest {
     Delete {
         id: String,
     },
+    Watch(WatchStart),
+    /// The events a detached watcher queued since it was last asked.
+    WatchEvents {
+        id: String,
+    },
+    /// Remove a detached watcher (`Ok` when there is none by that id too).
+    Unwatch {
+        id: String,
+    },
 }
 
 /// What the supervisor knows about one process.
@@ -129,6 +195,8 @@ pub enum ErrorCode {
     TooMany = 3,
     Invalid = 4,
     Internal = 5,
+    /// The sandbox user may not do it (a directory it cannot read).
+    Denied = 6,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,6 +227,15 @@ pub enum Reply {
         stdout_offset: u64,
         stderr_offset: u64,
     },
+    /// A watch began (its id, `w_` + 16 hex digits).
+    Watcher {
+        id: String,
+    },
+    /// `name` is the entry's path relative to the watched directory.
+    FsEvent {
+        op: FsOp,
+        name: String,
+    },
 }
 
 impl Reply {
@@ -166,7 +243,11 @@ impl Reply {
     pub fn is_final(&self) -> bool {
         !matches!(
             self,
-            Reply::Process(_) | Reply::Chunk { .. } | Reply::Truncated { .. }
+            Reply::Process(_)
+                | Reply::Chunk { .. }
+                | Reply::Truncated { .. }
+                | Reply::Watcher { .. }
+                | Reply::FsEvent { .. }
         )
     }
 }
@@ -290,6 +371,20 @@ impl SupRequest {
                 Ok(())
             }),
             SupRequest::Delete { id } => encode_frame(out, kind::DELETE, |out| put_str(out, id)),
+            SupRequest::Watch(w) => encode_frame(out, kind::WATCH, |out| {
+                put_str(out, &w.path)?;
+                out.push(u8::from(w.recursive));
+                out.push(u8::from(w.follow));
+                put_u32(out, w.max_watchers);
+                put_u32(out, w.max_dirs);
+                put_u32(out, w.max_queued);
+                put_u64(out, w.idle_ms);
+                Ok(())
+            }),
+            SupRequest::WatchEvents { id } => {
+                encode_frame(out, kind::WATCH_EVENTS, |out| put_str(out, id))
+            }
+            SupRequest::Unwatch { id } => encode_frame(out, kind::UNWATCH, |out| put_str(out, id)),
         }
     }
 
@@ -357,6 +452,17 @@ impl SupRequest {
                 rows: r.u16()?,
             },
             kind::DELETE => SupRequest::Delete { id: r.string()? },
+            kind::WATCH => SupRequest::Watch(WatchStart {
+                path: r.string()?,
+                recursive: r.bool()?,
+                follow: r.bool()?,
+                max_watchers: r.u32()?,
+                max_dirs: r.u32()?,
+                max_queued: r.u32()?,
+                idle_ms: r.u64()?,
+            }),
+            kind::WATCH_EVENTS => SupRequest::WatchEvents { id: r.string()? },
+            kind::UNWATCH => SupRequest::Unwatch { id: r.string()? },
             other => return Err(ProtocolError::UnknownKind(other)),
         };
         r.finish()?;
@@ -431,6 +537,11 @@ impl Reply {
                 put_u64(out, *stderr_offset);
                 Ok(())
             }),
+            Reply::Watcher { id } => encode_frame(out, kind::WATCHER, |out| put_str(out, id)),
+            Reply::FsEvent { op, name } => encode_frame(out, kind::FS_EVENT, |out| {
+                out.push(*op as u8);
+                put_str(out, name)
+            }),
         }
     }
 
@@ -492,6 +603,7 @@ impl Reply {
                     3 => ErrorCode::TooMany,
                     4 => ErrorCode::Invalid,
                     5 => ErrorCode::Internal,
+                    6 => ErrorCode::Denied,
                     _ => return Err(ProtocolError::InvalidValue("unknown error code")),
                 };
                 Reply::Error {
@@ -507,6 +619,12 @@ impl Reply {
             kind::RUNNING => Reply::Running {
                 stdout_offset: r.u64()?,
                 stderr_offset: r.u64()?,
+            },
+            kind::WATCHER => Reply::Watcher { id: r.string()? },
+            kind::FS_EVENT => Reply::FsEvent {
+                op: FsOp::from_u8(r.u8()?)
+                    .ok_or(ProtocolError::InvalidValue("unknown filesystem event"))?,
+                name: r.string()?,
             },
             other => return Err(ProtocolError::UnknownKind(other)),
         };
@@ -564,6 +682,17 @@ mod tests {
                 cols: 1,
                 rows: 2,
             },
+            SupRequest::Watch(WatchStart {
+                path: "/workspace/d".into(),
+                recursive: true,
+                follow: false,
+                max_watchers: 16,
+                max_dirs: 4096,
+                max_queued: 1 << 16,
+                idle_ms: 600_000,
+            }),
+            SupRequest::WatchEvents { id: "w_1".into() },
+            SupRequest::Unwatch { id: "w_1".into() },
         ];
         for q in reqs {
             let f = q.to_frame().unwrap();
@@ -591,6 +720,15 @@ mod tests {
                 exit_code: Some(3),
                 signal: None,
                 finished_at_ms: 9,
+            },
+            Reply::Watcher { id: "w_1".into() },
+            Reply::FsEvent {
+                op: FsOp::Rename,
+                name: "sub/a b".into(),
+            },
+            Reply::Error {
+                code: ErrorCode::Denied,
+                message: "no".into(),
             },
         ];
         for r in replies {
@@ -620,5 +758,76 @@ mod tests {
         let mut d = FrameDecoder::new();
         d.feed(&f);
         assert_eq!(d.next_sup_request(), Err(ProtocolError::TrailingBytes));
+    }
+
+    #[test]
+    fn watch_frames_have_their_layout_and_bad_ones_are_refused() {
+        let f = Reply::FsEvent {
+            op: FsOp::Write,
+            name: "a".into(),
+        }
+        .to_frame()
+        .unwrap();
+        // Length 7: the kind, the op, the name's 4-byte length and the name.
+        assert_eq!(&f[..4], &7u32.to_be_bytes());
+        assert_eq!(f[4], kind::FS_EVENT);
+        assert_eq!(f[5], 2);
+        assert!(!Reply::FsEvent {
+            op: FsOp::Write,
+            name: "a".into()
+        }
+        .is_final());
+        assert!(!Reply::Watcher { id: "w".into() }.is_final());
+        // An unknown event type is refused, as is a watch request cut short.
+        let mut bad = f.clone();
+        bad[5] = 9;
+        let mut d = FrameDecoder::new();
+        d.feed(&bad);
+        assert!(d.next_reply().is_err());
+        let mut w = SupRequest::Watch(WatchStart::default()).to_frame().unwrap();
+        w.pop();
+        w[3] -= 1;
+        let mut d = FrameDecoder::new();
+        d.feed(&w);
+        assert!(d.next_sup_request().is_err());
+    }
+
+    #[test]
+    fn garbage_watch_frames_never_panic() {
+        let valid = [
+            SupRequest::Watch(WatchStart {
+                path: "/x".into(),
+                ..WatchStart::default()
+            })
+            .to_frame()
+            .unwrap(),
+            SupRequest::WatchEvents { id: "w".into() }
+                .to_frame()
+                .unwrap(),
+            Reply::FsEvent {
+                op: FsOp::Chmod,
+                name: "n".into(),
+            }
+            .to_frame()
+            .unwrap(),
+        ]
+        .concat();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..2000 {
+            let mut v = valid.clone();
+            for _ in 0..3 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let i = (x as usize) % v.len();
+                v[i] = (x >> 32) as u8;
+            }
+            let mut d = FrameDecoder::new();
+            d.feed(&v);
+            while let Ok(Some(_)) = d.next_sup_request() {}
+            let mut d = FrameDecoder::new();
+            d.feed(&v);
+            while let Ok(Some(_)) = d.next_reply() {}
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! E2B's control API: create, list, get, kill, set a timeout, connect. Sandboxes are written
+//! E2B's control API: create, list, get, kill, set a timeout, connect, pause, fork and
+//! snapshots (taken, listed and deleted as this server's own `Snapshot` resources). Sandboxes are written
 //! and removed through the store exactly as `/v1` does it (`v1::sandboxes`), with the E2B
 //! request translated by `crate::e2b::control`.
 
@@ -11,14 +12,15 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::E2bError;
-use crate::api::v1::common::{live_sandbox, spec_expiry, store_error};
+use crate::api::v1::common::{live_sandbox, ready_snapshot, spec_expiry, store_error};
 use crate::api::v1::rules::{check_env, resolve, Wanted as V1Wanted};
 use crate::api::v1::sandboxes::create_running;
+use crate::api::v1::snapshots::{spec_from_snapshot, take};
 use crate::api::v1::V1Options;
 use crate::api::AppState;
 use crate::authz::{namespace_of, Principal};
-use crate::e2b::control::{self, ControlError, Created, NewSandbox};
-use crate::resource::{Kind, Sandbox};
+use crate::e2b::control::{self, ControlError, Created, Egress, NewSandbox};
+use crate::resource::{Kind, Sandbox, SnapshotPhase, SnapshotScope};
 
 fn control_error(e: ControlError) -> E2bError {
     match e {
@@ -48,7 +50,8 @@ fn created(state: &AppState, sandbox: &Sandbox) -> Created {
         client_id: control::CLIENT_ID,
         envd_version: control::ENVD_VERSION,
         envd_access_token: super::envd::access_token(state, sandbox),
-        domain: None,
+        traffic_access_token: super::envd::traffic_token(state, sandbox),
+        domain: control::sandbox_domain(sandbox, state.settings.preview_domain.as_deref()),
     }
 }
 
@@ -90,13 +93,40 @@ pub async fn create(
         }
     }
     let request: NewSandbox = json_body(&body)?;
+    // `templateID` may name a snapshot (what `create_snapshot` answered): the sandbox starts
+    // from it, as a `/v1` fork does.
+    let snapshot = request
+        .template_id
+        .as_deref()
+        .filter(|t| t.starts_with("snap_"))
+        .and_then(|t| ready_snapshot(&state.store, t).ok())
+        .filter(|s| principal.reaches(namespace_of(&s.metadata)));
     let store = state.store.clone();
+    let from_snapshot = snapshot.is_some();
     let wanted = control::plan(request, |name| {
-        store.get(Kind::SandboxTemplate, name).is_some()
+        from_snapshot || store.get(Kind::SandboxTemplate, name).is_some()
     })
     .map_err(control_error)?;
     let settings = &state.settings;
-    let spec = if wanted.from_template {
+    let spec = if let Some(snapshot) = &snapshot {
+        check_env(&wanted.env)?;
+        spec_from_snapshot(
+            &state,
+            &snapshot.metadata.name,
+            Some(i128::from(
+                wanted
+                    .timeout_seconds
+                    .unwrap_or(settings.default_timeout_seconds as i64),
+            )),
+            match &wanted.egress {
+                Some(Egress::Only(_) | Egress::Nothing) => Some(false),
+                _ => wanted.allow_internet_access.filter(|allowed| !allowed),
+            },
+            None,
+            None,
+            wanted.env.clone(),
+        )?
+    } else if wanted.from_template {
         let ttl = wanted
             .timeout_seconds
             .map_or(settings.default_timeout_seconds, |t| t as u64);
@@ -120,16 +150,32 @@ pub async fn create(
                 memory_mb: None,
                 pids_limit: None,
                 // E2B sandboxes reach the internet unless asked not to; this server's rule
-                // (`allow_network`) decides what "unless" means here.
-                network: wanted
-                    .allow_internet_access
-                    .unwrap_or(settings.allow_network),
+                // (`allow_network`) decides what "unless" means here. An allow list's network
+                // is put in below, past the rule that wants one for open networks.
+                network: match &wanted.egress {
+                    Some(Egress::Only(_) | Egress::Nothing) => false,
+                    _ => wanted
+                        .allow_internet_access
+                        .unwrap_or(settings.allow_network),
+                },
                 read_only_rootfs: true,
                 env: wanted.env.clone(),
                 timeout_seconds: wanted.timeout_seconds.map(i128::from),
             },
         )?
     };
+    let mut spec = spec;
+    spec.expiry_action = wanted.expiry_action;
+    spec.auto_resume = wanted.auto_resume;
+    if let Some(egress) = &wanted.egress {
+        if matches!(egress, Egress::Only(_)) && !settings.allow_network && !wanted.from_template {
+            return Err(E2bError::new(
+                StatusCode::FORBIDDEN,
+                "this server does not allow sandboxes with network access",
+            ));
+        }
+        control::apply_egress(&mut spec, egress);
+    }
     let mut annotations = wanted.annotations;
     if let Some(key) = key {
         annotations.insert(control::IDEMPOTENCY_KEY.to_string(), key);
@@ -150,6 +196,12 @@ pub struct ListQuery {
     state: Option<String>,
     limit: Option<usize>,
     next_token: Option<String>,
+    /// `asc` or `desc` (the default: newest first), by start time.
+    order: Option<String>,
+    /// Only sandboxes started at or after this time (RFC 3339).
+    started_after: Option<String>,
+    /// Only sandboxes of this template (its name, or `base`).
+    template: Option<String>,
 }
 
 /// The largest page a list answers.
@@ -176,15 +228,31 @@ pub async fn list(
             format!("state {bad:?} is not one of running, paused"),
         ));
     }
-    let start: usize = match query.next_token.as_deref() {
-        None | Some("") => 0,
-        Some(t) => t.parse().map_err(|_| {
-            E2bError::new(
+    let newest_first = match query.order.as_deref() {
+        None | Some("") | Some("desc") => true,
+        Some("asc") => false,
+        Some(other) => {
+            return Err(E2bError::new(
                 StatusCode::BAD_REQUEST,
-                format!("nextToken {t:?} is not valid"),
-            )
-        })?,
+                format!("order {other:?} is not one of asc, desc"),
+            ))
+        }
     };
+    let started_after = match query.started_after.as_deref() {
+        None | Some("") => None,
+        Some(t) => Some(
+            DateTime::parse_from_rfc3339(t)
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|e| {
+                    E2bError::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("startedAfter {t:?} is not an RFC 3339 time: {e}"),
+                    )
+                })?,
+        ),
+    };
+    let template = query.template.as_deref().filter(|t| !t.is_empty());
+    let start = page_start(query.next_token.as_deref())?;
     let limit = query.limit.unwrap_or(100).clamp(1, MAX_PAGE);
     let mut sandboxes: Vec<Sandbox> = state
         .store
@@ -195,11 +263,24 @@ pub async fn list(
         .filter(|s| s.metadata.deletion_timestamp.is_none())
         .filter(|s| control::state_of(s).is_some_and(|st| states.iter().any(|w| w == st)))
         .filter(|s| control::matches(s, &filter))
+        .filter(|s| {
+            started_after.is_none_or(|after| {
+                s.metadata
+                    .creation_timestamp
+                    .is_some_and(|started| started >= after)
+            })
+        })
+        .filter(|s| template.is_none_or(|t| control::template_of(s) == t))
         .cloned()
         .collect();
     sandboxes.sort_by(|a, b| {
-        (a.metadata.creation_timestamp, &a.metadata.name)
-            .cmp(&(b.metadata.creation_timestamp, &b.metadata.name))
+        let order = (a.metadata.creation_timestamp, &a.metadata.name)
+            .cmp(&(b.metadata.creation_timestamp, &b.metadata.name));
+        if newest_first {
+            order.reverse()
+        } else {
+            order
+        }
     });
     let total = sandboxes.len();
     let page: Vec<control::Detail> = sandboxes
@@ -208,24 +289,20 @@ pub async fn list(
         .take(limit)
         .map(|s| detail(&state, s))
         .collect();
-    let mut response = Json(page).into_response();
-    if start + limit < total {
-        if let Ok(v) = HeaderValue::from_str(&(start + limit).to_string()) {
-            response.headers_mut().insert("x-next-token", v);
-        }
-    }
-    Ok(response)
+    Ok(paged(page, start, limit, total))
 }
 
 fn detail(state: &AppState, sandbox: &Sandbox) -> control::Detail {
-    control::detail(
+    let mut detail = control::detail(
         sandbox,
         spec_expiry(sandbox),
         (
             state.settings.default_cpus,
             state.settings.default_memory_mb,
         ),
-    )
+    );
+    detail.domain = control::sandbox_domain(sandbox, state.settings.preview_domain.as_deref());
+    detail
 }
 
 pub async fn get(
@@ -295,10 +372,14 @@ pub async fn connect(
     body: Bytes,
 ) -> Result<Json<Created>, E2bError> {
     let request: TimeoutRequest = json_body(&body)?;
+    let end = request
+        .timeout
+        .map(|seconds| deadline(&state, seconds))
+        .transpose()?;
     let sandbox = live_sandbox(&state.store, &id)?;
-    let mut sandbox = crate::api::power::awake(&state, sandbox).await?;
-    if let Some(seconds) = request.timeout {
-        let end = deadline(&state, seconds)?;
+    // An explicit resume: whatever `autoResume` says (E2B resumes on connect either way).
+    let mut sandbox = crate::api::power::resume(&state, sandbox, end).await?;
+    if let Some(end) = end {
         if spec_expiry(&sandbox).is_none_or(|current| current < end) {
             sandbox = set_end(&state, &id, end).await?;
         }
@@ -330,10 +411,19 @@ pub async fn pause(
 }
 
 /// The sandbox's CPU and memory over the last hour, as the server sampled it.
+/// `start` and `end` of a metrics query: Unix seconds, either bound left out.
+#[derive(Debug, Default, Deserialize)]
+pub struct MetricsQuery {
+    start: Option<i64>,
+    end: Option<i64>,
+}
+
 pub async fn metrics(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    query: Result<Query<MetricsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<control::Metric>>, E2bError> {
+    let Query(query) = query.map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     let sandbox = live_sandbox(&state.store, &id)?;
     let samples: Vec<_> = state
         .metrics
@@ -345,7 +435,290 @@ pub async fn metrics(
         .resolved_spec()
         .cpus
         .unwrap_or(state.settings.default_cpus);
-    Ok(Json(control::metrics(&samples, cpus)))
+    let within = |m: &control::Metric| {
+        query.start.is_none_or(|start| m.timestamp_unix >= start)
+            && query.end.is_none_or(|end| m.timestamp_unix <= end)
+    };
+    Ok(Json(
+        control::metrics(&samples, cpus)
+            .into_iter()
+            .filter(within)
+            .collect(),
+    ))
+}
+
+/// The snapshot scope E2B's snapshots take: everything the sandbox can change (`Full`) when its
+/// root filesystem is writable, else its workspace.
+fn e2b_scope(sandbox: &Sandbox) -> SnapshotScope {
+    if sandbox.resolved_spec().read_only_rootfs.unwrap_or(true) {
+        SnapshotScope::Workspace
+    } else {
+        SnapshotScope::Full
+    }
+}
+
+/// `POST /sandboxes/{id}/snapshots`: a `Snapshot` of the sandbox, ready when this answers.
+pub async fn create_snapshot(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<control::SnapshotInfo>), E2bError> {
+    let request: control::SnapshotRequest = json_body(&body)?;
+    let name = control::snapshot_request(request).map_err(control_error)?;
+    let sandbox = live_sandbox(&state.store, &id)?;
+    let snapshot = take(
+        &state,
+        &V1Options::default(),
+        &id,
+        name,
+        Some(e2b_scope(&sandbox)),
+    )
+    .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(control::snapshot_info(
+            &snapshot.metadata.name,
+            snapshot.spec.display_name.as_deref(),
+        )),
+    ))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotQuery {
+    #[serde(rename = "sandboxID")]
+    sandbox_id: Option<String>,
+    name: Option<String>,
+    limit: Option<usize>,
+    next_token: Option<String>,
+}
+
+/// `GET /snapshots`: the ready snapshots the key reaches, oldest first, filtered by source
+/// sandbox and name, in pages with `x-next-token`.
+pub async fn list_snapshots(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    query: Result<Query<SnapshotQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, E2bError> {
+    let Query(query) = query.map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let start = page_start(query.next_token.as_deref())?;
+    let limit = query.limit.unwrap_or(100).clamp(1, MAX_PAGE);
+    let mut snapshots: Vec<_> = state
+        .store
+        .list(Kind::Snapshot)
+        .iter()
+        .filter_map(|e| e.resource.as_snapshot())
+        .filter(|s| principal.reaches(namespace_of(&s.metadata)))
+        .filter(|s| {
+            s.metadata.deletion_timestamp.is_none()
+                && s.status
+                    .as_ref()
+                    .is_some_and(|st| st.phase == SnapshotPhase::Ready)
+        })
+        .filter(|s| {
+            query
+                .sandbox_id
+                .as_deref()
+                .is_none_or(|id| id.is_empty() || id == s.spec.sandbox)
+        })
+        .filter(|s| {
+            query.name.as_deref().is_none_or(|n| {
+                n.is_empty()
+                    || control::snapshot_matches(
+                        n,
+                        &s.metadata.name,
+                        s.spec.display_name.as_deref(),
+                    )
+            })
+        })
+        .map(|s| {
+            (
+                s.metadata.creation_timestamp,
+                s.metadata.name.clone(),
+                control::snapshot_info(&s.metadata.name, s.spec.display_name.as_deref()),
+            )
+        })
+        .collect();
+    snapshots.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    let total = snapshots.len();
+    let page: Vec<control::SnapshotInfo> = snapshots
+        .into_iter()
+        .skip(start)
+        .take(limit)
+        .map(|(_, _, info)| info)
+        .collect();
+    Ok(paged(page, start, limit, total))
+}
+
+/// `DELETE /templates/{id}`: deletes a snapshot (what `delete_snapshot` calls). Templates are
+/// not deleted through E2B: any other ID is not found.
+pub async fn delete_snapshot(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bError> {
+    let reachable = state
+        .store
+        .get(Kind::Snapshot, &id)
+        .is_some_and(|e| principal.reaches(namespace_of(e.resource.metadata())));
+    if !reachable {
+        return Err(E2bError::new(
+            StatusCode::NOT_FOUND,
+            format!("snapshot {id} not found"),
+        ));
+    }
+    crate::api::v1::snapshots::remove(&state, &V1Options::default(), &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /sandboxes/{id}/fork`: one snapshot of the sandbox (which runs on, its end untouched),
+/// then `count` sandboxes started from it, each answered with its own outcome. The snapshot is
+/// kept (listed by `list_snapshots`): the forks were built from it.
+pub async fn fork(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<Vec<control::ForkResult>>), E2bError> {
+    let request: control::ForkRequest = json_body(&body)?;
+    let count = control::fork_count(&request).map_err(control_error)?;
+    let source = live_sandbox(&state.store, &id)?;
+    let snapshot = take(
+        &state,
+        &V1Options::default(),
+        &id,
+        Some(format!("fork of {id}")),
+        Some(e2b_scope(&source)),
+    )
+    .await?;
+    let ttl = request
+        .timeout
+        .map_or(state.settings.default_timeout_seconds as i64, |t| t);
+    let spec = spec_from_snapshot(
+        &state,
+        &snapshot.metadata.name,
+        Some(i128::from(ttl)),
+        None,
+        None,
+        None,
+        Default::default(),
+    )?;
+    let mut annotations = std::collections::BTreeMap::new();
+    annotations.insert(control::TEMPLATE.to_string(), control::template_of(&source));
+    if let Some(metadata) = source.metadata.annotations.get(control::METADATA) {
+        annotations.insert(control::METADATA.to_string(), metadata.clone());
+    }
+    let forks = (0..count).map(|_| {
+        let spec = spec.clone();
+        let annotations = annotations.clone();
+        let state = state.clone();
+        async move {
+            create_running(&state, &V1Options::default(), move |id| {
+                let mut sandbox = Sandbox::new(id, spec.clone());
+                sandbox.metadata.annotations = annotations.clone();
+                sandbox
+            })
+            .await
+        }
+    });
+    let results = futures::future::join_all(forks)
+        .await
+        .into_iter()
+        .map(|outcome| match outcome {
+            Ok(sandbox) => control::ForkResult {
+                sandbox: Some(created(&state, &sandbox)),
+                error: None,
+            },
+            Err(e) => {
+                let e = E2bError::from(e);
+                control::ForkResult {
+                    sandbox: None,
+                    error: Some(control::ForkError {
+                        code: e.status.as_u16(),
+                        message: e.message,
+                    }),
+                }
+            }
+        })
+        .collect();
+    Ok((StatusCode::CREATED, Json(results)))
+}
+
+fn page_start(token: Option<&str>) -> Result<usize, E2bError> {
+    match token {
+        None | Some("") => Ok(0),
+        Some(t) => t.parse().map_err(|_| {
+            E2bError::new(
+                StatusCode::BAD_REQUEST,
+                format!("nextToken {t:?} is not valid"),
+            )
+        }),
+    }
+}
+
+/// A page as E2B's lists answer it: the items, and `x-next-token` when more follow.
+fn paged<T: serde::Serialize>(page: Vec<T>, start: usize, limit: usize, total: usize) -> Response {
+    let mut response = Json(page).into_response();
+    if start + limit < total {
+        if let Ok(v) = HeaderValue::from_str(&(start + limit).to_string()) {
+            response.headers_mut().insert("x-next-token", v);
+        }
+    }
+    response
+}
+
+/// `PUT /sandboxes/{id}/network`: replaces the sandbox's allow list, in place (the next
+/// connection follows it). A change between no network, an open network and an allow list would
+/// replace the sandbox's container and end its processes, so it is refused (409), not done.
+pub async fn update_network(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, E2bError> {
+    let config: control::NetworkConfig = json_body(&body)?;
+    let egress = control::egress_of(&config, config.allow_internet_access, "network")
+        .map_err(control_error)?;
+    let sandbox = live_sandbox(&state.store, &id)?;
+    let spec = sandbox.resolved_spec();
+    let network = spec.network.unwrap_or(false);
+    match (&egress, network, spec.egress.is_some()) {
+        (Egress::Only(allow), true, true) => {
+            let allow = allow.clone();
+            let name = id.clone();
+            state
+                .store
+                .write(move |store| {
+                    store.update(Kind::Sandbox, &name, |resource| match resource {
+                        crate::resource::AnyResource::Sandbox(sandbox)
+                            if sandbox.metadata.deletion_timestamp.is_none() =>
+                        {
+                            control::apply_egress(&mut sandbox.spec, &Egress::Only(allow.clone()));
+                            Ok(())
+                        }
+                        _ => Err(crate::store::StoreError::Invalid(format!(
+                            "sandbox {name} is going away"
+                        ))),
+                    })
+                })
+                .await
+                .map_err(store_error)?;
+            Ok(StatusCode::NO_CONTENT)
+        }
+        (Egress::Nothing, false, _) | (Egress::Open, true, false) => Ok(StatusCode::NO_CONTENT),
+        _ => Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "sandbox {id} has {}: changing between no network, an open network and an \
+                 allow list would replace its container and end its processes, so \
+                 update_network only changes an allow list; create the sandbox with the \
+                 network it needs",
+                match (network, spec.egress.is_some()) {
+                    (false, _) => "no network",
+                    (true, false) => "an open network",
+                    (true, true) => "an allow list",
+                }
+            ),
+        )),
+    }
 }
 
 /// Every other call of E2B's control API: not served (yet), said plainly.

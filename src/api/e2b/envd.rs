@@ -102,6 +102,37 @@ pub fn access_token(state: &AppState, sandbox: &Sandbox) -> String {
         .issue(&sandbox.metadata.name, &uid, 0, TOKEN_EXPIRY, created)
 }
 
+/// What a sandbox's traffic access token signs in place of its name: it is not the access token
+/// (no sandbox is named with a `#`), so it opens no envd call.
+const TRAFFIC: &str = "#traffic";
+
+/// The traffic access token of a sandbox (E2B's `trafficAccessToken`): it opens the sandbox's
+/// ports on the preview hosts, sent as `e2b-traffic-access-token`, and nothing else. Bound to the
+/// sandbox's name and uid as the access token is, and as lasting.
+pub fn traffic_token(state: &AppState, sandbox: &Sandbox) -> String {
+    let uid = sandbox.metadata.uid.clone().unwrap_or_default();
+    let created = sandbox
+        .metadata
+        .creation_timestamp
+        .map_or(0, |t| t.timestamp_millis());
+    let name = format!("{}{TRAFFIC}", sandbox.metadata.name);
+    state
+        .ports
+        .envd_tokens()
+        .issue(&name, &uid, 0, TOKEN_EXPIRY, created)
+}
+
+/// Whether `token` is the traffic access token of `sandbox`.
+pub fn traffic_token_opens(state: &AppState, sandbox: &Sandbox, token: &str) -> bool {
+    let uid = sandbox.metadata.uid.clone().unwrap_or_default();
+    let name = format!("{}{TRAFFIC}", sandbox.metadata.name);
+    state
+        .ports
+        .envd_tokens()
+        .verify(token, &name, &uid, 0, Utc::now().timestamp_millis())
+        .is_ok()
+}
+
 pub fn user_error(e: UserError) -> RpcError {
     let code = match e {
         UserError::Root => Code::PermissionDenied,
@@ -183,9 +214,6 @@ pub async fn unimplemented(method: Method, uri: Uri, headers: HeaderMap) -> Resp
     let why = match path {
         "process.Process/StreamInput" => {
             " (client streaming is not served: send input with SendInput)"
-        }
-        p if p.starts_with("filesystem.Filesystem/") && p.contains("Watch") => {
-            " (directory watching is not served yet)"
         }
         _ => "",
     };

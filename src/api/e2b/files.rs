@@ -163,7 +163,8 @@ async fn serve_upload(
     Ok(Json(written))
 }
 
-/// envd answers 204 while it runs; here, while the sandbox exists.
+/// envd answers 204 while it runs; here, while the sandbox is running (502 when it is paused,
+/// stopped or gone, as E2B answers for a sandbox it cannot reach).
 pub async fn health(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -172,9 +173,16 @@ pub async fn health(
         .get("e2b-sandbox-id")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    crate::api::v1::common::live_sandbox(&state.store, id)
-        .map(|_| StatusCode::NO_CONTENT)
-        .map_err(|_| E2bError::new(StatusCode::BAD_GATEWAY, format!("sandbox {id} not found")))
+    let sandbox = crate::api::v1::common::live_sandbox(&state.store, id)
+        .map_err(|_| E2bError::new(StatusCode::BAD_GATEWAY, format!("sandbox {id} not found")))?;
+    // A paused or stopped sandbox's envd would not answer: the SDK's `is_running` is `False`.
+    if crate::e2b::control::state_of(&sandbox) != Some("running") {
+        return Err(E2bError::new(
+            StatusCode::BAD_GATEWAY,
+            format!("sandbox {id} is not running"),
+        ));
+    }
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// The sandbox a signed URL was made for: the one whose access token makes its signature.
@@ -189,7 +197,7 @@ async fn signed_target(
     })?;
     if let Some(expiration) = query.signature_expiration {
         if expiration <= chrono::Utc::now().timestamp() {
-            return Err(denied("the signed URL has expired"));
+            return Err(denied("signature is already expired"));
         }
     }
     paths::check_user(query.username.as_deref()).map_err(|e| rpc(envd::user_error(e)))?;

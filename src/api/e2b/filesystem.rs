@@ -1,7 +1,7 @@
 //! envd's `filesystem.Filesystem` service: stat, list (with depth), make a directory, move and
 //! remove, each one short script run through the data plane as the sandbox user (so it sees
-//! and may change exactly what the sandbox user's commands may). Watching a directory is not
-//! served yet (`envd::unimplemented` answers it).
+//! and may change exactly what the sandbox user's commands may). Watching a directory is
+//! `watch.rs`'s.
 
 use std::collections::BTreeMap;
 
@@ -128,7 +128,8 @@ fn entry(line: &str) -> Option<EntryInfo> {
     })
 }
 
-/// Stats `path` (a symlink itself, with its target).
+/// Stats `path`. A symlink is answered as envd does: with the type of what it leads to (a
+/// dangling one stays a symlink) and its target as an absolute path, every link resolved.
 async fn stat_path(
     state: &AppState,
     target: &SandboxTarget,
@@ -136,7 +137,7 @@ async fn stat_path(
 ) -> Result<EntryInfo, RpcError> {
     let script = format!(
         "[ -e \"$1\" ] || [ -L \"$1\" ] || exit {MISSING}; {STAT} -- \"$1\" || exit {FAILED}; \
-         if [ -L \"$1\" ]; then readlink -- \"$1\"; fi"
+         if [ -L \"$1\" ]; then readlink -m -- \"$1\"; if [ -e \"$1\" ]; then {STAT} -L -- \"$1\"; fi; fi"
     );
     let out = run(target, state, &script, &[path]).await?;
     let mut lines = out.lines();
@@ -146,6 +147,9 @@ async fn stat_path(
         .ok_or_else(|| RpcError::new(Code::Internal, format!("cannot read the stat of {path}")))?;
     if info.file_type == "FILE_TYPE_SYMLINK" {
         info.symlink_target = lines.next().map(str::to_string);
+        if let Some(followed) = lines.next().and_then(entry) {
+            info.file_type = followed.file_type;
+        }
     }
     Ok(info)
 }
@@ -272,9 +276,8 @@ pub async fn remove(State(state): State<AppState>, headers: HeaderMap, body: Byt
         (protobuf::PATH_REQUEST, protobuf::EMPTY),
         |target, req: PathRequest| async move {
             let path = paths::resolve(&req.path);
-            let script = format!(
-            "[ -e \"$1\" ] || [ -L \"$1\" ] || exit {MISSING}; rm -rf -- \"$1\" || exit {FAILED}"
-        );
+            // As envd: removing what is not there succeeds.
+            let script = format!("rm -rf -- \"$1\" || exit {FAILED}");
             run(&target, state, &script, &[&path]).await?;
             Ok(Empty {})
         },

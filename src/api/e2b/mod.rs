@@ -10,10 +10,11 @@
 //! they are not in this server's OpenAPI document.
 
 mod control;
-mod envd;
+pub(crate) mod envd;
 mod files;
 mod filesystem;
 mod process;
+mod watch;
 
 use aide::axum::ApiRouter;
 use axum::http::StatusCode;
@@ -41,6 +42,20 @@ pub fn control_routes() -> ApiRouter<AppState> {
         .route("/e2b/sandboxes/{id}/pause", post(control::pause))
         .route("/e2b/sandboxes/{id}/metrics", get(control::metrics))
         .route("/e2b/v2/sandboxes/{id}/connect", post(control::connect))
+        .route("/e2b/sandboxes/{id}/fork", post(control::fork))
+        .route(
+            "/e2b/sandboxes/{id}/network",
+            axum::routing::put(control::update_network),
+        )
+        .route(
+            "/e2b/sandboxes/{id}/snapshots",
+            post(control::create_snapshot),
+        )
+        .route("/e2b/snapshots", get(control::list_snapshots))
+        .route(
+            "/e2b/templates/{id}",
+            axum::routing::delete(control::delete_snapshot),
+        )
         .route("/e2b/{*rest}", any(control::unsupported))
 }
 
@@ -77,6 +92,22 @@ pub fn envd_routes() -> ApiRouter<AppState> {
         .route(
             &rpc("filesystem.Filesystem/Remove"),
             post(filesystem::remove),
+        )
+        .route(
+            &rpc("filesystem.Filesystem/WatchDir"),
+            post(watch::watch_dir),
+        )
+        .route(
+            &rpc("filesystem.Filesystem/CreateWatcher"),
+            post(watch::create_watcher),
+        )
+        .route(
+            &rpc("filesystem.Filesystem/GetWatcherEvents"),
+            post(watch::get_watcher_events),
+        )
+        .route(
+            &rpc("filesystem.Filesystem/RemoveWatcher"),
+            post(watch::remove_watcher),
         )
         .route(
             "/e2b/envd/files",

@@ -29,7 +29,7 @@ use crate::processes::{OutputEvent, Process, StartSpec, State as PState, Stream,
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(50);
 
 /// The sandbox and process target of a call, its token and user checked.
-async fn target(state: &AppState, headers: &HeaderMap) -> Result<Target, RpcError> {
+pub(super) async fn target(state: &AppState, headers: &HeaderMap) -> Result<Target, RpcError> {
     let sandbox = envd::sandbox(state, headers)?;
     envd::check_rpc_user(headers)?;
     crate::api::processes::target(state, &sandbox.metadata.name)
@@ -69,7 +69,7 @@ async fn select(
         .ok_or_else(|| RpcError::new(Code::NotFound, format!("process with pid {pid} not found")))
 }
 
-fn keepalive(headers: &HeaderMap) -> Duration {
+pub(super) fn keepalive(headers: &HeaderMap) -> Duration {
     headers
         .get("keepalive-ping-interval")
         .and_then(|v| v.to_str().ok())

@@ -22,9 +22,10 @@ use tokio::sync::broadcast;
 use super::{flag, line, watch_timeout, PREFIX};
 use crate::api::body::{respond, response_format};
 use crate::api::error::ApiError;
+use crate::api::namespace::RequestNamespace;
 use crate::api::openapi::Describe;
 use crate::api::AppState;
-use crate::authz::{Principal, DEFAULT_NAMESPACE};
+use crate::authz::Principal;
 use crate::resource::{Event, API_VERSION};
 use crate::store::{EventChange, EventLog, EventType};
 
@@ -68,21 +69,19 @@ fn involved(params: &HashMap<String, String>) -> Option<&str> {
 pub async fn list(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
+    Extension(asked): Extension<RequestNamespace>,
     Query(params): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let timeout = watch_timeout(&params)?;
     let involved = involved(&params).map(str::to_string);
-    // Every event is about an object of the default namespace (until objects carry one); a key
-    // that does not reach it gets an empty list, and a watch that never says anything.
-    let reaches = principal.reaches(DEFAULT_NAMESPACE);
+    // An event is the caller's when its object's namespace is (and is the one the path named).
+    let reaches = move |event: &Event| shown(&principal, &asked, &event.involved_object.namespace);
     if flag(&params, "watch")? {
         return Ok(watch(state.store.events(), involved, reaches, timeout));
     }
     let mut items = state.store.events().list(involved.as_deref());
-    if !reaches {
-        items.clear();
-    }
+    items.retain(|e| reaches(e));
     let list = EventList {
         api_version: API_VERSION,
         kind: "EventList",
@@ -91,15 +90,23 @@ pub async fn list(
     respond(StatusCode::OK, &list, response_format(&headers))
 }
 
+/// Whether an event about an object of `namespace` is shown to this caller on this path.
+fn shown(principal: &Principal, asked: &RequestNamespace, namespace: &str) -> bool {
+    principal.reaches(namespace) && asked.shows(namespace)
+}
+
 pub async fn get_one(
     State(state): State<AppState>,
-    Path(name): Path<String>,
+    Path(key): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    // Events are named on their own; a namespaced path finds those about its namespace's objects.
+    let (namespace, name) = crate::resource::split_key(&key);
     let event = state
         .store
         .events()
-        .get(&name)
+        .get(name)
+        .filter(|e| e.involved_object.namespace == namespace)
         .ok_or_else(|| ApiError::NotFound(format!("Event {name:?} not found")))?;
     respond(StatusCode::OK, &event, response_format(&headers))
 }
@@ -119,7 +126,7 @@ fn change_line(change: &EventChange) -> Bytes {
 fn watch(
     log: &EventLog,
     involved: Option<String>,
-    reaches: bool,
+    reaches: impl Fn(&Event) -> bool + Send + Sync + 'static,
     timeout: Option<std::time::Duration>,
 ) -> Response {
     // Subscribe before listing, so nothing between the two is lost (at worst seen twice).
@@ -127,7 +134,7 @@ fn watch(
     let initial: Vec<Result<Bytes, Infallible>> = log
         .list(involved.as_deref())
         .into_iter()
-        .filter(|_| reaches)
+        .filter(|e| reaches(e))
         .map(|event| {
             Ok(change_line(&EventChange {
                 event_type: EventType::Added,
@@ -135,27 +142,31 @@ fn watch(
             }))
         })
         .collect();
-    let live = futures::stream::unfold(Some((receiver, involved)), move |state| async move {
-        let (mut receiver, involved) = state?;
-        loop {
-            match receiver.recv().await {
-                Ok(change) => {
-                    let wanted = reaches
-                        && involved
-                            .as_deref()
-                            .is_none_or(|name| change.event.involved_object.name == name);
-                    if wanted {
-                        return Some((Ok(change_line(&change)), Some((receiver, involved))));
+    let reaches = std::sync::Arc::new(reaches);
+    let live = futures::stream::unfold(Some((receiver, involved)), move |state| {
+        let reaches = reaches.clone();
+        async move {
+            let (mut receiver, involved) = state?;
+            loop {
+                match receiver.recv().await {
+                    Ok(change) => {
+                        let wanted = reaches(&change.event)
+                            && involved
+                                .as_deref()
+                                .is_none_or(|name| change.event.involved_object.name == name);
+                        if wanted {
+                            return Some((Ok(change_line(&change)), Some((receiver, involved))));
+                        }
                     }
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        let error = serde_json::json!({"type": "ERROR", "object": {"error": {
+                            "code": "conflict",
+                            "message": format!("the watch fell behind by {missed} events; list again and re-watch"),
+                        }}});
+                        return Some((Ok(line(&error)), None));
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return None,
                 }
-                Err(broadcast::error::RecvError::Lagged(missed)) => {
-                    let error = serde_json::json!({"type": "ERROR", "object": {"error": {
-                        "code": "conflict",
-                        "message": format!("the watch fell behind by {missed} events; list again and re-watch"),
-                    }}});
-                    return Some((Ok(line(&error)), None));
-                }
-                Err(broadcast::error::RecvError::Closed) => return None,
             }
         }
     });

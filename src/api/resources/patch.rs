@@ -110,12 +110,14 @@ pub(super) async fn patch<K: DocumentedKind>(
             })
         })?;
         let document = apply(entry.resource.to_json(), &patch);
-        if document.pointer("/metadata/name").and_then(Value::as_str) != Some(name.as_str()) {
+        let mut resource = yaml::value_to_resource(document, Some(kind), None)?;
+        if resource.key() != name {
+            let (_, asked) = crate::resource::split_key(&name);
             return Err(ApiError::InvalidRequest(format!(
-                "metadata.name cannot be patched (the URL names {name:?})"
+                "metadata.name and metadata.namespace cannot be patched (the URL names {asked:?})"
             )));
         }
-        let resource = yaml::value_to_resource(document, Some(kind), None)?;
+        super::check_identity(&mut resource, &name)?;
         let _admission = crate::api::quota::lock_for(&state, kind).await;
         crate::api::quota::check(&state, &resource)?;
         let written = state

@@ -102,16 +102,7 @@ pub fn spec_expiry(sandbox: &Sandbox) -> Option<DateTime<Utc>> {
         .as_ref()
         .and_then(|s| s.active_since)
         .unwrap_or(creation(sandbox.metadata.creation_timestamp));
-    let by_ttl = sandbox
-        .spec
-        .ttl_seconds
-        .and_then(|ttl| i64::try_from(ttl).ok())
-        .and_then(chrono::TimeDelta::try_seconds)
-        .and_then(|d| anchor.checked_add_signed(d));
-    match (by_ttl, sandbox.spec.shutdown_time) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    sandbox.spec.expires_at(anchor)
 }
 
 /// A sandbox as `/v1` shows it. Unset limits show the server's defaults (API-created sandboxes
@@ -129,7 +120,7 @@ pub fn sandbox_info(sandbox: &Sandbox, settings: &Settings) -> SandboxInfo {
     let expires_at = observed_expiry.or_else(|| spec_expiry(sandbox));
     let running = status.is_some_and(|s| s.phase == SandboxPhase::Running);
     SandboxInfo {
-        id: sandbox.metadata.name.clone(),
+        id: sandbox.metadata.key(),
         status: if running { "running" } else { "stopped" }.to_string(),
         image: spec
             .image
@@ -142,9 +133,11 @@ pub fn sandbox_info(sandbox: &Sandbox, settings: &Settings) -> SandboxInfo {
         read_only_rootfs: spec.read_only_rootfs.unwrap_or(true),
         created_at: wire::timestamp(creation(sandbox.metadata.creation_timestamp)),
         expires_at: expires_at.map(wire::timestamp),
-        source_snapshot_id: status
-            .and_then(|s| s.source_snapshot.clone())
-            .or_else(|| spec.source.as_ref().map(|s| s.snapshot.clone())),
+        source_snapshot_id: status.and_then(|s| s.source_snapshot.clone()).or_else(|| {
+            spec.source
+                .as_ref()
+                .map(|s| sandbox.metadata.sibling(&s.snapshot))
+        }),
     }
 }
 
@@ -152,8 +145,8 @@ pub fn sandbox_info(sandbox: &Sandbox, settings: &Settings) -> SandboxInfo {
 pub fn snapshot_info(snapshot: &Snapshot) -> SnapshotInfo {
     let status = snapshot.status.as_ref();
     SnapshotInfo {
-        id: snapshot.metadata.name.clone(),
-        sandbox_id: snapshot.spec.sandbox.clone(),
+        id: snapshot.metadata.key(),
+        sandbox_id: snapshot.metadata.sibling(&snapshot.spec.sandbox),
         name: snapshot.spec.display_name.clone(),
         image: status
             .and_then(|s| {

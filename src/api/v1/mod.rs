@@ -15,7 +15,7 @@ mod request;
 pub(crate) mod rules;
 pub(crate) mod sandboxes;
 pub mod schemas;
-mod snapshots;
+pub(crate) mod snapshots;
 pub mod wait;
 pub mod wire;
 
@@ -279,7 +279,7 @@ fn valid_path(path: &str) -> Result<String, ApiError> {
 
 /// Where exec and file calls go: the container the controller last observed.
 fn target(sandbox: &Sandbox, require_running: bool) -> Result<SandboxTarget, ApiError> {
-    let name = &sandbox.metadata.name;
+    let name = &sandbox.metadata.key();
     let not_running = || ApiError::InvalidRequest(format!("sandbox {name} is not running"));
     let status = sandbox.status.as_ref().ok_or_else(not_running)?;
     let container_id = status.container_id.clone().ok_or_else(not_running)?;
@@ -303,7 +303,7 @@ async fn awake_target(
 ) -> Result<SandboxTarget, ApiError> {
     let sandbox = crate::api::power::awake(state, sandbox).await?;
     let mut target = target(&sandbox, require_running)?;
-    target.env = with_egress_env(state, &sandbox.metadata.name, target.env);
+    target.env = with_egress_env(state, &sandbox.metadata.key(), target.env);
     Ok(target)
 }
 

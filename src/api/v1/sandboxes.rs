@@ -43,12 +43,20 @@ fn live_count(state: &AppState) -> usize {
 /// Writes a new sandbox (within `max_sandboxes`, without races) and waits until it runs. A
 /// sandbox that fails or does not come up in time is deleted again: its caller never learns its
 /// ID, so nobody else would.
+/// The sandbox is made in `namespace` (the caller's first); its `/v1` ID is its key there.
 pub async fn create_from_spec(
     state: &AppState,
     opts: &V1Options,
     spec: SandboxSpec,
+    namespace: &str,
 ) -> Result<SandboxInfo, ApiError> {
-    let sandbox = create_running(state, opts, move |id| Sandbox::new(id, spec.clone())).await?;
+    let namespace = namespace.to_string();
+    let sandbox = create_running(state, opts, move |id| {
+        let mut sandbox = Sandbox::new(id, spec.clone());
+        sandbox.metadata.namespace = namespace.clone();
+        sandbox
+    })
+    .await?;
     Ok(sandbox_info(&sandbox, &state.settings))
 }
 
@@ -75,7 +83,7 @@ where
         crate::api::quota::check(state, &make(String::new()).into())?;
         create_with_new_id(&state.store, "sb_", move |id| make(id).into()).await?
     };
-    let id = created.name().to_string();
+    let id = created.key();
     let generation = created.metadata().generation.unwrap_or(0);
     let result = wait::until(
         &state.store,
@@ -153,7 +161,7 @@ pub(crate) async fn set_shutdown_time(
                     if sandbox.metadata.deletion_timestamp.is_some() {
                         return Err(StoreError::Terminating {
                             kind: Kind::Sandbox,
-                            name: sandbox.metadata.name.clone(),
+                            name: sandbox.metadata.key(),
                         });
                     }
                     sandbox.spec.shutdown_time = Some(deadline);
@@ -223,6 +231,7 @@ fn failure(sandbox: &Sandbox, condition: Option<&Condition>, message: String) ->
 pub async fn create(
     State(state): State<AppState>,
     Extension(opts): Extension<V1Options>,
+    Extension(principal): Extension<Principal>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
@@ -240,7 +249,7 @@ pub async fn create(
     };
     f.finish()?;
     let spec = resolve(&state.settings, wanted)?;
-    let info = create_from_spec(&state, &opts, spec).await?;
+    let info = create_from_spec(&state, &opts, spec, principal.home_namespace()).await?;
     Ok((StatusCode::CREATED, Json(info)))
 }
 
@@ -253,7 +262,7 @@ pub async fn list(
         .list(Kind::Sandbox)
         .iter()
         .filter_map(|e| e.resource.as_sandbox())
-        .filter(|s| principal.reaches(namespace_of(&s.metadata)))
+        .filter(|s| namespace_of(&s.metadata) == principal.home_namespace())
         .filter(|s| s.metadata.deletion_timestamp.is_none())
         .map(|s| {
             (

@@ -23,8 +23,8 @@ use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::authz::{namespace_of, Principal};
 use crate::resource::{
-    AnyResource, ConditionStatus, Kind, RollbackRequest, SandboxState, Snapshot, SnapshotPhase,
-    SnapshotScope, SnapshotSpec,
+    split_key, AnyResource, ConditionStatus, Kind, RollbackRequest, SandboxState, Snapshot,
+    SnapshotPhase, SnapshotScope, SnapshotSpec,
 };
 use crate::store::{StoreError, WriteOptions};
 
@@ -48,26 +48,45 @@ pub async fn create(
             _ => SnapshotScope::Workspace,
         });
     f.finish()?;
+    let snapshot = take(&state, &opts, &sandbox_id, name, scope).await?;
+    Ok((StatusCode::CREATED, Json(snapshot_info(&snapshot))))
+}
+
+/// Takes a snapshot of `sandbox_id` and waits until it is ready (a failed one is deleted, its
+/// ID never handed out). Shared by `/v1` and E2B's snapshot and fork calls.
+pub(crate) async fn take(
+    state: &AppState,
+    opts: &V1Options,
+    sandbox_id: &str,
+    name: Option<String>,
+    scope: Option<SnapshotScope>,
+) -> Result<Snapshot, ApiError> {
+    let sandbox_id = sandbox_id.to_string();
     // A paused or stopped sandbox is snapshotted as it is, and stays so (the controller reads
     // its workspace without waking it); the call still counts as the sandbox's activity.
     live_sandbox(&state.store, &sandbox_id)?;
     state.activity.touch(&sandbox_id);
 
     let events = state.store.subscribe();
+    // The snapshot lives in its sandbox's namespace, and names it there.
+    let (namespace, sandbox_name) = split_key(&sandbox_id);
+    let namespace = namespace.to_string();
     let spec = SnapshotSpec {
-        sandbox: sandbox_id.clone(),
+        sandbox: sandbox_name.to_string(),
         display_name: name,
         scope,
     };
+    let in_namespace = move |id: &str| {
+        let mut snapshot = Snapshot::new(id, spec.clone());
+        snapshot.metadata.namespace = namespace.clone();
+        snapshot
+    };
     let created = {
         let _admission = state.create_lock.lock().await;
-        crate::api::quota::check(&state, &Snapshot::new("", spec.clone()).into())?;
-        create_with_new_id(&state.store, "snap_", move |id| {
-            Snapshot::new(id, spec.clone()).into()
-        })
-        .await?
+        crate::api::quota::check(state, &in_namespace("").into())?;
+        create_with_new_id(&state.store, "snap_", move |id| in_namespace(&id).into()).await?
     };
-    let id = created.name().to_string();
+    let id = created.key();
     let result = wait::until(
         &state.store,
         events,
@@ -87,7 +106,7 @@ pub async fn create(
     )
     .await;
     match result {
-        Ok(snapshot) => Ok((StatusCode::CREATED, Json(snapshot_info(&snapshot)))),
+        Ok(snapshot) => Ok(snapshot),
         Err(err) => {
             // A failed snapshot is of no use to anyone and its ID was never handed out.
             let name = id.clone();
@@ -160,13 +179,15 @@ pub async fn list(
         .list(Kind::Snapshot)
         .iter()
         .filter_map(|e| e.resource.as_snapshot())
-        .filter(|s| principal.reaches(namespace_of(&s.metadata)))
+        .filter(|s| namespace_of(&s.metadata) == principal.home_namespace())
         .filter(|s| {
             s.metadata.deletion_timestamp.is_none()
                 && s.status
                     .as_ref()
                     .is_some_and(|st| st.phase == SnapshotPhase::Ready)
-                && filter.as_ref().is_none_or(|f| *f == s.spec.sandbox)
+                && filter
+                    .as_ref()
+                    .is_none_or(|f| *f == s.metadata.sibling(&s.spec.sandbox))
         })
         .map(|s| (s.metadata.creation_timestamp, snapshot_info(s)))
         .collect();
@@ -190,6 +211,13 @@ pub async fn delete(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
     let id = path_id(path)?;
+    remove(&state, &opts, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Deletes the snapshot `id` and waits until it is gone (404 when there is none).
+pub(crate) async fn remove(state: &AppState, opts: &V1Options, id: &str) -> Result<(), ApiError> {
+    let id = id.to_string();
     let events = state.store.subscribe();
     let exists = state
         .store
@@ -216,8 +244,7 @@ pub async fn delete(
             Some(_) => Poll::Pending("deletion in progress".into()),
         },
     )
-    .await?;
-    Ok(StatusCode::NO_CONTENT)
+    .await
 }
 
 pub async fn rollback(
@@ -234,6 +261,10 @@ pub async fn rollback(
     f.finish()?;
     let snapshot_id = snapshot_id.unwrap_or_default();
     // The reference looks the snapshot up first: an unknown snapshot wins over an unknown sandbox.
+    // A sandbox rolls back only to a snapshot of its own namespace; any other is unknown to it.
+    if split_key(&snapshot_id).0 != split_key(&id).0 {
+        return Err(super::common::snapshot_not_found(&snapshot_id));
+    }
     ready_snapshot(&state.store, &snapshot_id)?;
     let sandbox = live_sandbox(&state.store, &id)?;
     // The answer is the sandbox running on the snapshot's content: a paused or stopped one is
@@ -243,7 +274,7 @@ pub async fn rollback(
     let events = state.store.subscribe();
     let request_id = new_id("r-");
     let request = RollbackRequest {
-        snapshot: snapshot_id.clone(),
+        snapshot: split_key(&snapshot_id).1.to_string(),
         request_id: request_id.clone(),
     };
     let name = id.clone();
@@ -310,12 +341,40 @@ pub async fn fork(
     let cpus = f.opt_float("cpus", Bound::Gt(0.0));
     let memory_mb = f.opt_int("memory_mb", Bound::Ge(16));
     f.finish()?;
-    let snapshot = ready_snapshot(&state.store, &snapshot_id)?;
+    let spec = spec_from_snapshot(
+        &state,
+        &snapshot_id,
+        timeout_seconds,
+        network,
+        cpus,
+        memory_mb,
+        Default::default(),
+    )?;
+    let namespace = split_key(&snapshot_id).0;
+    let info = create_from_spec(&state, &opts, spec, namespace).await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// The spec of a new sandbox started from the ready snapshot `snapshot_id`: the spec it captured,
+/// with the given overrides (`env` merged over the captured environment), the snapshot as
+/// `source`, and its own lifetime, never the source's. Shared by `/v1` fork and E2B.
+pub(crate) fn spec_from_snapshot(
+    state: &AppState,
+    snapshot_id: &str,
+    timeout_seconds: Option<i128>,
+    network: Option<bool>,
+    cpus: Option<f64>,
+    memory_mb: Option<i128>,
+    env: std::collections::BTreeMap<String, String>,
+) -> Result<crate::resource::SandboxSpec, ApiError> {
+    let snapshot = ready_snapshot(&state.store, snapshot_id)?;
     let captured = snapshot
         .status
         .as_ref()
         .and_then(|s| s.sandbox_spec.clone())
         .unwrap_or_default();
+    let mut merged = captured.env.clone();
+    merged.extend(env);
     let wanted = Wanted {
         image: captured.image.clone(),
         cpus: cpus.or(captured.cpus),
@@ -323,14 +382,14 @@ pub async fn fork(
         pids_limit: captured.pids_limit.map(i128::from),
         network: network.unwrap_or(captured.network.unwrap_or(false)),
         read_only_rootfs: captured.read_only_rootfs.unwrap_or(true),
-        env: captured.env.clone(),
+        env: merged,
         // Like the reference: the new sandbox gets its own lifetime, never the source's.
         timeout_seconds,
     };
     let mut spec = resolve(&state.settings, wanted)?;
+    // The source names the snapshot in the new sandbox's namespace, which is the snapshot's.
     spec.source = Some(crate::resource::SandboxSource {
-        snapshot: snapshot_id,
+        snapshot: split_key(snapshot_id).1.to_string(),
     });
-    let info = create_from_spec(&state, &opts, spec).await?;
-    Ok((StatusCode::CREATED, Json(info)))
+    Ok(spec)
 }

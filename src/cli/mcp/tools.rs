@@ -607,6 +607,7 @@ mod tests {
             Client::new(&Connection {
                 server: "http://127.0.0.1:9".into(),
                 api_key: None,
+                namespace: None,
             })
             .unwrap(),
         )

@@ -106,8 +106,8 @@ async fn take(
     snapshot: &Snapshot,
     mut status: SnapshotStatus,
 ) -> Result<Outcome, Failure<Snapshot>> {
-    let name = snapshot.metadata.name.as_str();
-    let sandbox_name = snapshot.spec.sandbox.as_str();
+    let name = &snapshot.metadata.key();
+    let sandbox_name = &snapshot.metadata.sibling(&snapshot.spec.sandbox);
     let generation = generation(&snapshot.metadata);
     status.observed_generation = Some(generation);
 

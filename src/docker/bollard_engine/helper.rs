@@ -11,7 +11,12 @@
 //! daemon) by the filler container's fixed name, `agent-sandbox-fill-<volume>`: whoever creates
 //! it fills, the others wait for it to go away and then find the marker. Rewriting a binary that
 //! sandboxes are starting from would let them see a half-written file, so this matters. A filler
-//! left behind by a crash is older than [`STALE_AFTER`] and is removed by the next caller.
+//! left behind by a crash is removed by the next caller: at once when its label names a process
+//! of this machine's current boot that no longer runs, else once it is older than [`STALE_AFTER`].
+//!
+//! When the daemon runs on this host, a marker readable under the volume's mountpoint is trusted
+//! without a filler at all: each new server process then costs no container to start its first
+//! sandbox, and a filler orphaned by a killed server is not in its way.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -36,8 +41,11 @@ pub const FILLER_IMAGE: &str = "agent-sandbox/volume-filler:1";
 pub const ROLE_FILLER: &str = "volume-filler";
 /// A filler container older than this belongs to a caller that died.
 pub const STALE_AFTER: Duration = Duration::from_secs(60);
-/// How long a caller waits for another process's filler before giving up.
-const WAIT_FOR_OTHERS: Duration = Duration::from_secs(30);
+/// How long a caller waits for another process's filler before giving up: longer than
+/// [`STALE_AFTER`], so a filler whose owner died on another host is always outlived.
+const WAIT_FOR_OTHERS: Duration = Duration::from_secs(75);
+/// Label on a filler container naming its owner, `<boot id>/<pid namespace>:<pid>`.
+const LABEL_FILLER_OWNER: &str = "io.agent-sandbox.filler-owner";
 /// Marker file next to the binary: the hex SHA-256 of the binary it completes.
 const MARKER: &str = ".agent-sandbox-helper.sha256";
 /// Label on the helper volume recording the digest it was created for (informational: a later
@@ -114,6 +122,10 @@ pub async fn ensure(
             }
             cache.remember_mountpoint(volume, &existing.mountpoint);
             if checked.get(volume) == Some(&digest) {
+                return Ok(());
+            }
+            if host_marker(&existing.mountpoint).as_deref() == Some(digest.as_str()) {
+                checked.insert(volume.to_string(), digest);
                 return Ok(());
             }
         }
@@ -197,17 +209,25 @@ async fn acquire_filler(docker: &bollard::Docker, volume: &str) -> EngineResult<
             Err(e) if is_status(&e, 409) => {}
             Err(e) => return Err(map_err("create volume filler", &name)(e)),
         }
-        let created = match docker.inspect_container(&name, None).await {
-            Ok(inspected) => inspected.created.map(|c| c.to_string()),
+        let inspected = match docker.inspect_container(&name, None).await {
+            Ok(inspected) => inspected,
             Err(e) if is_status(&e, 404) => continue,
             Err(e) => return Err(map_err("inspect volume filler", &name)(e)),
         };
-        let age = created
+        let owner = inspected
+            .config
+            .as_ref()
+            .and_then(|config| config.labels.as_ref())
+            .and_then(|labels| labels.get(LABEL_FILLER_OWNER))
+            .cloned();
+        let age = inspected
+            .created
+            .map(|c| c.to_string())
             .and_then(|c| chrono::DateTime::parse_from_rfc3339(&c).ok())
             .map(|c| chrono::Utc::now().signed_duration_since(c))
             .and_then(|age| age.to_std().ok())
             .unwrap_or_default();
-        if age > STALE_AFTER {
+        if age > STALE_AFTER || owner.as_deref().is_some_and(owner_is_gone) {
             let options = RemoveContainerOptions {
                 force: true,
                 ..Default::default()
@@ -239,6 +259,7 @@ async fn create_filler(
         labels: Some(HashMap::from([
             (LABEL_MANAGED.to_string(), "true".to_string()),
             (LABEL_ROLE.to_string(), ROLE_FILLER.to_string()),
+            (LABEL_FILLER_OWNER.to_string(), this_owner()),
         ])),
         host_config: Some(HostConfig {
             network_mode: Some("none".into()),
@@ -283,6 +304,49 @@ async fn fill(
         .upload_to_container(container, Some(options), bollard::body_full(tar.into()))
         .await
         .map_err(map_err("write helper binary", container))
+}
+
+/// The digest the marker under a volume's daemon-side `mountpoint` names, when this host can read
+/// it (a local daemon); `None` sends the caller through a filler.
+fn host_marker(mountpoint: &str) -> Option<String> {
+    if mountpoint.is_empty() {
+        return None;
+    }
+    let path = std::path::Path::new(mountpoint).join(MARKER);
+    let content = std::fs::read(path).ok()?;
+    (content.len() <= 128).then(|| String::from_utf8_lossy(&content).trim().to_string())
+}
+
+/// Where this process's IDs mean something: this machine's boot and this PID namespace, so a
+/// process ID is only compared with the same numbering.
+fn pid_scope() -> Option<String> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let namespace = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    let boot = boot.trim();
+    (!boot.is_empty()).then(|| format!("{boot}/{}", namespace.display()))
+}
+
+/// The owner label of a filler this process creates: `<scope>:<pid>`.
+fn this_owner() -> String {
+    format!("{}:{}", pid_scope().unwrap_or_default(), std::process::id())
+}
+
+/// Whether a filler's owner label names a process of this scope that no longer runs. An owner
+/// elsewhere (another machine, boot or PID namespace), or a label that cannot be read, is never
+/// judged gone: only the filler's age retires it.
+fn owner_is_gone(owner: &str) -> bool {
+    let Some((scope, pid)) = owner.rsplit_once(':') else {
+        return false;
+    };
+    let Ok(pid) = pid.parse::<u32>() else {
+        return false;
+    };
+    match pid_scope() {
+        Some(ours) if !scope.is_empty() && ours == scope => {
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        }
+        _ => false,
+    }
 }
 
 /// The digest the volume's marker names, if it has one.

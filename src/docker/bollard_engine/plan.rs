@@ -142,7 +142,7 @@ pub fn create_body(
     };
 
     if let Some(ca_dir) = &plan.ca_dir {
-        mounts.push(read_only_file(ca_dir, crate::egress::CA_MOUNT));
+        mounts.push(read_only_file(ca_dir, crate::docker::CA_MOUNT));
     }
 
     let loopback_hosts = loopback_hosts.filter(|_| plan.network.is_none());
@@ -265,6 +265,7 @@ mod tests {
             helper_volume: None,
             workspace_volume: "agent-sandbox-demo-workspace".into(),
             ca_dir: None,
+            workspace_disk_mb: 0,
         }
     }
 

@@ -127,6 +127,15 @@ function phaseBadge(phase) {
 }
 
 const escapeName = encodeURIComponent;
+// An object's key: its name in `default`, `namespace.name` in any other (as `/v1` IDs are).
+const keyOf = (meta) => (!meta.namespace || meta.namespace === "default") ? meta.name : `${meta.namespace}.${meta.name}`;
+// The namespace and name of a key.
+const splitKey = (key) => { const dot = key.indexOf("."); return dot < 0 ? ["default", key] : [key.slice(0, dot), key.slice(dot + 1)]; };
+// The resource API path of the object of key `key` (namespaced outside `default`).
+const objectPath = (plural, key) => {
+  const [ns, name] = splitKey(key);
+  return ns === "default" ? `${API}/${plural}/${escapeName(name)}` : `${API}/namespaces/${escapeName(ns)}/${plural}/${escapeName(name)}`;
+};
 
 // ---- YAML (spec and status are shown as YAML; environment values are never shown) -------------
 
@@ -216,7 +225,7 @@ function whenIdle(task) {
 }
 
 async function fetchStats(name, signal) {
-  const stats = await call("GET", `${API}/sandboxes/${escapeName(name)}/stats`, undefined, signal);
+  const stats = await call("GET", `${objectPath("sandboxes", name)}/stats`, undefined, signal);
   return { stats, cores: usage.add(name, stats) };
 }
 
@@ -280,7 +289,7 @@ function sandboxesView(main) {
     const words = filter.toLowerCase().split(/\s+/).filter(Boolean);
     // In the list's own order (oldest first, then by name), which a page of it keeps.
     return [...sandboxes.values()].filter((s) => !words.length || words.every((w) =>
-      s.metadata.name.toLowerCase().includes(w)
+      keyOf(s.metadata).toLowerCase().includes(w)
       || String((s.spec || {}).image || "").toLowerCase().includes(w)
       || String((s.status || {}).phase || "").toLowerCase().includes(w)));
   }
@@ -297,7 +306,7 @@ function sandboxesView(main) {
     prev.disabled = page === 0;
     next.disabled = page >= pages - 1;
     body.replaceChildren(...shown.map((s) => {
-      const name = s.metadata.name;
+      const name = keyOf(s.metadata);
       const status = s.status || {};
       const now = live.get(name);
       const memory = now ? el("span", {}, bytes(now.mem), now.limit
@@ -335,20 +344,20 @@ function sandboxesView(main) {
         // The first page alone first, so that it is drawn without waiting for the rest.
         if (!firstDrawn) {
           const first = await call("GET", `${API}/sandboxes?limit=${PAGE_SIZE}`, undefined, abort.signal);
-          for (const s of first.items) sandboxes.set(s.metadata.name, s);
+          for (const s of first.items) sandboxes.set(keyOf(s.metadata), s);
           total = first.items.length + ((first.metadata || {}).remainingItemCount || 0);
           render();
         }
         const list = await call("GET", `${API}/sandboxes`, undefined, abort.signal);
         sandboxes.clear();
-        for (const s of list.items) sandboxes.set(s.metadata.name, s);
+        for (const s of list.items) sandboxes.set(keyOf(s.metadata), s);
         total = null;
         render();
         await stream(`${API}/sandboxes?watch=true&timeoutSeconds=300`, (event) => {
           if (event.type === "ERROR") throw new Error(event.object.error.message);
           const s = event.object;
-          if (event.type === "DELETED") sandboxes.delete(s.metadata.name);
-          else sandboxes.set(s.metadata.name, s);
+          if (event.type === "DELETED") sandboxes.delete(keyOf(s.metadata));
+          else sandboxes.set(keyOf(s.metadata), s);
         }, abort.signal, schedule);
       } catch (error) {
         if (abort.signal.aborted) return;
@@ -372,9 +381,9 @@ function sandboxesView(main) {
       for (const s of next) {
         if (abort.signal.aborted) return;
         try {
-          const { stats, cores } = await fetchStats(s.metadata.name, abort.signal);
-          live.set(s.metadata.name, { cores, mem: stats.memoryBytes, limit: stats.memoryLimitBytes });
-        } catch (_) { live.delete(s.metadata.name); }
+          const { stats, cores } = await fetchStats(keyOf(s.metadata), abort.signal);
+          live.set(keyOf(s.metadata), { cores, mem: stats.memoryBytes, limit: stats.memoryLimitBytes });
+        } catch (_) { live.delete(keyOf(s.metadata)); }
       }
     };
     await Promise.all(Array.from({ length: STATS_AT_ONCE }, worker));
@@ -404,7 +413,7 @@ function eventsTable(events) {
 
 function sandboxView(main, name) {
   const abort = new AbortController();
-  const base = `${API}/sandboxes/${escapeName(name)}`;
+  const base = objectPath("sandboxes", name);
   const v1 = `/v1/sandboxes/${escapeName(name)}`;
   let folder = "/workspace";
   let following = null;
@@ -462,7 +471,8 @@ function sandboxView(main, name) {
       ].flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
       conditions.replaceChildren(conditionsTable(status.conditions));
       yaml.textContent = `spec:${toYaml(maskedSpec(sandbox.spec), "  ")}\nstatus:${toYaml(status, "  ")}`.trim();
-      const list = await call("GET", `${API}/events?involvedObject=${escapeName(name)}`, undefined, abort.signal);
+      const [ns, bare] = splitKey(name);
+      const list = await call("GET", `${API}/namespaces/${escapeName(ns)}/events?involvedObject=${escapeName(bare)}`, undefined, abort.signal);
       const items = list.items.slice().sort((a, b) => Date.parse(b.lastTimestamp) - Date.parse(a.lastTimestamp)).slice(0, 50);
       events.replaceChildren(eventsTable(items));
       if ((sandbox.spec || {}).egress) await listEgress();
@@ -672,7 +682,7 @@ const created = (item) => el("span", { title: item.metadata.creationTimestamp },
 
 function snapshotsView(main) {
   return tableView(main, "Snapshots", `${API}/snapshots`, [
-    ["Name", (s) => s.metadata.name], ["Sandbox", (s) => sandboxLink(s.spec.sandbox)],
+    ["Name", (s) => keyOf(s.metadata)], ["Sandbox", (s) => sandboxLink(keyOf({ namespace: s.metadata.namespace, name: s.spec.sandbox }))],
     ["Phase", (s) => phaseBadge((s.status || {}).phase)], ["Size", (s) => bytes((s.status || {}).sizeBytes)],
     ["Age", created], ["Message", (s) => (s.status || {}).message || ""],
   ], "No snapshots.");
@@ -680,7 +690,7 @@ function snapshotsView(main) {
 
 function forksView(main) {
   return tableView(main, "Forks", `${API}/forks`, [
-    ["Name", (f) => f.metadata.name], ["Snapshot", (f) => f.spec.snapshot],
+    ["Name", (f) => keyOf(f.metadata)], ["Snapshot", (f) => f.spec.snapshot],
     ["Phase", (f) => phaseBadge((f.status || {}).phase)],
     ["Ready", (f) => `${(f.status || {}).readyReplicas || 0}/${f.spec.replicas ?? 1}`],
     ["Children", (f) => ((f.status || {}).children || []).flatMap((c, i) => [i ? ", " : "", sandboxLink(c)])],
@@ -690,7 +700,7 @@ function forksView(main) {
 
 function poolsView(main) {
   return tableView(main, "Pools", `${API}/sandboxpools`, [
-    ["Name", (p) => p.metadata.name], ["Image", (p) => p.spec.image], ["Size", (p) => p.spec.size],
+    ["Name", (p) => keyOf(p.metadata)], ["Image", (p) => p.spec.image], ["Size", (p) => p.spec.size],
     ["Ready", (p) => (p.status || {}).readyReplicas || 0], ["Claimed", (p) => (p.status || {}).claimed || 0],
     ["Conditions", (p) => ((p.status || {}).conditions || []).map((c) => `${c.type}=${c.status}`).join(", ")], ["Age", created],
   ], "No pools.");
@@ -699,7 +709,7 @@ function poolsView(main) {
 // Templates are listed beside the pools: both say what new sandboxes start as.
 function templatesView(main) {
   return tableView(main, "Templates", `${API}/sandboxtemplates`, [
-    ["Name", (t) => t.metadata.name],
+    ["Name", (t) => keyOf(t.metadata)],
     ["From", (t) => (t.spec.snapshot ? `snapshot/${t.spec.snapshot}` : t.spec.image || "(default image)")],
     ["Generation", (t) => t.metadata.generation ?? 1], ["Pool", (t) => (t.spec.pool ? t.spec.pool.size : "")],
     ["Age", created],
