@@ -181,6 +181,15 @@ fn a_stopped_sandbox_keeps_its_files_and_its_container() {
     let resumed = resume(&server, &name);
     assert_eq!(container_id(&name), id, "the same container runs again");
     assert_eq!(resumed["status"]["containerID"], id.as_str());
+    // A file call first: the helper channel opened before the stop belongs to processes that
+    // are gone (under gVisor its stream stays open and would never answer).
+    let (status, file) = server.request(
+        "GET",
+        &format!("/v1/sandboxes/{name}/files?path=/workspace/w.txt"),
+        None,
+    );
+    assert_eq!(status, 200, "{file}");
+    assert!(file.to_string().contains("kept"), "{file}");
     let (_, out) = server.exec(&name, "cat /workspace/w.txt /usr/local/lib/pkg.txt");
     assert_eq!(out, "kept\ninstalled\n");
     // Fresh processes: the sandbox's tmpfs /tmp starts empty again.

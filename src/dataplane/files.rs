@@ -94,6 +94,10 @@ impl DataPlane {
         &self,
         target: &SandboxTarget,
     ) -> DataPlaneResult<Option<Arc<Channel>>> {
+        // As for commands: a channel opened before the container was started again would be
+        // kept open by gVisor and never answer.
+        self.channels
+            .renew_if_restarted(&target.container_id, target.started_at);
         match self.channels.shared(&target.container_id).await {
             Ok(channel) => Ok(Some(channel)),
             Err(ChannelError::NoHelper(_)) => Ok(None),
