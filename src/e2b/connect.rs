@@ -157,6 +157,17 @@ pub fn unary_request<T: DeserializeOwned>(
     }
 }
 
+/// The deadline a call asks for (`Connect-Timeout-Ms`: at most 10 digits of milliseconds);
+/// `None` when it names none, or none Connect allows (zero, a sign, more digits, not a number).
+pub fn timeout(headers: &HeaderMap) -> Option<std::time::Duration> {
+    let value = headers.get("connect-timeout-ms")?.to_str().ok()?;
+    if value.is_empty() || value.len() > 10 || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let ms: u64 = value.parse().ok()?;
+    (ms > 0).then(|| std::time::Duration::from_millis(ms))
+}
+
 /// The encoding a streaming request says it uses (JSON when it says nothing usable).
 pub fn stream_encoding(headers: &HeaderMap) -> Encoding {
     match content_type(headers).as_str() {
@@ -361,5 +372,23 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.code, Code::InvalidArgument);
         assert_eq!(Code::Unimplemented.status().as_u16(), 501);
+    }
+
+    #[test]
+    fn a_call_deadline_is_read_from_connect_timeout_ms() {
+        let with = |v: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("connect-timeout-ms", HeaderValue::from_str(v).unwrap());
+            timeout(&headers)
+        };
+        assert_eq!(with("1500"), Some(std::time::Duration::from_millis(1500)));
+        assert_eq!(
+            with("9999999999"),
+            Some(std::time::Duration::from_millis(9_999_999_999))
+        );
+        for refused in ["", "0", "-5", "+5", "12345678901", "1.5", "soon"] {
+            assert_eq!(with(refused), None, "{refused:?}");
+        }
+        assert_eq!(timeout(&HeaderMap::new()), None);
     }
 }

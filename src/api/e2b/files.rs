@@ -163,8 +163,9 @@ async fn serve_upload(
     Ok(Json(written))
 }
 
-/// envd answers 204 while it runs; here, while the sandbox is running (502 when it is paused,
-/// stopped or gone, as E2B answers for a sandbox it cannot reach).
+/// envd answers 204 while it runs; here, while the sandbox is running. Otherwise 502 with E2B's
+/// proxy's words ("… was not found"): the SDK's `is_running` is `False`, and its probe after a
+/// failed call tells the sandbox is not running (a `SandboxNotRunningException`).
 pub async fn health(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -173,14 +174,17 @@ pub async fn health(
         .get("e2b-sandbox-id")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let sandbox = crate::api::v1::common::live_sandbox(&state.store, id)
-        .map_err(|_| E2bError::new(StatusCode::BAD_GATEWAY, format!("sandbox {id} not found")))?;
-    // A paused or stopped sandbox's envd would not answer: the SDK's `is_running` is `False`.
-    if crate::e2b::control::state_of(&sandbox) != Some("running") {
-        return Err(E2bError::new(
+    let not_found = |why: &str| {
+        E2bError::new(
             StatusCode::BAD_GATEWAY,
-            format!("sandbox {id} is not running"),
-        ));
+            format!("sandbox {id} was not found: {why}"),
+        )
+    };
+    let sandbox = crate::api::v1::common::live_sandbox(&state.store, id)
+        .map_err(|_| not_found("it does not exist or is being deleted"))?;
+    // A paused or stopped sandbox's envd would not answer.
+    if crate::e2b::control::state_of(&sandbox) != Some("running") {
+        return Err(not_found("it is not running"));
     }
     Ok(StatusCode::NO_CONTENT)
 }

@@ -24,6 +24,7 @@ use crate::e2b::messages::{
 use crate::e2b::paths;
 use crate::e2b::protobuf::{self, Schema};
 use crate::processes::{OutputEvent, Process, StartSpec, State as PState, Stream, Target};
+use crate::resource::{Kind, SandboxState};
 
 /// Keep-alive events when the client names no interval (envd's header `Keepalive-Ping-Interval`).
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(50);
@@ -79,19 +80,27 @@ pub(super) fn keepalive(headers: &HeaderMap) -> Duration {
 
 pub async fn start(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let encoding = connect::stream_encoding(&headers);
-    match start_process(&state, &headers, &body).await {
+    let deadline = connect::timeout(&headers);
+    match start_process(&state, &headers, &body, deadline).await {
         Ok((target, process)) => {
-            let ping = keepalive(&headers);
-            stream_events(&state, target, process, (0, 0), ping, encoding).await
+            let pace = Pace {
+                ping: keepalive(&headers),
+                deadline: deadline.map(|d| tokio::time::Instant::now() + d),
+            };
+            stream_events(&state, target, process, (0, 0), pace, encoding).await
         }
         Err(e) => connect::stream_error(e, encoding),
     }
 }
 
+/// Starts the process a `Start` asks for. A call deadline (`Connect-Timeout-Ms`, the SDK's
+/// `timeout`) is the process's too: envd kills a command whose call ran out, and so does the
+/// supervisor here.
 async fn start_process(
     state: &AppState,
     headers: &HeaderMap,
     body: &[u8],
+    deadline: Option<Duration>,
 ) -> Result<(Target, Process), RpcError> {
     let target = target(state, headers).await?;
     let request: StartRequest = connect::stream_request(headers, body, protobuf::START_REQUEST)?;
@@ -117,7 +126,7 @@ async fn start_process(
         stdin: size.is_some() || request.stdin.unwrap_or(true),
         cols: dimension(size.and_then(|s| s.cols), 80),
         rows: dimension(size.and_then(|s| s.rows), 24),
-        timeout_seconds: None,
+        timeout_seconds: deadline.map(|d| d.as_secs_f64()),
     };
     let process = state
         .processes
@@ -138,11 +147,15 @@ pub async fn connect(State(state): State<AppState>, headers: HeaderMap, body: By
     }
     .await;
     match found {
-        // Like envd, a connection sees what the process prints from now on.
+        // Like envd, a connection sees what the process prints from now on. Its deadline ends
+        // only this stream: the process was started by another call.
         Ok((target, p)) => {
             let (out, err) = (p.stdout_bytes, p.stderr_bytes);
-            let ping = keepalive(&headers);
-            stream_events(&state, target, p, (out, err), ping, encoding).await
+            let pace = Pace {
+                ping: keepalive(&headers),
+                deadline: connect::timeout(&headers).map(|d| tokio::time::Instant::now() + d),
+            };
+            stream_events(&state, target, p, (out, err), pace, encoding).await
         }
         Err(e) => connect::stream_error(e, encoding),
     }
@@ -196,14 +209,55 @@ fn end_event(exit_code: Option<i32>, signal: Option<&str>) -> EndEvent {
     }
 }
 
+/// How a stream of process events is paced: a keep-alive after `ping` of quiet, and the end of
+/// the call at its deadline.
+#[derive(Clone, Copy)]
+struct Pace {
+    ping: Duration,
+    deadline: Option<tokio::time::Instant>,
+}
+
+/// Why a stream's output ended before its process did, worded for the SDK: a sandbox that is
+/// gone, being deleted, replaced, or no longer running "was not found" (its
+/// `SandboxNotRunningException`, as E2B's proxy says it); otherwise contact was lost, and the
+/// SDK asks `/health` what became of the sandbox.
+fn lost_contact(state: &AppState, target: &Target) -> RpcError {
+    let sandbox = state
+        .store
+        .get(Kind::Sandbox, &target.name)
+        .and_then(|e| e.resource.as_sandbox().cloned());
+    let why = match &sandbox {
+        None => Some("it was deleted"),
+        Some(s) if s.metadata.deletion_timestamp.is_some() => Some("it is being deleted"),
+        Some(s) if s.metadata.uid.as_deref() != Some(target.uid.as_str()) => {
+            Some("it was deleted and another took its name")
+        }
+        Some(s) if s.spec.state.unwrap_or_default() != SandboxState::Running => {
+            Some("it was paused or stopped")
+        }
+        _ => None,
+    };
+    match why {
+        Some(why) => RpcError::new(
+            Code::Unavailable,
+            format!("sandbox {} was not found: {why}", target.name),
+        ),
+        None => RpcError::new(
+            Code::Unavailable,
+            "lost contact with the process before it ended (the sandbox stopped?)",
+        ),
+    }
+}
+
 /// The server-streaming answer of a start or connect: the start event, output as it comes,
-/// keep-alives while it is quiet, the end event, then the end of the stream.
+/// keep-alives while it is quiet, the end event, then the end of the stream; at the call's
+/// deadline, `deadline_exceeded`.
 async fn stream_events(
     state: &AppState,
     target: Target,
     process: Process,
     (stdout_from, stderr_from): (u64, u64),
-    ping: Duration,
+    pace: Pace,
     encoding: Encoding,
 ) -> Response {
     let output = state
@@ -223,33 +277,54 @@ async fn stream_events(
         schema,
     );
     let tty = process.tty;
-    let rest = futures::stream::unfold(Some(output), move |output| async move {
-        let mut output = output?;
-        loop {
-            match tokio::time::timeout(ping, output.next()).await {
-                Err(_) => {
-                    let alive = EventResponse {
-                        event: ProcessEvent::Keepalive(Empty {}),
-                    };
-                    return Some((connect::envelope(&alive, encoding, schema), Some(output)));
-                }
-                Ok(None) => {
-                    let lost = RpcError::new(
-                        Code::Unavailable,
-                        "lost contact with the process before it ended (the sandbox stopped?)",
+    let state = state.clone();
+    let rest = futures::stream::unfold(Some(output), move |output| {
+        let (state, target) = (state.clone(), target.clone());
+        async move {
+            let mut output = output?;
+            loop {
+                let now = tokio::time::Instant::now();
+                let wait = match pace.deadline {
+                    Some(deadline) if deadline <= now => {
+                        let late = RpcError::new(
+                        Code::DeadlineExceeded,
+                        "the call's deadline (Connect-Timeout-Ms) passed before the process ended",
                     );
-                    return Some((connect::end_of_stream(Some(&lost)), None));
-                }
-                Ok(Some(event)) => {
-                    let ended = matches!(event, OutputEvent::Exit { .. });
-                    if let Some(event) = wire_event(event, tty) {
-                        let mut bytes =
-                            connect::envelope(&EventResponse { event }, encoding, schema).to_vec();
-                        if ended {
-                            bytes.extend_from_slice(&connect::end_of_stream(None));
-                            return Some((Bytes::from(bytes), None));
+                        return Some((connect::end_of_stream(Some(&late)), None));
+                    }
+                    Some(deadline) => pace.ping.min(deadline - now),
+                    None => pace.ping,
+                };
+                match tokio::time::timeout(wait, output.next()).await {
+                    Err(_)
+                        if pace
+                            .deadline
+                            .is_some_and(|d| d <= tokio::time::Instant::now()) =>
+                    {
+                        continue
+                    }
+                    Err(_) => {
+                        let alive = EventResponse {
+                            event: ProcessEvent::Keepalive(Empty {}),
+                        };
+                        return Some((connect::envelope(&alive, encoding, schema), Some(output)));
+                    }
+                    Ok(None) => {
+                        let lost = lost_contact(&state, &target);
+                        return Some((connect::end_of_stream(Some(&lost)), None));
+                    }
+                    Ok(Some(event)) => {
+                        let ended = matches!(event, OutputEvent::Exit { .. });
+                        if let Some(event) = wire_event(event, tty) {
+                            let mut bytes =
+                                connect::envelope(&EventResponse { event }, encoding, schema)
+                                    .to_vec();
+                            if ended {
+                                bytes.extend_from_slice(&connect::end_of_stream(None));
+                                return Some((Bytes::from(bytes), None));
+                            }
+                            return Some((Bytes::from(bytes), Some(output)));
                         }
-                        return Some((Bytes::from(bytes), Some(output)));
                     }
                 }
             }
