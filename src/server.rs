@@ -7,7 +7,6 @@ use std::sync::Arc;
 use crate::api::{self, AppState};
 use crate::config::Settings;
 use crate::controller::Controller;
-use crate::dataplane::DataPlane;
 use crate::docker::{BollardEngine, Engine, ObservedEngine};
 use crate::metrics::{Exporter, Metrics};
 use crate::store::Store;
@@ -163,10 +162,7 @@ pub async fn run(
     let state = AppState {
         settings: Arc::clone(&settings),
         store: Arc::clone(&store),
-        dataplane: Arc::new(
-            DataPlane::new(Arc::clone(&engine), Arc::clone(&settings))
-                .with_metrics(metrics.clone()),
-        ),
+        dataplane: Arc::clone(controller.dataplane()),
         processes: Arc::clone(controller.processes()),
         services: Arc::clone(controller.services()),
         engine: Arc::clone(&engine),

@@ -509,3 +509,41 @@ fn a_waiting_member_has_its_supervisor_connection_open_and_the_claim_uses_it() {
     // The start went over the open connection: none was added.
     assert_eq!(supervisor_connections(&name), 1);
 }
+
+/// Helper channels into the member (`agent-sandbox-helper serve` processes), as seen from inside
+/// the container.
+fn helper_channels(container: &str) -> usize {
+    docker(&["exec", container, "ps", "-o", "args"])
+        .lines()
+        .filter(|l| l.contains("agent-sandbox-helper serve"))
+        .count()
+}
+
+/// A member waiting in its pool also has its helper channel open, so the claiming sandbox's first
+/// `/v1` command does not wait for a `docker exec` to start the helper; that channel serves it.
+#[test]
+fn a_waiting_member_has_its_helper_channel_open_and_the_first_exec_uses_it() {
+    let server = Server::start();
+    let pool = start_pool(&server, "channel", 1);
+    let member = members(&pool).pop().expect("one member");
+    wait_until(
+        "the member's helper channel opened",
+        Duration::from_secs(20),
+        || helper_channels(&member) == 1,
+    );
+
+    let (status, created) = server.request("POST", "/v1/sandboxes", Some(&json!({})));
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let sandbox = server.get("sandboxes", &id).unwrap();
+    assert_eq!(sandbox["status"]["claimedFrom"], pool.as_str());
+    let name = container(&id).expect("the sandbox's container")["Id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let (code, out) = server.exec(&id, "echo claimed");
+    assert_eq!((code, out.as_str()), (0, "claimed\n"));
+    // The command went over the channel opened while the member waited: none was added.
+    assert_eq!(helper_channels(&name), 1);
+}

@@ -68,6 +68,17 @@ pub(super) struct PoolContext<'a> {
     pub(super) validated_files: &'a ValidatedFiles,
     /// Opens a member's supervisor connection while it waits to be claimed.
     pub(super) processes: &'a Arc<crate::processes::Processes>,
+    /// Opens a member's helper channel while it waits to be claimed.
+    pub(super) dataplane: &'a Arc<crate::dataplane::DataPlane>,
+}
+
+impl PoolContext<'_> {
+    /// Readies a new member for its claim: its supervisor connection and its helper channel
+    /// are opened in the background, so the claiming sandbox's first call starts at once.
+    pub(super) fn warm(&self, container_id: &str) {
+        self.processes.warm(container_id);
+        self.dataplane.warm(container_id);
+    }
 }
 
 /// Garbage collection compares Docker's objects with the store.

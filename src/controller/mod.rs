@@ -124,6 +124,9 @@ pub struct Controller {
     activity: Arc<crate::activity::Activity>,
     /// The sandboxes' long-lived processes: one still running keeps its sandbox in use.
     processes: Arc<crate::processes::Processes>,
+    /// Commands and files of the sandboxes; owned here so that pool members' helper channels
+    /// are opened before a claim, shared with the API.
+    dataplane: Arc<crate::dataplane::DataPlane>,
     /// The sandboxes' declared services, kept running in their containers.
     services: Arc<crate::services::Services>,
     /// What Docker's events said lately about containers dying (see `termination.rs`).
@@ -157,6 +160,10 @@ impl Controller {
             crate::processes::Processes::new(Arc::clone(&engine), Arc::clone(&settings))
                 .with_metrics(metrics.clone()),
         );
+        let dataplane = Arc::new(
+            crate::dataplane::DataPlane::new(Arc::clone(&engine), Arc::clone(&settings))
+                .with_metrics(metrics.clone()),
+        );
         let services = {
             // A service that changed is reported by the sandbox's next reconcile.
             let queue = Arc::clone(&queue);
@@ -184,6 +191,7 @@ impl Controller {
             fork_progress: Default::default(),
             activity: Arc::default(),
             processes,
+            dataplane,
             terminations: Default::default(),
             metrics,
             store,
@@ -207,6 +215,11 @@ impl Controller {
     /// The sandboxes' long-lived processes, shared with the API.
     pub fn processes(&self) -> &Arc<crate::processes::Processes> {
         &self.processes
+    }
+
+    /// Commands and files of the sandboxes, shared with the API.
+    pub fn dataplane(&self) -> &Arc<crate::dataplane::DataPlane> {
+        &self.dataplane
     }
 
     /// The sandboxes' declared services and listening ports, shared with the API.
@@ -411,6 +424,7 @@ impl Controller {
             pools: &self.pools,
             validated_files: &self.validated_files,
             processes: &self.processes,
+            dataplane: &self.dataplane,
         }
     }
 

@@ -141,7 +141,7 @@ async fn create_member(
     }
     .await;
     if let Ok(id) = &created {
-        ctl.processes.warm(id);
+        ctl.warm(id);
     }
     if let Err(error) = created {
         ctl.containers

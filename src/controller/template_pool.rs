@@ -192,7 +192,7 @@ async fn create(
     }
     .await;
     if let Ok(id) = &made {
-        ctl.processes.warm(id);
+        ctl.warm(id);
     }
     if let Err(error) = made {
         ctl.containers

@@ -165,6 +165,23 @@ impl DataPlane {
         }
     }
 
+    /// Opens the container's shared helper channel ahead of any request, in the background: for
+    /// a pool member waiting to be claimed (the claim keeps the container), so the claiming
+    /// sandbox's first command or file call does not wait for a `docker exec` first. A failure
+    /// is only logged; the first call then opens the channel as usual.
+    pub fn warm(self: &Arc<Self>, container_id: &str) {
+        if !self.helper {
+            return;
+        }
+        let dataplane = Arc::clone(self);
+        let container_id = container_id.to_string();
+        tokio::spawn(async move {
+            if let Err(error) = dataplane.channels.shared(&container_id).await {
+                tracing::debug!(container = %container_id, %error, "helper channel not warmed");
+            }
+        });
+    }
+
     /// Times every command start into `metrics`.
     pub fn with_metrics(mut self, metrics: crate::metrics::Metrics) -> DataPlane {
         self.metrics = Some(metrics);
