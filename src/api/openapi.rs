@@ -127,8 +127,9 @@ enum Body {
     Ndjson(Schema),
     /// `application/octet-stream`: raw bytes.
     Binary,
-    /// `application/merge-patch+json`: a JSON merge patch (RFC 7386) of a resource document.
-    MergePatch,
+    /// `application/merge-patch+json`: a JSON merge patch (RFC 7386) of a document of this
+    /// kind.
+    MergePatch(&'static str),
     /// Text of this media type.
     Text(&'static str),
     /// `application/x-www-form-urlencoded`: an HTML form's fields.
@@ -161,15 +162,16 @@ fn content(body: Body) -> Vec<(String, MediaType)> {
         ),
         // The fields a patch may name are the document's own; what a named field may hold is
         // judged on the merged document (RFC 7386: `null` removes), which no schema of the
-        // patch alone can say, so the fields' values are left open.
-        Body::MergePatch => one(
+        // patch alone can say, so the fields' values are left open; `apiVersion` and `kind`
+        // cannot change, so a patch may only repeat them.
+        Body::MergePatch(kind) => one(
             "application/merge-patch+json",
             schema_value(json!({
                 "type": "object",
                 "additionalProperties": false,
                 "properties": {
-                    "apiVersion": {"type": "string"},
-                    "kind": {"type": "string"},
+                    "apiVersion": {"type": "string", "enum": [crate::resource::API_VERSION]},
+                    "kind": {"type": "string", "enum": [kind]},
                     "metadata": {"type": "object"},
                     "spec": {"type": "object"},
                 },
@@ -255,7 +257,7 @@ pub trait Describe: Sized {
     /// A required resource document (JSON or YAML).
     fn resource_body<T: JsonSchema>(self) -> Self;
     /// A required JSON merge patch of a resource document.
-    fn merge_patch_body(self) -> Self;
+    fn merge_patch_body(self, kind: &'static str) -> Self;
     /// A required raw-bytes body.
     fn binary_body(self) -> Self;
     /// An optional body of any bytes.
@@ -391,8 +393,8 @@ impl Describe for TransformOperation<'_> {
         self
     }
 
-    fn merge_patch_body(mut self) -> Self {
-        set_body(&mut self, Body::MergePatch, true);
+    fn merge_patch_body(mut self, kind: &'static str) -> Self {
+        set_body(&mut self, Body::MergePatch(kind), true);
         self
     }
 

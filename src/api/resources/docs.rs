@@ -302,7 +302,8 @@ pub fn replace<K: DocumentedKind>(op: Op<'_>) -> Op<'_> {
 /// `PATCH {PREFIX}/{plural}/{name}`.
 pub fn patch<K: DocumentedKind>(op: Op<'_>) -> Op<'_> {
     let kind = K::KIND;
-    op.id(&format!("patch{kind}"))
+    let op = op
+        .id(&format!("patch{kind}"))
         .summary(&format!("Patch a {kind}"))
         .description(
             "A JSON merge patch (RFC 7386, `Content-Type: application/merge-patch+json`, as \
@@ -312,14 +313,9 @@ pub fn patch<K: DocumentedKind>(op: Op<'_>) -> Op<'_> {
         )
         .tag(TAG)
         .path_param("name", NAME)
-        .query_with_schema(
-            "dryRun",
-            false,
-            "`All`: validate and answer with the would-be object, writing nothing",
-            serde_json::json!({"type": "string", "enum": ["All"]}),
-        )
-        .errors(&[400, 403, 404, 409, 413, 415, 422])
-        .merge_patch_body()
+        .errors(&[400, 403, 404, 409, 413, 415, 422]);
+    dry_run(op)
+        .merge_patch_body(kind.as_str())
         .resource::<K>(200, "Patched")
 }
 
