@@ -180,10 +180,16 @@ pub async fn resume(
     Ok(resumed)
 }
 
+/// Whether a lifetime that starts at `anchor` ends before `end` (a lifetime without an end
+/// counts as ending sooner: a keep-alive gives every sandbox an end).
+pub fn ends_before(spec: &SandboxSpec, anchor: DateTime<Utc>, end: DateTime<Utc>) -> bool {
+    spec.expires_at(anchor).is_none_or(|at| at < end)
+}
+
 /// Moves the end of a lifetime that starts at `anchor` to `end` when it would come sooner: the
 /// absolute time then rules (`shutdownTime`), the time to live gives way to it.
 fn keep_alive_until(spec: &mut SandboxSpec, anchor: DateTime<Utc>, end: DateTime<Utc>) {
-    if spec.expires_at(anchor).is_none_or(|at| at < end) {
+    if ends_before(spec, anchor, end) {
         spec.shutdown_time = Some(end);
         spec.ttl_seconds = None;
     }

@@ -15,6 +15,8 @@
 //! <data>/secrets/<name>                    Secret values given through the API, owner-only
 //!                                         (`secret_values.rs`)
 //! <data>/audit/audit.jsonl[.N]              the audit trail, rotated by size (`audit_log.rs`)
+//! <data>/create-keys.json                  idempotency keys of creates, kept past their objects
+//!                                         (`create_keys.rs`)
 //! <data>/server-id                        this server's identity (see `identity.rs`)
 //! <data>/api-key                          the generated API key, mode 0600 (`identity.rs`)
 //! --watch DIR                             read-only folders of manifests; watched, never written
@@ -30,6 +32,7 @@
 mod api;
 mod atomic;
 mod audit_log;
+mod create_keys;
 mod egress_ca;
 mod egress_log;
 mod event_log;
@@ -57,6 +60,7 @@ use index::{Inner, Source};
 
 pub use atomic::write_atomic;
 pub use audit_log::{AuditLog, KEPT_GENERATIONS as AUDIT_GENERATIONS};
+pub use create_keys::CreateKey;
 pub use egress_log::{EgressLog, EGRESS_LOG_BYTES};
 pub use event_log::{EventChange, EventLimits, EventLog, Recorder};
 pub use identity::{read_or_create_private, replace_private, PrivateFile};

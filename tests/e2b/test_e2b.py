@@ -24,8 +24,10 @@ from e2b import (
     PtySize,
     Sandbox,
     SandboxException,
+    SandboxNotRunningException,
     SandboxQuery,
     SandboxState,
+    TimeoutException,
 )
 
 SERVER = os.environ["E2B_TEST_SERVER"]
@@ -124,6 +126,38 @@ def test_a_second_connection_follows_a_running_command(sbx):
     result = followed.wait()
     assert "second\n" in result.stdout
     assert handle.wait().stdout == "first\nsecond\n"
+
+
+def listed(sandbox, pid):
+    return pid in [p.pid for p in sandbox.commands.list()]
+
+
+def test_a_command_timeout_ends_the_call_and_kills_the_command(sbx):
+    started = time.monotonic()
+    with pytest.raises(TimeoutException):
+        sbx.commands.run("echo $$ > /tmp/timed.pid; sleep 60; echo never", timeout=2)
+    assert time.monotonic() - started < 20
+    pid = int(sbx.commands.run("cat /tmp/timed.pid").stdout)
+    # The server killed it too (a deadline the client alone kept would leave it running).
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and listed(sbx, pid):
+        time.sleep(0.2)
+    assert not listed(sbx, pid)
+    # A connection's deadline ends only that connection: the command it follows runs on.
+    slow = sbx.commands.run("sleep 60", background=True)
+    with pytest.raises(TimeoutException):
+        sbx.commands.connect(slow.pid, timeout=1).wait()
+    assert listed(sbx, slow.pid)
+    assert sbx.commands.kill(slow.pid) is True
+
+
+def test_a_command_whose_sandbox_is_killed_says_the_sandbox_is_gone():
+    doomed = Sandbox.create(timeout=120)
+    handle = doomed.commands.run("sleep 100", background=True)
+    Sandbox.kill(doomed.sandbox_id)
+    with pytest.raises(SandboxNotRunningException):
+        handle.wait()
+    assert not doomed.is_running()
 
 
 def test_root_is_refused_not_downgraded(sbx):
@@ -714,6 +748,12 @@ def test_a_repeated_create_with_the_same_idempotency_key_is_the_same_sandbox():
         other.kill()
     finally:
         first.kill()
+    # The key outlives its sandbox: a late retry answers the same (now gone) sandbox rather
+    # than making a second one.
+    late = Sandbox.create(timeout=120, idempotency_key=key)
+    assert late.sandbox_id == first.sandbox_id
+    assert not late.is_running()
+    assert resource(first.sandbox_id) is None
 
 
 class OwnServer:
@@ -818,6 +858,12 @@ def test_an_idempotency_key_survives_a_restart_of_the_server():
         server.made.add(other.sandbox_id)
         assert other.sandbox_id != first.sandbox_id
         assert other.kill() is True
+        # A key whose sandbox was deleted is kept across a restart too.
+        server.stop()
+        server.start()
+        late = Sandbox.create(timeout=300, idempotency_key=f"{key}-other", **server.params())
+        assert late.sandbox_id == other.sandbox_id
+        assert not late.is_running()
         assert again.kill() is True
     finally:
         server.close()

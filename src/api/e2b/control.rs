@@ -12,7 +12,9 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::E2bError;
-use crate::api::v1::common::{live_sandbox, ready_snapshot, spec_expiry, store_error};
+use crate::api::v1::common::{
+    lifetime_anchor, live_sandbox, ready_snapshot, spec_expiry, store_error,
+};
 use crate::api::v1::rules::{check_env, resolve, Wanted as V1Wanted};
 use crate::api::v1::sandboxes::create_running;
 use crate::api::v1::snapshots::{spec_from_snapshot, take};
@@ -43,7 +45,7 @@ fn json_body<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T
     })
 }
 
-fn created(state: &AppState, sandbox: &Sandbox) -> Created {
+pub(super) fn created(state: &AppState, sandbox: &Sandbox) -> Created {
     Created {
         template_id: control::template_of(sandbox),
         sandbox_id: sandbox.metadata.name.clone(),
@@ -55,16 +57,12 @@ fn created(state: &AppState, sandbox: &Sandbox) -> Created {
     }
 }
 
-/// Serializes creates that carry an `Idempotency-Key`, so that two at once with the same key
-/// make one sandbox (creates without a key never wait on it).
-static IDEMPOTENT_CREATES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 pub async fn create(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     headers: axum::http::HeaderMap,
     body: Bytes,
-) -> Result<(StatusCode, Json<Created>), E2bError> {
+) -> Result<Response, E2bError> {
     let key = match headers.get("idempotency-key") {
         None => None,
         Some(v) => {
@@ -74,23 +72,15 @@ pub async fn create(
         }
     };
     let _serial = match &key {
-        Some(_) => Some(IDEMPOTENT_CREATES.lock().await),
+        Some(_) => Some(super::idempotency::CREATES.lock().await),
         None => None,
     };
-    if let Some(key) = &key {
-        let now = Utc::now();
-        let earlier = state
-            .store
-            .list(Kind::Sandbox)
-            .iter()
-            .filter_map(|e| e.resource.as_sandbox())
-            .filter(|s| principal.reaches(namespace_of(&s.metadata)))
-            .filter(|s| s.metadata.deletion_timestamp.is_none())
-            .find(|s| control::created_with_key(s, key, now))
-            .cloned();
-        if let Some(sandbox) = earlier {
-            return Ok((StatusCode::CREATED, Json(created(&state, &sandbox))));
-        }
+    if let Some(answer) = key
+        .as_deref()
+        .and_then(|key| super::idempotency::earlier(&state, &principal, key))
+    {
+        let replayed = [("idempotent-replayed", "true")];
+        return Ok((StatusCode::CREATED, replayed, Json(answer)).into_response());
     }
     let request: NewSandbox = json_body(&body)?;
     // `templateID` may name a snapshot (what `create_snapshot` answered): the sandbox starts
@@ -177,8 +167,8 @@ pub async fn create(
         control::apply_egress(&mut spec, egress);
     }
     let mut annotations = wanted.annotations;
-    if let Some(key) = key {
-        annotations.insert(control::IDEMPOTENCY_KEY.to_string(), key);
+    if let Some(key) = &key {
+        annotations.insert(control::IDEMPOTENCY_KEY.to_string(), key.clone());
     }
     let sandbox = create_running(&state, &V1Options::default(), move |id| {
         let mut sandbox = Sandbox::new(id, spec.clone());
@@ -186,7 +176,10 @@ pub async fn create(
         sandbox
     })
     .await?;
-    Ok((StatusCode::CREATED, Json(created(&state, &sandbox))))
+    if let Some(key) = key {
+        super::idempotency::remember(&state, key, &sandbox).await;
+    }
+    Ok((StatusCode::CREATED, Json(created(&state, &sandbox))).into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -380,7 +373,7 @@ pub async fn connect(
     // An explicit resume: whatever `autoResume` says (E2B resumes on connect either way).
     let mut sandbox = crate::api::power::resume(&state, sandbox, end).await?;
     if let Some(end) = end {
-        if spec_expiry(&sandbox).is_none_or(|current| current < end) {
+        if crate::api::power::ends_before(&sandbox.spec, lifetime_anchor(&sandbox), end) {
             sandbox = set_end(&state, &id, end).await?;
         }
     }

@@ -13,6 +13,7 @@ mod control;
 pub(crate) mod envd;
 mod files;
 mod filesystem;
+mod idempotency;
 mod process;
 mod watch;
 

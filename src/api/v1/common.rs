@@ -95,14 +95,18 @@ fn creation(meta_ts: Option<DateTime<Utc>>) -> DateTime<Utc> {
     meta_ts.unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
 }
 
-/// When the sandbox's lifetime ends according to its spec alone.
-pub fn spec_expiry(sandbox: &Sandbox) -> Option<DateTime<Utc>> {
-    let anchor = sandbox
+/// When the sandbox's current lifetime started: its last start, or its creation.
+pub fn lifetime_anchor(sandbox: &Sandbox) -> DateTime<Utc> {
+    sandbox
         .status
         .as_ref()
         .and_then(|s| s.active_since)
-        .unwrap_or(creation(sandbox.metadata.creation_timestamp));
-    sandbox.spec.expires_at(anchor)
+        .unwrap_or(creation(sandbox.metadata.creation_timestamp))
+}
+
+/// When the sandbox's lifetime ends according to its spec alone.
+pub fn spec_expiry(sandbox: &Sandbox) -> Option<DateTime<Utc>> {
+    sandbox.spec.expires_at(lifetime_anchor(sandbox))
 }
 
 /// A sandbox as `/v1` shows it. Unset limits show the server's defaults (API-created sandboxes

@@ -1,0 +1,77 @@
+//! `Idempotency-Key` on E2B's create: a create repeated with a key answers what the first one
+//! did for [`control::IDEMPOTENCY_HOURS`], the sandbox it made whether it still lives or was
+//! deleted since (a retry that arrives late never makes a second sandbox; calls on a deleted
+//! one then find it gone). A living sandbox carries its key as an annotation
+//! ([`control::IDEMPOTENCY_KEY`]); the store keeps the key past the sandbox
+//! ([`crate::store::CreateKey`]), without anything secret: the answer's tokens are made again.
+
+use chrono::{TimeDelta, Utc};
+
+use super::control::created;
+use crate::api::AppState;
+use crate::authz::{namespace_of, Principal};
+use crate::e2b::control::{self, Created};
+use crate::resource::{split_key, Kind, Sandbox, SandboxSpec, DEFAULT_NAMESPACE};
+use crate::store::CreateKey;
+
+/// Serializes creates that carry an `Idempotency-Key`, so that two at once with the same key
+/// make one sandbox (creates without a key never wait on it).
+pub(super) static CREATES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The namespace E2B's creates make sandboxes in, where their keys are kept.
+const NAMESPACE: &str = DEFAULT_NAMESPACE;
+
+fn horizon() -> chrono::DateTime<Utc> {
+    Utc::now() - TimeDelta::hours(control::IDEMPOTENCY_HOURS)
+}
+
+/// What an earlier create with `key` answered, if one did within the horizon.
+pub(super) fn earlier(state: &AppState, principal: &Principal, key: &str) -> Option<Created> {
+    let now = Utc::now();
+    let living = state
+        .store
+        .list(Kind::Sandbox)
+        .iter()
+        .filter_map(|e| e.resource.as_sandbox())
+        .filter(|s| principal.reaches(namespace_of(&s.metadata)))
+        .find(|s| control::created_with_key(s, key, now))
+        .cloned();
+    if let Some(sandbox) = living {
+        return Some(created(state, &sandbox));
+    }
+    let record = state.store.create_key(NAMESPACE, key, horizon())?;
+    let (namespace, name) = split_key(&record.object);
+    if !principal.reaches(namespace) {
+        return None;
+    }
+    // Gone: answered as it was made (its tokens are bound to its name, uid and creation).
+    let mut gone = Sandbox::new(name, SandboxSpec::default());
+    gone.metadata.namespace = namespace.to_string();
+    gone.metadata.uid = Some(record.uid);
+    gone.metadata.creation_timestamp = Some(record.created);
+    gone.metadata
+        .annotations
+        .insert(control::TEMPLATE.to_string(), record.note);
+    Some(created(state, &gone))
+}
+
+/// Keeps `key` past `sandbox`, which a create with it just made. A failure to keep it is
+/// logged: the sandbox's annotation still answers repeats while it lives.
+pub(super) async fn remember(state: &AppState, key: String, sandbox: &Sandbox) {
+    let record = CreateKey {
+        object: sandbox.metadata.key(),
+        uid: sandbox.metadata.uid.clone().unwrap_or_default(),
+        created: sandbox.metadata.creation_timestamp.unwrap_or_else(Utc::now),
+        note: control::template_of(sandbox),
+    };
+    let store = std::sync::Arc::clone(&state.store);
+    let kept = tokio::task::spawn_blocking(move || {
+        store.keep_create_key(NAMESPACE, &key, record, horizon())
+    })
+    .await;
+    match kept {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::warn!(%error, "cannot keep an idempotency key"),
+        Err(error) => tracing::warn!(%error, "cannot keep an idempotency key"),
+    }
+}
