@@ -1,7 +1,8 @@
 //! One-shot file modes of the helper, run as the sandbox user:
 //!
-//! - `write-file <path> <mode>`: writes stdin to `<path>` strictly inside `/workspace`, atomically.
-//!   `serve` does the same for `WriteFile` requests, through [`WriteJob`].
+//! - `write-file <path> <mode>`: writes stdin to `<path>` strictly inside `/workspace`, atomically
+//!   (or in place, with `helper_protocol::WRITE_IN_PLACE` in the mode). `serve` does the same for
+//!   `WriteFile` requests, through [`WriteJob`].
 //! - `read-file <path> <max-bytes>`: copies a regular file to stdout (the kernel follows symlinks).
 //! - `list-dir <path>`: one JSON object per entry of a directory, on stdout.
 //!
@@ -11,7 +12,9 @@
 //! inside `/workspace` (at most [`MAX_LINKS`] of them); then resolution restarts from the top.
 //! The content goes to a new temporary file in the target directory (`O_CREAT | O_EXCL |
 //! O_NOFOLLOW`), gets its mode, is synced and renamed over the target, so readers see the old or
-//! the new file, never a part. Because every step is relative to a descriptor already held, a
+//! the new file, never a part. An in-place write opens the target itself (`O_CREAT | O_TRUNC |
+//! O_NOFOLLOW`; a link there is removed first, as a rename would replace it), sets its mode, then
+//! writes. Because every step is relative to a descriptor already held, a
 //! link swapped in during the write cannot redirect it. An existing directory at the target is
 //! refused (not replaced); a link at the target is replaced by the file, not followed.
 //!
@@ -26,7 +29,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 
-use helper_protocol::file_exit;
+use helper_protocol::{file_exit, WRITE_IN_PLACE};
 
 const WORKSPACE: &str = "/workspace";
 /// Symbolic links followed while resolving one write, like the kernel's limit.
@@ -179,7 +182,7 @@ fn report(result: Result<(), Fail>) -> i32 {
 pub fn write_file_main(args: &[String]) -> i32 {
     let outcome = match args {
         [path, mode] => match u32::from_str_radix(mode, 8) {
-            Ok(mode) if mode <= 0o7777 => write_file(path.as_bytes(), mode),
+            Ok(mode) if mode & !WRITE_IN_PLACE <= 0o7777 => write_file(path.as_bytes(), mode),
             _ => Err(fail(file_exit::USAGE, format!("invalid mode {mode:?}"))),
         },
         _ => Err(fail(
@@ -386,6 +389,41 @@ fn open_temp(path: &[u8]) -> Result<(OwnedFd, OwnedFd, Vec<u8>, CString, String)
     }
 }
 
+/// Resolves the target's directory and opens the target itself for an in-place write, created
+/// or truncated; a symbolic link at the target is removed first (the file replaces it).
+fn open_in_place(path: &[u8]) -> Result<(OwnedFd, OwnedFd, Vec<u8>, String), Fail> {
+    let (dir, name, shown_path) = resolve_parent(path)?;
+    let shown_path = String::from_utf8_lossy(&shown_path).into_owned();
+    let cname = cstring(&name)?;
+    if let Ok(st) = lstatat(dir.as_raw_fd(), &cname) {
+        if is_dir(&st) {
+            return Err(fail(
+                file_exit::IS_DIR,
+                format!("{shown_path} is a directory"),
+            ));
+        }
+        if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+            cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), cname.as_ptr(), 0) })
+                .map_err(|e| os_fail(&shown_path, e))?;
+        }
+    }
+    // Non-blocking, so that a FIFO put at the target cannot hold the helper waiting for a
+    // reader; whatever is not a regular file is refused before anything is written.
+    let flags =
+        libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+    let fd = openat(dir.as_raw_fd(), &cname, flags, 0o600).map_err(|e| os_fail(&shown_path, e))?;
+    let opened = fstat(fd.as_raw_fd()).map_err(|e| os_fail(&shown_path, e))?;
+    if opened.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(fail(
+            file_exit::OTHER,
+            format!("{shown_path} is not a regular file"),
+        ));
+    }
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, 0) })
+        .map_err(|e| os_fail(&shown_path, e))?;
+    Ok((dir, fd, name, shown_path))
+}
+
 fn write_file(path: &[u8], mode: u32) -> Result<String, Fail> {
     let mut job = WriteJob::begin(path, mode)?;
     let mut stdin = io::stdin().lock();
@@ -403,11 +441,12 @@ fn write_file(path: &[u8], mode: u32) -> Result<String, Fail> {
 
 /// One write in progress: the content goes to a temporary file next to the target, which is
 /// renamed over it by [`WriteJob::finish`]. Dropped unfinished, it removes the temporary file.
+/// An in-place write (no `tmp`) goes to the target itself, and stays as far as it got.
 pub struct WriteJob {
     dir: OwnedFd,
     file: File,
     name: Vec<u8>,
-    tmp: CString,
+    tmp: Option<CString>,
     shown_path: String,
     mode: u32,
     committed: bool,
@@ -435,15 +474,33 @@ pub fn outcome_line(outcome: &Result<String, Fail>) -> (String, i32, String) {
 impl WriteJob {
     /// Resolves `path` (confined to `/workspace`) and creates the temporary file.
     pub fn begin(path: &[u8], mode: u32) -> Result<WriteJob, Fail> {
+        let in_place = mode & WRITE_IN_PLACE != 0;
+        let mode = mode & !WRITE_IN_PLACE;
         if mode > 0o7777 {
             return Err(fail(file_exit::USAGE, format!("invalid mode {mode:o}")));
+        }
+        if in_place {
+            let (dir, fd, name, shown_path) = open_in_place(path)?;
+            // The mode is set before the content, as envd does (a watch sees create, chmod,
+            // write).
+            cvt(unsafe { libc::fchmod(fd.as_raw_fd(), mode as libc::mode_t) })
+                .map_err(|e| os_fail(&shown_path, e))?;
+            return Ok(WriteJob {
+                dir,
+                file: File::from(fd),
+                name,
+                tmp: None,
+                shown_path,
+                mode,
+                committed: false,
+            });
         }
         let (dir, fd, name, tmp, shown_path) = open_temp(path)?;
         Ok(WriteJob {
             dir,
             file: File::from(fd),
             name,
-            tmp,
+            tmp: Some(tmp),
             shown_path,
             mode,
             committed: false,
@@ -466,6 +523,9 @@ impl WriteJob {
         );
         let file = &self.file;
         let result = (|| -> Result<(), Fail> {
+            let Some(tmp) = &tmp else {
+                return file.sync_all().map_err(|e| os_fail(&shown_path, e));
+            };
             cvt(unsafe { libc::fchmod(file.as_raw_fd(), self.mode as libc::mode_t) })
                 .map_err(|e| os_fail(&shown_path, e))?;
             file.sync_all().map_err(|e| os_fail(&shown_path, e))?;
@@ -500,8 +560,8 @@ impl WriteJob {
 
 impl Drop for WriteJob {
     fn drop(&mut self) {
-        if !self.committed {
-            unsafe { libc::unlinkat(self.dir.as_raw_fd(), self.tmp.as_ptr(), 0) };
+        if let (false, Some(tmp)) = (self.committed, &self.tmp) {
+            unsafe { libc::unlinkat(self.dir.as_raw_fd(), tmp.as_ptr(), 0) };
         }
     }
 }

@@ -253,6 +253,7 @@ impl DataPlane {
         path: &str,
         contents: Bytes,
         mode: u32,
+        in_place: bool,
     ) -> DataPlaneResult<FileInfo> {
         let path = paths::normalize(path)?;
         if !paths::is_strictly_in_workspace(&path) {
@@ -272,6 +273,11 @@ impl DataPlane {
         if !self.helper {
             return Err(no_helper_for_writes("this server was built without it"));
         }
+        let mode = if in_place {
+            mode | helper_protocol::WRITE_IN_PLACE
+        } else {
+            mode
+        };
         let (stdout, stderr) = match self
             .write_over_channel(target, &path, &contents, mode)
             .await?

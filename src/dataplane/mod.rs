@@ -359,7 +359,22 @@ impl DataPlane {
         contents: Bytes,
         mode: u32,
     ) -> DataPlaneResult<FileInfo> {
-        self.write_file_impl(target, path, contents, mode).await
+        self.write_file_impl(target, path, contents, mode, false)
+            .await
+    }
+
+    /// Writes a file strictly under `/workspace` into the file itself (created or truncated,
+    /// its mode set, then written), as E2B's envd does: readers may see part of it, and a
+    /// directory watch sees it created, its mode set and written rather than renamed into place.
+    pub async fn write_file_in_place(
+        &self,
+        target: &SandboxTarget,
+        path: &str,
+        contents: Bytes,
+        mode: u32,
+    ) -> DataPlaneResult<FileInfo> {
+        self.write_file_impl(target, path, contents, mode, true)
+            .await
     }
 
     /// Lists a directory, sorted by name; returns the normalized path and the entries.

@@ -314,6 +314,33 @@ def test_watch_dir_reports_create_write_chmod_rename_remove(sbx):
     assert "not found" in str(gone.value)
 
 
+def test_a_file_written_through_the_sdk_is_seen_as_envd_writes_it(sbx):
+    sbx.files.make_dir("inplace")
+    handle = sbx.files.watch_dir("inplace")
+    sbx.files.write("inplace/new.txt", "first")
+    # Exactly envd's story: the file itself created, its mode set, then written (no temporary
+    # file renamed into place).
+    got = wait_for_events(handle, [("write", "new.txt")])
+    assert got == [("create", "new.txt"), ("chmod", "new.txt"), ("write", "new.txt")]
+    sbx.files.write("inplace/new.txt", "second, longer")
+    got = wait_for_events(handle, [("chmod", "new.txt")])
+    assert all(name == "new.txt" for _, name in got)
+    assert sbx.files.read("inplace/new.txt") == "second, longer"
+    assert sbx.commands.run("stat -c %a /workspace/inplace/new.txt").stdout == "644\n"
+    handle.stop()
+    # A link at the target is replaced by the file, not followed; a FIFO is refused at once
+    # rather than waited on.
+    sbx.commands.run("ln -s /tmp/outside /workspace/inplace/link && mkfifo /workspace/inplace/pipe")
+    sbx.files.write("inplace/link", "in the workspace")
+    assert sbx.commands.run("test -L /workspace/inplace/link; echo $?").stdout == "1\n"
+    assert sbx.commands.run("test -e /tmp/outside; echo $?").stdout == "1\n"
+    assert sbx.files.read("inplace/link") == "in the workspace"
+    started = time.monotonic()
+    with pytest.raises(SandboxException):
+        sbx.files.write("inplace/pipe", "never read")
+    assert time.monotonic() - started < 10
+
+
 def test_watch_dir_recursive_anywhere_in_the_sandbox(sbx):
     sbx.commands.run("mkdir -p /tmp/rtree")
     deep = sbx.files.watch_dir("/tmp/rtree", recursive=True)

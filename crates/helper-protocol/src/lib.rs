@@ -97,6 +97,13 @@ pub mod relay {
     pub const EXIT_REFUSED: i32 = 4;
 }
 
+/// A flag beside the permission bits of a write's mode (`WriteFile`, `write-file`): write into
+/// the file itself (created or truncated, then written), as E2B's envd does, instead of into a
+/// temporary file renamed over it. Readers may then see part of the new content; a directory
+/// watch sees the target created, its mode set and written, rather than a rename. A helper that
+/// predates the flag refuses the mode as invalid.
+pub const WRITE_IN_PLACE: u32 = 0o100000;
+
 /// Exit codes of the helper's one-shot file modes (`read-file`, `write-file`, `list-dir`, and
 /// `WriteFile` on a channel), each with a one-line reason on stderr. 0 is success.
 pub mod file_exit {

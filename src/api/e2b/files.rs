@@ -155,7 +155,7 @@ async fn serve_upload(
     for (path, data) in files {
         let info = state
             .dataplane
-            .write_file(&target, &paths::resolve(&path), data.into(), 0o644)
+            .write_file_in_place(&target, &paths::resolve(&path), data.into(), 0o644)
             .await
             .map_err(|e| rpc(envd::dataplane_error(e)))?;
         written.push(serde_json::json!({"name": info.name, "type": "file", "path": info.path}));
