@@ -318,20 +318,27 @@ pub fn classify(method: &str, path: &str, collection: Option<&str>, home: &str) 
             _ => server,
         }
     } else if let Some(rest) = path.strip_prefix("/e2b/") {
-        // E2B's control API acts in the default namespace only (its IDs are plain names).
+        // E2B's control API acts in the key's first namespace, where its IDs are plain names.
         let rest = rest.strip_prefix("v2/").unwrap_or(rest);
         match rest.split('/').collect::<Vec<_>>().as_slice() {
-            ["sandboxes"] => Classified {
+            ["sandboxes" | "snapshots"] => Classified {
                 access: access(read_method),
                 target: Target::Collection {
-                    namespace: DEFAULT_NAMESPACE.to_string(),
+                    namespace: home.clone(),
                 },
             },
-            ["sandboxes", id, sub @ ..] => Classified {
+            [plural @ ("sandboxes" | "templates"), id, sub @ ..] => Classified {
                 access: access(read_method && sub.is_empty()),
                 target: Target::Object {
-                    namespace: DEFAULT_NAMESPACE.to_string(),
-                    missing: format!("sandbox {id} not found"),
+                    namespace: home.clone(),
+                    missing: format!(
+                        "{} {id} not found",
+                        if *plural == "sandboxes" {
+                            "sandbox"
+                        } else {
+                            "snapshot"
+                        }
+                    ),
                 },
             },
             _ => server,
@@ -430,6 +437,27 @@ mod tests {
         );
         assert!(!other.reaches(DEFAULT_NAMESPACE));
         assert_eq!(other.home_namespace(), "team-b");
+        // E2B's calls act in the key's first namespace (the handlers look IDs up there).
+        for (method, path) in [
+            ("POST", "/e2b/sandboxes"),
+            ("GET", "/e2b/v2/sandboxes"),
+            ("GET", "/e2b/sandboxes/a"),
+            ("POST", "/e2b/sandboxes/a/connect"),
+            ("GET", "/e2b/snapshots"),
+            ("DELETE", "/e2b/templates/snap_1"),
+        ] {
+            assert_eq!(
+                decide(&other, method, path),
+                Decision::Allow,
+                "{method} {path}"
+            );
+        }
+        let view = scoped(Role::View, &["team-b"]);
+        assert!(matches!(
+            decide(&view, "POST", "/e2b/sandboxes/a/connect"),
+            Decision::Forbidden(_)
+        ));
+        assert_eq!(decide(&view, "GET", "/e2b/sandboxes/a"), Decision::Allow);
     }
 
     #[test]

@@ -155,6 +155,20 @@ impl Previews {
         format!("{body}.{mac}")
     }
 
+    /// The sandbox name a token of this server's names, once its signature is checked (`None`
+    /// for a token this server did not sign); whether it opens anything is [`Previews::verify`]'s
+    /// question.
+    pub fn signed_name(&self, token: &str) -> Option<String> {
+        let (body, mac) = token.split_once('.')?;
+        let mac = URL_SAFE_NO_PAD.decode(mac).ok()?;
+        let expected = hmac_sha256(&self.secret, body.as_bytes());
+        if !bool::from(expected.as_slice().ct_eq(&mac)) {
+            return None;
+        }
+        let claims: Claims = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(body).ok()?).ok()?;
+        Some(claims.n)
+    }
+
     /// Whether `token` opens `port` of the sandbox `name` whose uid is `uid`, at `now_ms`.
     pub fn verify(
         &self,
@@ -331,6 +345,11 @@ mod tests {
         let forged = format!("{}x.{mac}", body);
         assert!(p.verify(&forged, "web", "uid-1", 8000, NOW).is_err());
         assert!(p.verify("nonsense", "web", "uid-1", 8000, NOW).is_err());
+        // The name is read back only from a token this server signed.
+        assert_eq!(p.signed_name(&t).as_deref(), Some("web"));
+        assert_eq!(other.signed_name(&t), None);
+        assert_eq!(p.signed_name(&forged), None);
+        assert_eq!(p.signed_name("nonsense"), None);
     }
 
     #[test]

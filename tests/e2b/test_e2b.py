@@ -787,7 +787,8 @@ class OwnServer:
     """A server of this test's own (E2B_TEST_BINARY) on a free port with a data directory that
     outlives its restarts, so that what must survive a restart can be checked."""
 
-    def __init__(self):
+    def __init__(self, env=None):
+        self.env = env or {}
         self.data = tempfile.mkdtemp(prefix="agent-sandbox-e2b-own.")
         self.key = uuid.uuid4().hex
         with socket.socket() as s:
@@ -797,10 +798,11 @@ class OwnServer:
         self.process = None
         self.made = set()
 
-    def params(self):
-        """What points the SDK at this server instead of the suite's."""
+    def params(self, key=None):
+        """What points the SDK at this server instead of the suite's (with its admin key, or
+        `key`)."""
         return {
-            "api_key": self.key,
+            "api_key": key or self.key,
             "api_url": f"{self.url}/e2b",
             "sandbox_url": f"{self.url}/e2b/envd",
         }
@@ -817,6 +819,7 @@ class OwnServer:
         )
         if os.environ.get("E2B_TEST_RUNTIME"):
             env["AGENT_SANDBOX_DOCKER_RUNTIME"] = os.environ["E2B_TEST_RUNTIME"]
+        env.update(self.env)
         log = open(os.path.join(self.data, "server.log"), "ab")
         self.process = subprocess.Popen(
             [os.environ["E2B_TEST_BINARY"], "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
@@ -894,6 +897,62 @@ def test_an_idempotency_key_survives_a_restart_of_the_server():
         assert again.kill() is True
     finally:
         server.close()
+
+
+def test_scoped_keys_act_in_their_own_namespaces():
+    import hashlib
+
+    keys = {team: uuid.uuid4().hex for team in ("team-a", "team-b")}
+    data = tempfile.mkdtemp(prefix="agent-sandbox-e2b-keys.")
+    keys_file = os.path.join(data, "keys.yaml")
+    with open(keys_file, "w") as f:
+        for team, key in keys.items():
+            digest = hashlib.sha256(key.encode()).hexdigest()
+            f.write(f"- name: {team}\n  sha256: {digest}\n  namespaces: [{team}]\n  role: edit\n")
+    server = OwnServer(env={"AGENT_SANDBOX_KEYS_FILE": keys_file})
+    a, b = (server.params(keys[team]) for team in ("team-a", "team-b"))
+    try:
+        server.start()
+        mine = Sandbox.create(timeout=300, metadata={"who": "a"}, idempotency_key="same-key", **a)
+        server.made.add(f"team-a.{mine.sandbox_id}")
+        # A plain ID, in the key's namespace; commands and files reach it by its access token.
+        assert "." not in mine.sandbox_id
+        assert mine.commands.run("echo in a").stdout == "in a\n"
+        mine.files.write("a.txt", "a's")
+        assert mine.files.read("a.txt") == "a's"
+        assert mine.is_running()
+        request = urllib.request.Request(
+            f"{server.url}/apis/agent-sandbox.io/v1/namespaces/team-a/sandboxes/{mine.sandbox_id}",
+            headers={"Authorization": f"Bearer {server.key}"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as r:
+            assert json.load(r)["metadata"]["namespace"] == "team-a"
+        snapshot = mine.create_snapshot()
+        # The other team's key cannot see, reach or guess its way to it.
+        theirs = Sandbox.create(timeout=300, idempotency_key="same-key", **b)
+        server.made.add(f"team-b.{theirs.sandbox_id}")
+        assert theirs.sandbox_id != mine.sandbox_id
+        for sandbox_id in (mine.sandbox_id, f"team-a.{mine.sandbox_id}"):
+            with pytest.raises(SandboxException):
+                Sandbox.connect(sandbox_id, **b)
+            assert Sandbox.kill(sandbox_id, **b) is False
+        assert [s.sandbox_id for s in Sandbox.list(**b).next_items()] == [theirs.sandbox_id]
+        assert [s.sandbox_id for s in Sandbox.list(**a).next_items()] == [mine.sandbox_id]
+        assert snapshot.snapshot_id not in [s.snapshot_id for s in Sandbox.list_snapshots(**b).next_items()]
+        assert snapshot.snapshot_id in [s.snapshot_id for s in Sandbox.list_snapshots(**a).next_items()]
+        assert Sandbox.delete_snapshot(snapshot.snapshot_id, **b) is False
+        # The admin key acts in the default namespace, where neither is.
+        assert Sandbox.list(**server.params()).next_items() == []
+        # A sandbox made from the snapshot, and forks, stay in team-a.
+        again = Sandbox.create(snapshot.snapshot_id, timeout=300, **a)
+        server.made.add(f"team-a.{again.sandbox_id}")
+        assert again.files.read("a.txt") == "a's"
+        assert Sandbox.kill(again.sandbox_id, **a) is True
+        assert mine.kill() is True
+        assert theirs.kill() is True
+    finally:
+        server.close()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def wait_state(sandbox, state, limit=60):

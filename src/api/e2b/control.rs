@@ -22,7 +22,7 @@ use crate::api::v1::V1Options;
 use crate::api::AppState;
 use crate::authz::{namespace_of, Principal};
 use crate::e2b::control::{self, ControlError, Created, Egress, NewSandbox};
-use crate::resource::{Kind, Sandbox, SnapshotPhase, SnapshotScope};
+use crate::resource::{object_key, Kind, Sandbox, SnapshotPhase, SnapshotScope};
 
 fn control_error(e: ControlError) -> E2bError {
     match e {
@@ -43,6 +43,19 @@ fn json_body<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T
             format!("the body is not a valid request: {e}"),
         )
     })
+}
+
+/// The store key of the object an E2B ID names. E2B's calls act in the first namespace of the
+/// caller's key (as `/v1` creates do), where IDs are plain names as E2B's are; an ID that is not
+/// a plain name names nothing, so that no ID reaches into another namespace.
+pub(super) fn key_of(principal: &Principal, id: &str, what: &str) -> Result<String, E2bError> {
+    if !crate::resource::is_valid_name(id) {
+        return Err(E2bError::new(
+            StatusCode::NOT_FOUND,
+            format!("{what} {id} not found"),
+        ));
+    }
+    Ok(object_key(principal.home_namespace(), id))
 }
 
 pub(super) fn created(state: &AppState, sandbox: &Sandbox) -> Created {
@@ -85,12 +98,13 @@ pub async fn create(
     let request: NewSandbox = json_body(&body)?;
     // `templateID` may name a snapshot (what `create_snapshot` answered): the sandbox starts
     // from it, as a `/v1` fork does.
+    let home = principal.home_namespace().to_string();
     let snapshot = request
         .template_id
         .as_deref()
         .filter(|t| t.starts_with("snap_"))
-        .and_then(|t| ready_snapshot(&state.store, t).ok())
-        .filter(|s| principal.reaches(namespace_of(&s.metadata)));
+        .and_then(|t| key_of(&principal, t, "snapshot").ok())
+        .and_then(|key| ready_snapshot(&state.store, &key).ok());
     let store = state.store.clone();
     let from_snapshot = snapshot.is_some();
     let wanted = control::plan(request, |name| {
@@ -102,7 +116,7 @@ pub async fn create(
         check_env(&wanted.env)?;
         spec_from_snapshot(
             &state,
-            &snapshot.metadata.name,
+            &snapshot.metadata.key(),
             Some(i128::from(
                 wanted
                     .timeout_seconds
@@ -172,6 +186,7 @@ pub async fn create(
     }
     let sandbox = create_running(&state, &V1Options::default(), move |id| {
         let mut sandbox = Sandbox::new(id, spec.clone());
+        sandbox.metadata.namespace = home.clone();
         sandbox.metadata.annotations = annotations.clone();
         sandbox
     })
@@ -252,7 +267,7 @@ pub async fn list(
         .list(Kind::Sandbox)
         .iter()
         .filter_map(|e| e.resource.as_sandbox())
-        .filter(|s| principal.reaches(namespace_of(&s.metadata)))
+        .filter(|s| namespace_of(&s.metadata) == principal.home_namespace())
         .filter(|s| s.metadata.deletion_timestamp.is_none())
         .filter(|s| control::state_of(s).is_some_and(|st| states.iter().any(|w| w == st)))
         .filter(|s| control::matches(s, &filter))
@@ -300,18 +315,21 @@ fn detail(state: &AppState, sandbox: &Sandbox) -> control::Detail {
 
 pub async fn get(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<control::Detail>, E2bError> {
-    let sandbox = live_sandbox(&state.store, &id)?;
+    let sandbox = live_sandbox(&state.store, &key_of(&principal, &id, "sandbox")?)?;
     Ok(Json(detail(&state, &sandbox)))
 }
 
 pub async fn kill(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
+    let key = key_of(&principal, &id, "sandbox")?;
     let timeout = V1Options::default().wait_timeout;
-    crate::api::v1::sandboxes::delete_and_wait(&state, &id, timeout).await?;
+    crate::api::v1::sandboxes::delete_and_wait(&state, &key, timeout).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -344,16 +362,18 @@ fn deadline(state: &AppState, seconds: i64) -> Result<DateTime<Utc>, E2bError> {
 
 pub async fn set_timeout(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, E2bError> {
+    let key = key_of(&principal, &id, "sandbox")?;
     let request: TimeoutRequest = json_body(&body)?;
     let seconds = request
         .timeout
         .ok_or_else(|| E2bError::new(StatusCode::BAD_REQUEST, "timeout is required"))?;
     let end = deadline(&state, seconds)?;
-    live_sandbox(&state.store, &id)?;
-    set_end(&state, &id, end).await?;
+    live_sandbox(&state.store, &key)?;
+    set_end(&state, &key, end).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -361,20 +381,22 @@ pub async fn set_timeout(
 /// `timeout` more seconds, and answers its envd access token.
 pub async fn connect(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<Created>, E2bError> {
+    let key = key_of(&principal, &id, "sandbox")?;
     let request: TimeoutRequest = json_body(&body)?;
     let end = request
         .timeout
         .map(|seconds| deadline(&state, seconds))
         .transpose()?;
-    let sandbox = live_sandbox(&state.store, &id)?;
+    let sandbox = live_sandbox(&state.store, &key)?;
     // An explicit resume: whatever `autoResume` says (E2B resumes on connect either way).
     let mut sandbox = crate::api::power::resume(&state, sandbox, end).await?;
     if let Some(end) = end {
         if crate::api::power::ends_before(&sandbox.spec, lifetime_anchor(&sandbox), end) {
-            sandbox = set_end(&state, &id, end).await?;
+            sandbox = set_end(&state, &key, end).await?;
         }
     }
     Ok(Json(created(&state, &sandbox)))
@@ -384,9 +406,11 @@ pub async fn connect(
 /// connect resumes it where it was. 409 when it is not running (the SDK's `False`).
 pub async fn pause(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
-    let sandbox = live_sandbox(&state.store, &id)?;
+    let key = key_of(&principal, &id, "sandbox")?;
+    let sandbox = live_sandbox(&state.store, &key)?;
     if control::state_of(&sandbox) != Some("running") {
         return Err(E2bError::new(
             StatusCode::CONFLICT,
@@ -395,7 +419,7 @@ pub async fn pause(
     }
     crate::api::power::set_state(
         &state.store,
-        &id,
+        &key,
         crate::resource::SandboxState::Paused,
         crate::api::power::STATE_WAIT,
     )
@@ -413,14 +437,16 @@ pub struct MetricsQuery {
 
 pub async fn metrics(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     query: Result<Query<MetricsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<control::Metric>>, E2bError> {
     let Query(query) = query.map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
-    let sandbox = live_sandbox(&state.store, &id)?;
+    let key = key_of(&principal, &id, "sandbox")?;
+    let sandbox = live_sandbox(&state.store, &key)?;
     let samples: Vec<_> = state
         .metrics
-        .history(&id)
+        .history(&key)
         .into_iter()
         .map(|p| (p.at, p.cpu_seconds, p.memory_bytes, p.memory_limit_bytes))
         .collect();
@@ -453,16 +479,18 @@ fn e2b_scope(sandbox: &Sandbox) -> SnapshotScope {
 /// `POST /sandboxes/{id}/snapshots`: a `Snapshot` of the sandbox, ready when this answers.
 pub async fn create_snapshot(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<control::SnapshotInfo>), E2bError> {
     let request: control::SnapshotRequest = json_body(&body)?;
     let name = control::snapshot_request(request).map_err(control_error)?;
-    let sandbox = live_sandbox(&state.store, &id)?;
+    let key = key_of(&principal, &id, "sandbox")?;
+    let sandbox = live_sandbox(&state.store, &key)?;
     let snapshot = take(
         &state,
         &V1Options::default(),
-        &id,
+        &key,
         name,
         Some(e2b_scope(&sandbox)),
     )
@@ -501,7 +529,7 @@ pub async fn list_snapshots(
         .list(Kind::Snapshot)
         .iter()
         .filter_map(|e| e.resource.as_snapshot())
-        .filter(|s| principal.reaches(namespace_of(&s.metadata)))
+        .filter(|s| namespace_of(&s.metadata) == principal.home_namespace())
         .filter(|s| {
             s.metadata.deletion_timestamp.is_none()
                 && s.status
@@ -550,17 +578,14 @@ pub async fn delete_snapshot(
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
-    let reachable = state
-        .store
-        .get(Kind::Snapshot, &id)
-        .is_some_and(|e| principal.reaches(namespace_of(e.resource.metadata())));
-    if !reachable {
+    let key = key_of(&principal, &id, "snapshot")?;
+    if state.store.get(Kind::Snapshot, &key).is_none() {
         return Err(E2bError::new(
             StatusCode::NOT_FOUND,
             format!("snapshot {id} not found"),
         ));
     }
-    crate::api::v1::snapshots::remove(&state, &V1Options::default(), &id).await?;
+    crate::api::v1::snapshots::remove(&state, &V1Options::default(), &key).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -569,16 +594,18 @@ pub async fn delete_snapshot(
 /// kept (listed by `list_snapshots`): the forks were built from it.
 pub async fn fork(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<Vec<control::ForkResult>>), E2bError> {
     let request: control::ForkRequest = json_body(&body)?;
     let count = control::fork_count(&request).map_err(control_error)?;
-    let source = live_sandbox(&state.store, &id)?;
+    let key = key_of(&principal, &id, "sandbox")?;
+    let source = live_sandbox(&state.store, &key)?;
     let snapshot = take(
         &state,
         &V1Options::default(),
-        &id,
+        &key,
         Some(format!("fork of {id}")),
         Some(e2b_scope(&source)),
     )
@@ -588,7 +615,7 @@ pub async fn fork(
         .map_or(state.settings.default_timeout_seconds as i64, |t| t);
     let spec = spec_from_snapshot(
         &state,
-        &snapshot.metadata.name,
+        &snapshot.metadata.key(),
         Some(i128::from(ttl)),
         None,
         None,
@@ -600,13 +627,15 @@ pub async fn fork(
     if let Some(metadata) = source.metadata.annotations.get(control::METADATA) {
         annotations.insert(control::METADATA.to_string(), metadata.clone());
     }
+    let namespace = source.metadata.namespace.clone();
     let forks = (0..count).map(|_| {
         let spec = spec.clone();
         let annotations = annotations.clone();
-        let state = state.clone();
+        let (state, namespace) = (state.clone(), namespace.clone());
         async move {
             create_running(&state, &V1Options::default(), move |id| {
                 let mut sandbox = Sandbox::new(id, spec.clone());
+                sandbox.metadata.namespace = namespace.clone();
                 sandbox.metadata.annotations = annotations.clone();
                 sandbox
             })
@@ -664,19 +693,21 @@ fn paged<T: serde::Serialize>(page: Vec<T>, start: usize, limit: usize, total: u
 /// replace the sandbox's container and end its processes, so it is refused (409), not done.
 pub async fn update_network(
     State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, E2bError> {
     let config: control::NetworkConfig = json_body(&body)?;
     let egress = control::egress_of(&config, config.allow_internet_access, "network")
         .map_err(control_error)?;
-    let sandbox = live_sandbox(&state.store, &id)?;
+    let key = key_of(&principal, &id, "sandbox")?;
+    let sandbox = live_sandbox(&state.store, &key)?;
     let spec = sandbox.resolved_spec();
     let network = spec.network.unwrap_or(false);
     match (&egress, network, spec.egress.is_some()) {
         (Egress::Only(allow), true, true) => {
             let allow = allow.clone();
-            let name = id.clone();
+            let name = key.clone();
             state
                 .store
                 .write(move |store| {

@@ -13,7 +13,7 @@ use crate::e2b::connect::{self, Code, RpcError};
 use crate::e2b::paths::{self, UserError};
 use crate::e2b::protobuf::Schema;
 use crate::processes::ProcessError;
-use crate::resource::{Kind, Sandbox};
+use crate::resource::{split_key, Kind, Sandbox};
 
 /// Runs a unary call: `target` resolves what it acts on (its token and user checked there), its
 /// message is decoded, and `call` answers in the request's encoding; any failure is a Connect
@@ -44,6 +44,16 @@ where
     }
 }
 
+/// The store key of the sandbox an envd call names by its E2B ID (a plain name): in the
+/// namespace its access token was issued in (tokens are signed, so a forged namespace fails their
+/// check), else in the default one.
+pub fn sandbox_key(state: &AppState, id: &str, token: Option<&str>) -> String {
+    token
+        .and_then(|token| state.ports.envd_tokens().signed_name(token))
+        .filter(|key| split_key(key).1 == id)
+        .unwrap_or_else(|| id.to_string())
+}
+
 /// The sandbox an envd call is for, once its access token is checked.
 pub fn sandbox(state: &AppState, headers: &HeaderMap) -> Result<Sandbox, RpcError> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
@@ -56,12 +66,6 @@ pub fn sandbox(state: &AppState, headers: &HeaderMap) -> Result<Sandbox, RpcErro
         )
         })?;
     let not_found = || RpcError::new(Code::NotFound, format!("sandbox {id} not found"));
-    let sandbox = state
-        .store
-        .get(Kind::Sandbox, id)
-        .and_then(|e| e.resource.as_sandbox().cloned())
-        .filter(|s| s.metadata.deletion_timestamp.is_none())
-        .ok_or_else(not_found)?;
     let token = header("x-access-token").ok_or_else(|| {
         RpcError::new(
             Code::Unauthenticated,
@@ -69,11 +73,18 @@ pub fn sandbox(state: &AppState, headers: &HeaderMap) -> Result<Sandbox, RpcErro
              connect answer",
         )
     })?;
+    let key = sandbox_key(state, id, Some(token));
+    let sandbox = state
+        .store
+        .get(Kind::Sandbox, &key)
+        .and_then(|e| e.resource.as_sandbox().cloned())
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+        .ok_or_else(not_found)?;
     let uid = sandbox.metadata.uid.clone().unwrap_or_default();
     state
         .ports
         .envd_tokens()
-        .verify(token, id, &uid, 0, Utc::now().timestamp_millis())
+        .verify(token, &key, &uid, 0, Utc::now().timestamp_millis())
         .map_err(|_| {
             RpcError::new(
                 Code::Unauthenticated,
@@ -87,7 +98,8 @@ pub fn sandbox(state: &AppState, headers: &HeaderMap) -> Result<Sandbox, RpcErro
 /// to its uid). Far ahead, but small enough to count in milliseconds.
 const TOKEN_EXPIRY: i64 = i64::MAX / 2000;
 
-/// The envd access token of a sandbox, bound to its name and uid. Issued as of the sandbox's
+/// The envd access token of a sandbox, bound to its key (its name, and namespace outside the
+/// default one) and uid. Issued as of the sandbox's
 /// creation, so that it is always the same token: signed file URLs are made with it, and the
 /// server finds their sandbox by recomputing it.
 pub fn access_token(state: &AppState, sandbox: &Sandbox) -> String {
@@ -99,7 +111,7 @@ pub fn access_token(state: &AppState, sandbox: &Sandbox) -> String {
     state
         .ports
         .envd_tokens()
-        .issue(&sandbox.metadata.name, &uid, 0, TOKEN_EXPIRY, created)
+        .issue(&sandbox.metadata.key(), &uid, 0, TOKEN_EXPIRY, created)
 }
 
 /// What a sandbox's traffic access token signs in place of its name: it is not the access token
@@ -108,14 +120,14 @@ const TRAFFIC: &str = "#traffic";
 
 /// The traffic access token of a sandbox (E2B's `trafficAccessToken`): it opens the sandbox's
 /// ports on the preview hosts, sent as `e2b-traffic-access-token`, and nothing else. Bound to the
-/// sandbox's name and uid as the access token is, and as lasting.
+/// sandbox's key and uid as the access token is, and as lasting.
 pub fn traffic_token(state: &AppState, sandbox: &Sandbox) -> String {
     let uid = sandbox.metadata.uid.clone().unwrap_or_default();
     let created = sandbox
         .metadata
         .creation_timestamp
         .map_or(0, |t| t.timestamp_millis());
-    let name = format!("{}{TRAFFIC}", sandbox.metadata.name);
+    let name = format!("{}{TRAFFIC}", sandbox.metadata.key());
     state
         .ports
         .envd_tokens()
@@ -125,7 +137,7 @@ pub fn traffic_token(state: &AppState, sandbox: &Sandbox) -> String {
 /// Whether `token` is the traffic access token of `sandbox`.
 pub fn traffic_token_opens(state: &AppState, sandbox: &Sandbox, token: &str) -> bool {
     let uid = sandbox.metadata.uid.clone().unwrap_or_default();
-    let name = format!("{}{TRAFFIC}", sandbox.metadata.name);
+    let name = format!("{}{TRAFFIC}", sandbox.metadata.key());
     state
         .ports
         .envd_tokens()
@@ -155,7 +167,7 @@ pub async fn data_target(state: &AppState, sandbox: Sandbox) -> Result<SandboxTa
     let sandbox = crate::api::power::awake(state, sandbox)
         .await
         .map_err(api_error)?;
-    let name = sandbox.metadata.name.clone();
+    let name = sandbox.metadata.key();
     let status = sandbox.status.as_ref();
     let container_id = status.and_then(|s| s.container_id.clone()).ok_or_else(|| {
         RpcError::new(Code::Unavailable, format!("sandbox {name} is not running"))

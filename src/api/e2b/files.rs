@@ -180,7 +180,9 @@ pub async fn health(
             format!("sandbox {id} was not found: {why}"),
         )
     };
-    let sandbox = crate::api::v1::common::live_sandbox(&state.store, id)
+    let token = headers.get("x-access-token").and_then(|v| v.to_str().ok());
+    let key = envd::sandbox_key(&state, id, token);
+    let sandbox = crate::api::v1::common::live_sandbox(&state.store, &key)
         .map_err(|_| not_found("it does not exist or is being deleted"))?;
     // A paused or stopped sandbox's envd would not answer.
     if crate::e2b::control::state_of(&sandbox) != Some("running") {

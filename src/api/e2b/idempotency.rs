@@ -11,39 +11,35 @@ use super::control::created;
 use crate::api::AppState;
 use crate::authz::{namespace_of, Principal};
 use crate::e2b::control::{self, Created};
-use crate::resource::{split_key, Kind, Sandbox, SandboxSpec, DEFAULT_NAMESPACE};
+use crate::resource::{split_key, Kind, Sandbox, SandboxSpec};
 use crate::store::CreateKey;
 
 /// Serializes creates that carry an `Idempotency-Key`, so that two at once with the same key
 /// make one sandbox (creates without a key never wait on it).
 pub(super) static CREATES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The namespace E2B's creates make sandboxes in, where their keys are kept.
-const NAMESPACE: &str = DEFAULT_NAMESPACE;
-
 fn horizon() -> chrono::DateTime<Utc> {
     Utc::now() - TimeDelta::hours(control::IDEMPOTENCY_HOURS)
 }
 
-/// What an earlier create with `key` answered, if one did within the horizon.
+/// What an earlier create with `key` in the caller's namespace (where E2B's creates make
+/// sandboxes) answered, if one did within the horizon.
 pub(super) fn earlier(state: &AppState, principal: &Principal, key: &str) -> Option<Created> {
     let now = Utc::now();
+    let home = principal.home_namespace();
     let living = state
         .store
         .list(Kind::Sandbox)
         .iter()
         .filter_map(|e| e.resource.as_sandbox())
-        .filter(|s| principal.reaches(namespace_of(&s.metadata)))
+        .filter(|s| namespace_of(&s.metadata) == home)
         .find(|s| control::created_with_key(s, key, now))
         .cloned();
     if let Some(sandbox) = living {
         return Some(created(state, &sandbox));
     }
-    let record = state.store.create_key(NAMESPACE, key, horizon())?;
+    let record = state.store.create_key(home, key, horizon())?;
     let (namespace, name) = split_key(&record.object);
-    if !principal.reaches(namespace) {
-        return None;
-    }
     // Gone: answered as it was made (its tokens are bound to its name, uid and creation).
     let mut gone = Sandbox::new(name, SandboxSpec::default());
     gone.metadata.namespace = namespace.to_string();
@@ -65,8 +61,9 @@ pub(super) async fn remember(state: &AppState, key: String, sandbox: &Sandbox) {
         note: control::template_of(sandbox),
     };
     let store = std::sync::Arc::clone(&state.store);
+    let namespace = sandbox.metadata.namespace.clone();
     let kept = tokio::task::spawn_blocking(move || {
-        store.keep_create_key(NAMESPACE, &key, record, horizon())
+        store.keep_create_key(&namespace, &key, record, horizon())
     })
     .await;
     match kept {

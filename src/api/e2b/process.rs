@@ -33,7 +33,7 @@ const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(50);
 pub(super) async fn target(state: &AppState, headers: &HeaderMap) -> Result<Target, RpcError> {
     let sandbox = envd::sandbox(state, headers)?;
     envd::check_rpc_user(headers)?;
-    crate::api::processes::target(state, &sandbox.metadata.name)
+    crate::api::processes::target(state, &sandbox.metadata.key())
         .await
         .map_err(envd::api_error)
 }
