@@ -773,10 +773,40 @@ impl Processes {
         // Refusals (no such process) before the stream starts; the first output of a quiet
         // process may be long in coming. A pooled connection serves, and goes back to the pool
         // once the answer has ended (a reader that leaves early takes its connection with it).
-        let (mut b, r) = self
+        let (b, r) = self
             .checked_out(target, &SupRequest::Get { id: id.to_string() })
             .await?;
         expect_ok(&r)?;
+        self.stream_output(target, b, id, (stdout_from, stderr_from), follow)
+            .await
+    }
+
+    /// All the output of `process`, which [`Processes::start`] just answered, followed until it
+    /// ends: as [`Processes::output`] from offset 0, without first asking whether it exists (one
+    /// round trip to the supervisor fewer, for a caller that starts and follows at once).
+    pub async fn follow_started(
+        &self,
+        target: &Target,
+        process: &Process,
+    ) -> Result<BoxStream<'static, OutputEvent>, ProcessError> {
+        let b = match self.take_pooled(&target.container_id) {
+            Some(b) => b,
+            None => self.connect(target).await?,
+        };
+        self.stream_output(target, b, &process.id, (0, 0), true)
+            .await
+    }
+
+    /// Asks for a process's output on connection `b` and streams the answer; `b` goes back to
+    /// the pool once the answer has ended.
+    async fn stream_output(
+        &self,
+        target: &Target,
+        mut b: Bridge,
+        id: &str,
+        (stdout_from, stderr_from): (u64, u64),
+        follow: bool,
+    ) -> Result<BoxStream<'static, OutputEvent>, ProcessError> {
         b.send(&SupRequest::Output {
             id: id.to_string(),
             stdout_from,

@@ -87,7 +87,7 @@ pub async fn start(State(state): State<AppState>, headers: HeaderMap, body: Byte
                 ping: keepalive(&headers),
                 deadline: deadline.map(|d| tokio::time::Instant::now() + d),
             };
-            stream_events(&state, target, process, (0, 0), pace, encoding).await
+            stream_events(&state, target, process, None, pace, encoding).await
         }
         Err(e) => connect::stream_error(e, encoding),
     }
@@ -155,7 +155,7 @@ pub async fn connect(State(state): State<AppState>, headers: HeaderMap, body: By
                 ping: keepalive(&headers),
                 deadline: connect::timeout(&headers).map(|d| tokio::time::Instant::now() + d),
             };
-            stream_events(&state, target, p, (out, err), pace, encoding).await
+            stream_events(&state, target, p, Some((out, err)), pace, encoding).await
         }
         Err(e) => connect::stream_error(e, encoding),
     }
@@ -249,21 +249,26 @@ fn lost_contact(state: &AppState, target: &Target) -> RpcError {
     }
 }
 
-/// The server-streaming answer of a start or connect: the start event, output as it comes,
-/// keep-alives while it is quiet, the end event, then the end of the stream; at the call's
-/// deadline, `deadline_exceeded`.
+/// The server-streaming answer of a start or connect: the start event, output as it comes
+/// (from the offsets `from`, or all of it for a process just started), keep-alives while it is
+/// quiet, the end event, then the end of the stream; at the call's deadline, `deadline_exceeded`.
 async fn stream_events(
     state: &AppState,
     target: Target,
     process: Process,
-    (stdout_from, stderr_from): (u64, u64),
+    from: Option<(u64, u64)>,
     pace: Pace,
     encoding: Encoding,
 ) -> Response {
-    let output = state
-        .processes
-        .output(&target, &process.id, stdout_from, stderr_from, true)
-        .await;
+    let output = match from {
+        Some((stdout_from, stderr_from)) => {
+            state
+                .processes
+                .output(&target, &process.id, stdout_from, stderr_from, true)
+                .await
+        }
+        None => state.processes.follow_started(&target, &process).await,
+    };
     let output: BoxStream<'static, OutputEvent> = match output {
         Ok(o) => o,
         Err(e) => return connect::stream_error(process_error(e), encoding),
