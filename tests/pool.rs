@@ -462,13 +462,36 @@ fn an_edit_that_needs_a_new_container_carries_the_workspace_into_a_warm_one() {
     assert!(status < 300);
 }
 
-/// Connections to the member's process supervisor (`agent-sandbox-helper bridge` processes), as
-/// seen from inside the container.
-fn supervisor_connections(container: &str) -> usize {
+/// The helper's `mode` processes in a container (`agent-sandbox-helper bridge`: connections to
+/// its process supervisor; `… serve`: helper channels), as seen from inside it.
+fn helper_processes(container: &str, mode: &str) -> usize {
+    let wanted = format!("agent-sandbox-helper {mode}");
     docker(&["exec", container, "ps", "-o", "args"])
         .lines()
-        .filter(|l| l.contains("agent-sandbox-helper bridge"))
+        .filter(|l| l.contains(&wanted))
         .count()
+}
+
+/// Starts a pool of one, waits until its member has one `mode` connection open, claims it with a
+/// `/v1` create, and answers the sandbox's ID and its container's.
+fn claim_warm_member(server: &Server, prefix: &str, mode: &str) -> (String, String) {
+    let pool = start_pool(server, prefix, 1);
+    let member = members(&pool).pop().expect("one member");
+    wait_until(
+        &format!("the member's helper {mode} connection opened"),
+        Duration::from_secs(20),
+        || helper_processes(&member, mode) == 1,
+    );
+    let (status, created) = server.request("POST", "/v1/sandboxes", Some(&json!({})));
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let sandbox = server.get("sandboxes", &id).unwrap();
+    assert_eq!(sandbox["status"]["claimedFrom"], pool.as_str());
+    let container = container(&id).expect("the sandbox's container")["Id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (id, container)
 }
 
 /// A member waiting in its pool already has a connection to its process supervisor open, so the
@@ -477,29 +500,12 @@ fn supervisor_connections(container: &str) -> usize {
 #[test]
 fn a_waiting_member_has_its_supervisor_connection_open_and_the_claim_uses_it() {
     let server = Server::start();
-    let pool = start_pool(&server, "bridge", 1);
-    let member = members(&pool).pop().expect("one member");
-    wait_until(
-        "the member's supervisor connection opened",
-        Duration::from_secs(20),
-        || supervisor_connections(&member) == 1,
-    );
-
-    let (status, created) = server.request("POST", "/v1/sandboxes", Some(&json!({})));
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().unwrap().to_string();
-    let sandbox = server.get("sandboxes", &id).unwrap();
-    assert_eq!(sandbox["status"]["claimedFrom"], pool.as_str());
-    let name = container(&id).expect("the sandbox's container")["Id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (id, container) = claim_warm_member(&server, "bridge", "bridge");
     assert_eq!(
-        supervisor_connections(&name),
+        helper_processes(&container, "bridge"),
         1,
         "the connection survived the claim"
     );
-
     let (status, process) = server.request(
         "POST",
         &format!("{API}/sandboxes/{id}/processes"),
@@ -507,16 +513,7 @@ fn a_waiting_member_has_its_supervisor_connection_open_and_the_claim_uses_it() {
     );
     assert_eq!(status, 201, "{process}");
     // The start went over the open connection: none was added.
-    assert_eq!(supervisor_connections(&name), 1);
-}
-
-/// Helper channels into the member (`agent-sandbox-helper serve` processes), as seen from inside
-/// the container.
-fn helper_channels(container: &str) -> usize {
-    docker(&["exec", container, "ps", "-o", "args"])
-        .lines()
-        .filter(|l| l.contains("agent-sandbox-helper serve"))
-        .count()
+    assert_eq!(helper_processes(&container, "bridge"), 1);
 }
 
 /// A member waiting in its pool also has its helper channel open, so the claiming sandbox's first
@@ -524,26 +521,9 @@ fn helper_channels(container: &str) -> usize {
 #[test]
 fn a_waiting_member_has_its_helper_channel_open_and_the_first_exec_uses_it() {
     let server = Server::start();
-    let pool = start_pool(&server, "channel", 1);
-    let member = members(&pool).pop().expect("one member");
-    wait_until(
-        "the member's helper channel opened",
-        Duration::from_secs(20),
-        || helper_channels(&member) == 1,
-    );
-
-    let (status, created) = server.request("POST", "/v1/sandboxes", Some(&json!({})));
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().unwrap().to_string();
-    let sandbox = server.get("sandboxes", &id).unwrap();
-    assert_eq!(sandbox["status"]["claimedFrom"], pool.as_str());
-    let name = container(&id).expect("the sandbox's container")["Id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-
+    let (id, container) = claim_warm_member(&server, "channel", "serve");
     let (code, out) = server.exec(&id, "echo claimed");
     assert_eq!((code, out.as_str()), (0, "claimed\n"));
     // The command went over the channel opened while the member waited: none was added.
-    assert_eq!(helper_channels(&name), 1);
+    assert_eq!(helper_processes(&container, "serve"), 1);
 }

@@ -352,6 +352,22 @@ fn temp_name(name: &[u8]) -> Vec<u8> {
     t
 }
 
+/// What is at a write's target, if anything; a directory there is refused (never replaced).
+fn refuse_directory(
+    dir: &OwnedFd,
+    name: &CStr,
+    shown_path: &str,
+) -> Result<Option<libc::stat>, Fail> {
+    match lstatat(dir.as_raw_fd(), name) {
+        Ok(st) if is_dir(&st) => Err(fail(
+            file_exit::IS_DIR,
+            format!("{shown_path} is a directory"),
+        )),
+        Ok(st) => Ok(Some(st)),
+        Err(_) => Ok(None),
+    }
+}
+
 /// Resolves the target directory and creates the temporary file in it. A directory removed
 /// between the two (a concurrent `rm -rf`) is resolved again, a few times.
 fn open_temp(path: &[u8]) -> Result<(OwnedFd, OwnedFd, Vec<u8>, CString, String), Fail> {
@@ -360,14 +376,7 @@ fn open_temp(path: &[u8]) -> Result<(OwnedFd, OwnedFd, Vec<u8>, CString, String)
         let (dir, name, shown_path) = resolve_parent(path)?;
         let shown_path = String::from_utf8_lossy(&shown_path).into_owned();
         let cname = cstring(&name)?;
-        if let Ok(st) = lstatat(dir.as_raw_fd(), &cname) {
-            if is_dir(&st) {
-                return Err(fail(
-                    file_exit::IS_DIR,
-                    format!("{shown_path} is a directory"),
-                ));
-            }
-        }
+        refuse_directory(&dir, &cname, &shown_path)?;
         let tmp = cstring(&temp_name(&name))?;
         let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
         match openat(dir.as_raw_fd(), &tmp, flags, 0o600) {
@@ -395,13 +404,7 @@ fn open_in_place(path: &[u8]) -> Result<(OwnedFd, OwnedFd, Vec<u8>, String), Fai
     let (dir, name, shown_path) = resolve_parent(path)?;
     let shown_path = String::from_utf8_lossy(&shown_path).into_owned();
     let cname = cstring(&name)?;
-    if let Ok(st) = lstatat(dir.as_raw_fd(), &cname) {
-        if is_dir(&st) {
-            return Err(fail(
-                file_exit::IS_DIR,
-                format!("{shown_path} is a directory"),
-            ));
-        }
+    if let Some(st) = refuse_directory(&dir, &cname, &shown_path)? {
         if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
             cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), cname.as_ptr(), 0) })
                 .map_err(|e| os_fail(&shown_path, e))?;

@@ -159,14 +159,24 @@ impl Previews {
     /// for a token this server did not sign); whether it opens anything is [`Previews::verify`]'s
     /// question.
     pub fn signed_name(&self, token: &str) -> Option<String> {
-        let (body, mac) = token.split_once('.')?;
-        let mac = URL_SAFE_NO_PAD.decode(mac).ok()?;
+        self.signed_claims(token).ok().map(|claims| claims.n)
+    }
+
+    /// The claims of a token whose signature is this server's.
+    fn signed_claims(&self, token: &str) -> Result<Claims, TokenError> {
+        let (body, mac) = token.split_once('.').ok_or(TokenError::Malformed)?;
+        let mac = URL_SAFE_NO_PAD
+            .decode(mac)
+            .map_err(|_| TokenError::Malformed)?;
         let expected = hmac_sha256(&self.secret, body.as_bytes());
         if !bool::from(expected.as_slice().ct_eq(&mac)) {
-            return None;
+            return Err(TokenError::BadSignature);
         }
-        let claims: Claims = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(body).ok()?).ok()?;
-        Some(claims.n)
+        URL_SAFE_NO_PAD
+            .decode(body)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .ok_or(TokenError::Malformed)
     }
 
     /// Whether `token` opens `port` of the sandbox `name` whose uid is `uid`, at `now_ms`.
@@ -178,19 +188,7 @@ impl Previews {
         port: u16,
         now_ms: i64,
     ) -> Result<(), TokenError> {
-        let (body, mac) = token.split_once('.').ok_or(TokenError::Malformed)?;
-        let mac = URL_SAFE_NO_PAD
-            .decode(mac)
-            .map_err(|_| TokenError::Malformed)?;
-        let expected = hmac_sha256(&self.secret, body.as_bytes());
-        if !bool::from(expected.as_slice().ct_eq(&mac)) {
-            return Err(TokenError::BadSignature);
-        }
-        let claims: Claims = URL_SAFE_NO_PAD
-            .decode(body)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .ok_or(TokenError::Malformed)?;
+        let claims = self.signed_claims(token)?;
         if claims.n != name || claims.u != uid || claims.p != port {
             return Err(TokenError::WrongScope);
         }
@@ -205,14 +203,7 @@ impl Previews {
 
     /// The expiry (Unix seconds) of a token this server signed; `None` for anything else.
     pub fn expiry(&self, token: &str) -> Option<i64> {
-        let (body, mac) = token.split_once('.')?;
-        let mac = URL_SAFE_NO_PAD.decode(mac).ok()?;
-        let expected = hmac_sha256(&self.secret, body.as_bytes());
-        if !bool::from(expected.as_slice().ct_eq(&mac)) {
-            return None;
-        }
-        let claims: Claims = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(body).ok()?).ok()?;
-        Some(claims.e)
+        self.signed_claims(token).ok().map(|claims| claims.e)
     }
 
     /// Revokes every token of the sandbox `uid` issued until `now_ms`, durably when this server
