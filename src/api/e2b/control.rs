@@ -58,7 +58,7 @@ pub(super) fn key_of(principal: &Principal, id: &str, what: &str) -> Result<Stri
     Ok(object_key(principal.home_namespace(), id))
 }
 
-pub(super) fn created(state: &AppState, sandbox: &Sandbox) -> Created {
+fn created(state: &AppState, sandbox: &Sandbox) -> Created {
     Created {
         template_id: control::template_of(sandbox),
         sandbox_id: sandbox.metadata.name.clone(),
@@ -88,12 +88,13 @@ pub async fn create(
         Some(_) => Some(super::idempotency::CREATES.lock().await),
         None => None,
     };
-    if let Some(answer) = key
+    if let Some(sandbox) = key
         .as_deref()
         .and_then(|key| super::idempotency::earlier(&state, &principal, key))
     {
         let replayed = [("idempotent-replayed", "true")];
-        return Ok((StatusCode::CREATED, replayed, Json(answer)).into_response());
+        let answer = Json(created(&state, &sandbox));
+        return Ok((StatusCode::CREATED, replayed, answer).into_response());
     }
     let request: NewSandbox = json_body(&body)?;
     // `templateID` may name a snapshot (what `create_snapshot` answered): the sandbox starts

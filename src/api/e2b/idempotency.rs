@@ -7,10 +7,9 @@
 
 use chrono::{TimeDelta, Utc};
 
-use super::control::created;
 use crate::api::AppState;
 use crate::authz::{namespace_of, Principal};
-use crate::e2b::control::{self, Created};
+use crate::e2b::control;
 use crate::resource::{split_key, Kind, Sandbox, SandboxSpec};
 use crate::store::CreateKey;
 
@@ -22,9 +21,10 @@ fn horizon() -> chrono::DateTime<Utc> {
     Utc::now() - TimeDelta::hours(control::IDEMPOTENCY_HOURS)
 }
 
-/// What an earlier create with `key` in the caller's namespace (where E2B's creates make
-/// sandboxes) answered, if one did within the horizon.
-pub(super) fn earlier(state: &AppState, principal: &Principal, key: &str) -> Option<Created> {
+/// The sandbox an earlier create with `key` in the caller's namespace (where E2B's creates make
+/// sandboxes) made, if one did within the horizon: as it is while it lives, else as it was made
+/// (its name, namespace, uid, creation and template: what its answer is made of).
+pub(super) fn earlier(state: &AppState, principal: &Principal, key: &str) -> Option<Sandbox> {
     let now = Utc::now();
     let home = principal.home_namespace();
     let living = state
@@ -35,12 +35,12 @@ pub(super) fn earlier(state: &AppState, principal: &Principal, key: &str) -> Opt
         .filter(|s| namespace_of(&s.metadata) == home)
         .find(|s| control::created_with_key(s, key, now))
         .cloned();
-    if let Some(sandbox) = living {
-        return Some(created(state, &sandbox));
+    if living.is_some() {
+        return living;
     }
     let record = state.store.create_key(home, key, horizon())?;
     let (namespace, name) = split_key(&record.object);
-    // Gone: answered as it was made (its tokens are bound to its name, uid and creation).
+    // Gone: as it was made (its tokens are bound to its key, uid and creation).
     let mut gone = Sandbox::new(name, SandboxSpec::default());
     gone.metadata.namespace = namespace.to_string();
     gone.metadata.uid = Some(record.uid);
@@ -48,7 +48,7 @@ pub(super) fn earlier(state: &AppState, principal: &Principal, key: &str) -> Opt
     gone.metadata
         .annotations
         .insert(control::TEMPLATE.to_string(), record.note);
-    Some(created(state, &gone))
+    Some(gone)
 }
 
 /// Keeps `key` past `sandbox`, which a create with it just made. A failure to keep it is
