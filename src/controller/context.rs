@@ -70,14 +70,31 @@ pub(super) struct PoolContext<'a> {
     pub(super) processes: &'a Arc<crate::processes::Processes>,
     /// Opens a member's helper channel while it waits to be claimed.
     pub(super) dataplane: &'a Arc<crate::dataplane::DataPlane>,
+    /// Bounds how many members are readied at once (see [`PoolContext::warm`]).
+    pub(super) warming: &'a Arc<tokio::sync::Semaphore>,
 }
 
+/// How many new pool members have their connections opened at once. Each opening is a `docker
+/// exec`; a pool filling with dozens of members must not send dozens at once, which would slow
+/// the daemon for every other call (a create waited 30 s behind them) and make helpers miss their
+/// greeting deadline.
+pub(super) const WARM_AT_ONCE: usize = 2;
+
 impl PoolContext<'_> {
-    /// Readies a new member for its claim: its supervisor connection and its helper channel
-    /// are opened in the background, so the claiming sandbox's first call starts at once.
+    /// Readies a new member for its claim, in the background and [`WARM_AT_ONCE`] at a time: its
+    /// supervisor connection and its helper channel are opened, so the claiming sandbox's first
+    /// call starts at once.
     pub(super) fn warm(&self, container_id: &str) {
-        self.processes.warm(container_id);
-        self.dataplane.warm(container_id);
+        let (processes, dataplane) = (Arc::clone(self.processes), Arc::clone(self.dataplane));
+        let warming = Arc::clone(self.warming);
+        let container_id = container_id.to_string();
+        tokio::spawn(async move {
+            let Ok(_turn) = warming.acquire_owned().await else {
+                return;
+            };
+            processes.warm(&container_id).await;
+            dataplane.warm(&container_id).await;
+        });
     }
 }
 

@@ -127,6 +127,8 @@ pub struct Controller {
     /// Commands and files of the sandboxes; owned here so that pool members' helper channels
     /// are opened before a claim, shared with the API.
     dataplane: Arc<crate::dataplane::DataPlane>,
+    /// Turns for readying new pool members (see `context::WARM_AT_ONCE`).
+    warming: Arc<tokio::sync::Semaphore>,
     /// The sandboxes' declared services, kept running in their containers.
     services: Arc<crate::services::Services>,
     /// What Docker's events said lately about containers dying (see `termination.rs`).
@@ -192,6 +194,7 @@ impl Controller {
             activity: Arc::default(),
             processes,
             dataplane,
+            warming: Arc::new(tokio::sync::Semaphore::new(context::WARM_AT_ONCE)),
             terminations: Default::default(),
             metrics,
             store,
@@ -425,6 +428,7 @@ impl Controller {
             validated_files: &self.validated_files,
             processes: &self.processes,
             dataplane: &self.dataplane,
+            warming: &self.warming,
         }
     }
 

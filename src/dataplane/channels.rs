@@ -148,6 +148,22 @@ impl Channels {
         }
     }
 
+    /// Opens the container's shared channel ahead of its first use, unless one is open or a call
+    /// is using the slot. Best effort: a failure leaves the slot as it was, so that a helper slow
+    /// to greet on a busy host is not taken for a missing one (the first call decides that).
+    pub async fn warm(&self, container: &str) -> Result<(), ChannelError> {
+        let slot = self.slot(container);
+        let Ok(mut slot) = slot.try_lock() else {
+            return Ok(());
+        };
+        if matches!(&*slot, Slot::Live(c) if !c.is_dead()) {
+            return Ok(());
+        }
+        let channel = Channel::open(self.engine.as_ref(), container, &self.user).await?;
+        *slot = Slot::Live(channel);
+        Ok(())
+    }
+
     /// A channel of the stream's own: one of the container's spares if one is ready, else a new
     /// one. When that leaves no spare, another is opened in the background. Spares die with the
     /// container; those of containers that are gone are forgotten on the next take.

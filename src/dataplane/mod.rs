@@ -165,21 +165,17 @@ impl DataPlane {
         }
     }
 
-    /// Opens the container's shared helper channel ahead of any request, in the background: for
-    /// a pool member waiting to be claimed (the claim keeps the container), so the claiming
-    /// sandbox's first command or file call does not wait for a `docker exec` first. A failure
-    /// is only logged; the first call then opens the channel as usual.
-    pub fn warm(self: &Arc<Self>, container_id: &str) {
+    /// Opens the container's shared helper channel ahead of any request: for a pool member
+    /// waiting to be claimed (the claim keeps the container), so the claiming sandbox's first
+    /// command or file call does not wait for a `docker exec` first. A failure is only logged and
+    /// leaves nothing behind; the first call then opens the channel as usual.
+    pub async fn warm(&self, container_id: &str) {
         if !self.helper {
             return;
         }
-        let dataplane = Arc::clone(self);
-        let container_id = container_id.to_string();
-        tokio::spawn(async move {
-            if let Err(error) = dataplane.channels.shared(&container_id).await {
-                tracing::debug!(container = %container_id, %error, "helper channel not warmed");
-            }
-        });
+        if let Err(error) = self.channels.warm(container_id).await {
+            tracing::debug!(container = %container_id, %error, "helper channel not warmed");
+        }
     }
 
     /// Times every command start into `metrics`.

@@ -439,21 +439,16 @@ impl Processes {
     }
 
     /// Opens one connection to a new container's supervisor ahead of any request and keeps it
-    /// idle, in the background. For a pool member waiting to be claimed: the claim keeps the
-    /// container's ID, so the sandbox that claims it starts its first process without paying a
-    /// `docker exec` (tens of milliseconds) first. A failure is only logged; the first request
-    /// then connects as usual.
-    pub fn warm(self: &Arc<Self>, container_id: &str) {
-        let processes = Arc::clone(self);
-        let container_id = container_id.to_string();
-        tokio::spawn(async move {
-            match processes.open_bridge(&container_id).await {
-                Ok(bridge) => give_back(&processes.pool, &container_id, bridge),
-                Err(error) => {
-                    tracing::debug!(container = %container_id, %error, "supervisor not warmed")
-                }
+    /// idle. For a pool member waiting to be claimed: the claim keeps the container's ID, so the
+    /// sandbox that claims it starts its first process without paying a `docker exec` (tens of
+    /// milliseconds) first. A failure is only logged; the first request then connects as usual.
+    pub async fn warm(&self, container_id: &str) {
+        match self.open_bridge(container_id).await {
+            Ok(bridge) => give_back(&self.pool, container_id, bridge),
+            Err(error) => {
+                tracing::debug!(container = %container_id, %error, "supervisor not warmed")
             }
-        });
+        }
     }
 
     /// Whether an idle connection to the container's supervisor is kept.
