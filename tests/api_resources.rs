@@ -1286,6 +1286,7 @@ async fn a_list_with_limit_comes_in_pages_joined_by_continue() {
     // Bad values name the parameter.
     for query in [
         "limit=0",
+        "limit=",
         "limit=x",
         "limit=10001",
         "limit=2&continue=nonsense",

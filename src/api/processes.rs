@@ -657,7 +657,7 @@ fn query_bool(q: &HashMap<String, String>, name: &str) -> Result<Option<bool>, A
 
 fn query_u64(q: &HashMap<String, String>, name: &str) -> Result<u64, ApiError> {
     match q.get(name).map(String::as_str) {
-        None | Some("") => Ok(0),
+        None => Ok(0),
         Some(v) => v
             .parse()
             .map_err(|_| field(name, &format!("must be a byte offset, got {v:?}"))),

@@ -154,8 +154,9 @@ fn flag(params: &HashMap<String, String>, name: &str) -> Result<bool, ApiError> 
 fn watch_timeout(
     params: &HashMap<String, String>,
 ) -> Result<Option<std::time::Duration>, ApiError> {
+    // An empty value is refused as any other that is not a number (the document says integer).
     match params.get("timeoutSeconds").map(String::as_str) {
-        None | Some("") => Ok(None),
+        None => Ok(None),
         Some(text) => match text.parse::<u32>() {
             Ok(seconds) if seconds >= 1 => Ok(Some(std::time::Duration::from_secs(seconds.into()))),
             _ => Err(ApiError::InvalidRequest(format!(
@@ -320,7 +321,7 @@ pub(crate) const MAX_LIMIT: u32 = 10_000;
 /// `limit`, when given.
 fn limit(params: &HashMap<String, String>) -> Result<Option<usize>, ApiError> {
     match params.get("limit").map(String::as_str) {
-        None | Some("") => Ok(None),
+        None => Ok(None),
         Some(text) => match text.parse::<u32>() {
             Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(Some(n as usize)),
             _ => Err(ApiError::InvalidRequest(format!(
