@@ -81,11 +81,15 @@ pub(super) fn keepalive(headers: &HeaderMap) -> Duration {
 pub async fn start(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let encoding = connect::stream_encoding(&headers);
     let deadline = connect::timeout(&headers);
+    // The call's deadline counts from its arrival, before the process (whose own timeout counts
+    // from its start) exists: the stream ends with `deadline_exceeded` before the kill's end
+    // event can come, as the SDK expects of a command that ran out of time.
+    let ends_at = deadline.map(|d| tokio::time::Instant::now() + d);
     match start_process(&state, &headers, &body, deadline).await {
         Ok((target, process)) => {
             let pace = Pace {
                 ping: keepalive(&headers),
-                deadline: deadline.map(|d| tokio::time::Instant::now() + d),
+                deadline: ends_at,
             };
             stream_events(&state, target, process, None, pace, encoding).await
         }
