@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 use super::E2bError;
 use crate::api::v1::common::{
-    lifetime_anchor, live_sandbox, ready_snapshot, spec_expiry, store_error,
+    lifetime_anchor, live_sandbox, ready_snapshot, ready_snapshots, spec_expiry, store_error,
 };
 use crate::api::v1::rules::{check_env, resolve, Wanted as V1Wanted};
 use crate::api::v1::sandboxes::create_running;
@@ -22,7 +22,7 @@ use crate::api::v1::V1Options;
 use crate::api::AppState;
 use crate::authz::{namespace_of, Principal};
 use crate::e2b::control::{self, ControlError, Created, Egress, NewSandbox};
-use crate::resource::{object_key, Kind, Sandbox, SnapshotPhase, SnapshotScope};
+use crate::resource::{object_key, Kind, Sandbox, SnapshotScope};
 
 fn control_error(e: ControlError) -> E2bError {
     match e {
@@ -525,18 +525,8 @@ pub async fn list_snapshots(
     let Query(query) = query.map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     let start = page_start(query.next_token.as_deref())?;
     let limit = query.limit.unwrap_or(100).clamp(1, MAX_PAGE);
-    let mut snapshots: Vec<_> = state
-        .store
-        .list(Kind::Snapshot)
+    let mut snapshots: Vec<_> = ready_snapshots(&state.store, principal.home_namespace())
         .iter()
-        .filter_map(|e| e.resource.as_snapshot())
-        .filter(|s| namespace_of(&s.metadata) == principal.home_namespace())
-        .filter(|s| {
-            s.metadata.deletion_timestamp.is_none()
-                && s.status
-                    .as_ref()
-                    .is_some_and(|st| st.phase == SnapshotPhase::Ready)
-        })
         .filter(|s| {
             query
                 .sandbox_id

@@ -34,18 +34,34 @@ pub fn live_sandbox(store: &Store, id: &str) -> Result<Sandbox, ApiError> {
         .ok_or_else(|| sandbox_not_found(id))
 }
 
-/// A snapshot that is ready (the wire has no way to show one that is not) and not being deleted.
+/// Whether a snapshot is ready (the wire has no way to show one that is not) and not being
+/// deleted.
+fn is_ready(snapshot: &Snapshot) -> bool {
+    snapshot.metadata.deletion_timestamp.is_none()
+        && snapshot
+            .status
+            .as_ref()
+            .is_some_and(|st| st.phase == SnapshotPhase::Ready)
+}
+
+/// A snapshot that is ready and not being deleted.
 pub fn ready_snapshot(store: &Store, id: &str) -> Result<Snapshot, ApiError> {
     store
         .get(Kind::Snapshot, id)
         .and_then(|e| e.resource.as_snapshot().cloned())
-        .filter(|s| {
-            s.metadata.deletion_timestamp.is_none()
-                && s.status
-                    .as_ref()
-                    .is_some_and(|st| st.phase == SnapshotPhase::Ready)
-        })
+        .filter(is_ready)
         .ok_or_else(|| snapshot_not_found(id))
+}
+
+/// The ready snapshots of `namespace` (what `/v1` and E2B list), not being deleted.
+pub fn ready_snapshots(store: &Store, namespace: &str) -> Vec<Snapshot> {
+    store
+        .list(Kind::Snapshot)
+        .iter()
+        .filter_map(|e| e.resource.as_snapshot())
+        .filter(|s| s.metadata.namespace == namespace && is_ready(s))
+        .cloned()
+        .collect()
 }
 
 /// Creates the resource `make` builds around a new ID (`prefix` and random hex), drawing again

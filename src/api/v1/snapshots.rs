@@ -9,8 +9,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::{Extension, Json};
 
 use super::common::{
-    create_with_new_id, live_sandbox, new_id, ready_snapshot, sandbox_info, sandbox_not_found,
-    snapshot_info, snapshot_not_found, store_error,
+    create_with_new_id, live_sandbox, new_id, ready_snapshot, ready_snapshots, sandbox_info,
+    sandbox_not_found, snapshot_info, snapshot_not_found, store_error,
 };
 use super::lax::{Bound, Fields};
 use super::request::{json_object, query_params};
@@ -21,7 +21,7 @@ use super::wire::{SandboxInfo, SnapshotInfo, SnapshotList};
 use super::{path_id, V1Options};
 use crate::api::error::ApiError;
 use crate::api::AppState;
-use crate::authz::{namespace_of, Principal};
+use crate::authz::Principal;
 use crate::resource::{
     split_key, AnyResource, ConditionStatus, Kind, RollbackRequest, SandboxState, Snapshot,
     SnapshotPhase, SnapshotScope, SnapshotSpec,
@@ -174,20 +174,12 @@ pub async fn list(
     RawQuery(query): RawQuery,
 ) -> Json<SnapshotList> {
     let filter = query_params(query.as_deref()).remove("sandbox_id");
-    let mut snapshots: Vec<_> = state
-        .store
-        .list(Kind::Snapshot)
+    let mut snapshots: Vec<_> = ready_snapshots(&state.store, principal.home_namespace())
         .iter()
-        .filter_map(|e| e.resource.as_snapshot())
-        .filter(|s| namespace_of(&s.metadata) == principal.home_namespace())
         .filter(|s| {
-            s.metadata.deletion_timestamp.is_none()
-                && s.status
-                    .as_ref()
-                    .is_some_and(|st| st.phase == SnapshotPhase::Ready)
-                && filter
-                    .as_ref()
-                    .is_none_or(|f| *f == s.metadata.sibling(&s.spec.sandbox))
+            filter
+                .as_ref()
+                .is_none_or(|f| *f == s.metadata.sibling(&s.spec.sandbox))
         })
         .map(|s| (s.metadata.creation_timestamp, snapshot_info(s)))
         .collect();
