@@ -783,6 +783,54 @@ def test_a_repeated_create_with_the_same_idempotency_key_is_the_same_sandbox():
     assert resource(first.sandbox_id) is None
 
 
+def keyed_sandboxes(key):
+    """The names of the sandboxes whose create carried idempotency key `key`."""
+    request = urllib.request.Request(
+        f"{SERVER}/apis/agent-sandbox.io/v1/sandboxes",
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as r:
+        items = json.load(r)["items"]
+    return [i["metadata"]["name"] for i in items
+            if i["metadata"].get("annotations", {}).get("e2b.dev/idempotency-key") == key]
+
+
+def test_a_create_whose_client_left_before_the_answer_still_keeps_its_key():
+    """A client that gives up waiting (a timeout, then a retry) must not make a second sandbox:
+    the create it left goes on, and its key is kept past the sandbox it made."""
+    key = f"left-{RUN}"
+    body = json.dumps({"templateID": "base", "timeout": 120}).encode()
+    host, port = SERVER.removeprefix("http://").split(":")
+    made = []
+    # The client leaves after `wait`: long enough for the request to be taken up, far shorter
+    # than a create without a pool. Should the request not have been taken up yet (nothing was
+    # made), it leaves later the next time.
+    for wait in (0.05, 0.1, 0.2, 0.4, 0.8):
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(
+                f"POST /e2b/sandboxes HTTP/1.1\r\nHost: {host}\r\nX-API-Key: {KEY}\r\n"
+                f"Idempotency-Key: {key}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            time.sleep(wait)
+        deadline = time.time() + 5
+        while not made and time.time() < deadline:
+            made = keyed_sandboxes(key)
+            time.sleep(0.1)
+        if made:
+            break
+    assert len(made) == 1, made
+    # A retry finds it while it lives...
+    again = Sandbox.create(timeout=120, idempotency_key=key)
+    assert again.sandbox_id == made[0]
+    assert again.commands.run("echo here").stdout == "here\n"
+    again.kill()
+    # ... and once it is gone, answers it still, not a new one.
+    late = Sandbox.create(timeout=120, idempotency_key=key)
+    assert late.sandbox_id == made[0]
+    assert not late.is_running()
+    assert keyed_sandboxes(key) == []
+
+
 class OwnServer:
     """A server of this test's own (E2B_TEST_BINARY) on a free port with a data directory that
     outlives its restarts, so that what must survive a restart can be checked."""

@@ -84,7 +84,7 @@ pub async fn create(
             Some(key)
         }
     };
-    let _serial = match &key {
+    let serial = match &key {
         Some(_) => Some(super::idempotency::CREATES.lock().await),
         None => None,
     };
@@ -185,16 +185,33 @@ pub async fn create(
     if let Some(key) = &key {
         annotations.insert(control::IDEMPOTENCY_KEY.to_string(), key.clone());
     }
-    let sandbox = create_running(&state, &V1Options::default(), move |id| {
-        let mut sandbox = Sandbox::new(id, spec.clone());
-        sandbox.metadata.namespace = home.clone();
-        sandbox.metadata.annotations = annotations.clone();
-        sandbox
-    })
-    .await?;
-    if let Some(key) = key {
-        super::idempotency::remember(&state, key, &sandbox).await;
-    }
+    // The create, and the keeping of its key, go on when the client leaves before the answer
+    // (the handler is dropped, the task is not): a retry then finds the sandbox, and once the
+    // sandbox is deleted, the record of its key. The task holds the creates' lock until both
+    // are done, so no create with the same key slips in between.
+    let creating = tokio::spawn({
+        let state = state.clone();
+        async move {
+            let _serial = serial;
+            let sandbox = create_running(&state, &V1Options::default(), move |id| {
+                let mut sandbox = Sandbox::new(id, spec.clone());
+                sandbox.metadata.namespace = home.clone();
+                sandbox.metadata.annotations = annotations.clone();
+                sandbox
+            })
+            .await?;
+            if let Some(key) = key {
+                super::idempotency::remember(&state, key, &sandbox).await;
+            }
+            Ok::<_, E2bError>(sandbox)
+        }
+    });
+    let sandbox = creating.await.map_err(|e| {
+        E2bError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the create failed: {e}"),
+        )
+    })??;
     Ok((StatusCode::CREATED, Json(created(&state, &sandbox))).into_response())
 }
 
