@@ -10,6 +10,9 @@
 //! idempotent: after a crash, or by a second server on the same host, nothing is duplicated.
 //! Every rule carries a comment naming the project, so that `iptables -S` says whose it is.
 //!
+//! Rules naming a bridge the host no longer has (its network was removed) are taken out again
+//! by [`forget_gone_bridges`], which the controller calls with every resync.
+//!
 //! For the internal network of policed sandboxes it adds `nat` rules: TCP from that bridge to
 //! anywhere but the gateway's DNS server and proxy is redirected to the gateway's transparent listener
 //! (which reads the original destination and decides), so that clients ignoring the proxy
@@ -231,6 +234,61 @@ fn split_rule(rule: &str) -> Vec<String> {
         args.push(current);
     }
     args
+}
+
+/// Removes the rules of this module (by their comments) that name an interface this host no
+/// longer has: a network removed since its rules were put in place (a bridge's name is never
+/// reused: Docker names it after the network's ID). Returns how many went. Rules of bridges that
+/// exist, another server's included, are left alone.
+pub async fn forget_gone_bridges() -> Result<usize, FirewallError> {
+    forget_rules_of(|interface| !interface_exists(interface)).await
+}
+
+fn interface_exists(interface: &str) -> bool {
+    // An interface name has no '/' and is never "." or "..", so this names one entry.
+    !interface.contains('/')
+        && !matches!(interface, "" | "." | "..")
+        && std::path::Path::new("/sys/class/net")
+            .join(interface)
+            .exists()
+}
+
+/// Deletes this module's rules whose `-i` interface `gone` says is gone.
+async fn forget_rules_of(gone: impl Fn(&str) -> bool) -> Result<usize, FirewallError> {
+    let mut removed = 0;
+    for (table, chain) in [
+        ("filter", "DOCKER-USER"),
+        ("filter", "INPUT"),
+        ("nat", "PREROUTING"),
+    ] {
+        let listed = iptables(&["-t".into(), table.into(), "-S".into(), chain.into()]).await?;
+        if !listed.status.success() {
+            // A chain this host does not have holds none of ours.
+            continue;
+        }
+        for line in String::from_utf8_lossy(&listed.stdout).lines() {
+            let Some(rule) = line.strip_prefix(&format!("-A {chain} ")) else {
+                continue;
+            };
+            let args = split_rule(rule);
+            let ours = args
+                .iter()
+                .any(|a| [COMMENT, REDIRECT_COMMENT, REFUSE_COMMENT].contains(&a.as_str()));
+            let interface = args
+                .windows(2)
+                .find(|w| w[0] == "-i")
+                .map(|w| w[1].as_str());
+            if !ours || !interface.is_some_and(&gone) {
+                continue;
+            }
+            let mut delete = vec!["-t".into(), table.into(), "-D".into(), chain.into()];
+            delete.extend(args);
+            if iptables(&delete).await?.status.success() {
+                removed += 1;
+            }
+        }
+    }
+    Ok(removed)
 }
 
 /// Inserts each rule at the top of its chain (of `table`) unless `-C` finds it there already.

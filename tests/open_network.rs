@@ -132,3 +132,75 @@ fn an_open_sandbox_reaches_neither_link_local_nor_the_host() {
     accepted.read_exact(&mut byte).unwrap();
     assert_eq!(&byte, b"x");
 }
+
+/// The guard rules of every chain that name `bridge`.
+fn rules_naming(bridge: &str) -> Vec<String> {
+    [
+        ("filter", "INPUT"),
+        ("filter", "DOCKER-USER"),
+        ("nat", "PREROUTING"),
+    ]
+    .iter()
+    .flat_map(|(table, chain)| {
+        let (_, out) = run(&["iptables", "-t", table, "-S", chain]);
+        out.lines()
+            .filter(|l| l.contains(&format!("-i {bridge} ")) && l.contains("agent-sandbox"))
+            .map(String::from)
+            .collect::<Vec<_>>()
+    })
+    .collect()
+}
+
+#[test]
+fn the_rules_of_a_removed_network_are_taken_out_and_others_kept() {
+    // A network of this test's own, which it removes behind the server's back.
+    let own = unique("guard-net");
+    let server = Server::start_with(&[
+        ("AGENT_SANDBOX_NETWORK_NAME", &own),
+        ("AGENT_SANDBOX_RESYNC_SECONDS", "1"),
+    ]);
+    let sb = unique("guard-gone");
+    let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+                     "metadata": {"name": sb}, "spec": {"image": TEST_IMAGE, "network": true}});
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    server.wait_running(&sb);
+    let id = network(&own)["Id"].as_str().unwrap().to_string();
+    let bridge = format!("br-{}", &id[..12]);
+    assert_eq!(
+        rules_naming(&bridge).len(),
+        4,
+        "{:?}",
+        rules_naming(&bridge)
+    );
+    // The shared network's rules, of a bridge that stays, are there too (another server's).
+    let shared = Server::start();
+    let kept = unique("guard-kept");
+    let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+                     "metadata": {"name": kept}, "spec": {"image": TEST_IMAGE, "network": true}});
+    let (status, body) = shared.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    shared.wait_running(&kept);
+    let shared_id = network("agent-sandbox-net")["Id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let shared_bridge = format!("br-{}", &shared_id[..12]);
+    assert_eq!(rules_naming(&shared_bridge).len(), 4);
+
+    let (status, body) = server.request("DELETE", &format!("/v1/sandboxes/{sb}"), None);
+    assert!(status == 200 || status == 204, "{status} {body}");
+    wait_until("the network is removed", Duration::from_secs(30), || {
+        docker_status(&["network", "rm", &own])
+    });
+    wait_until(
+        "the server takes the removed bridge's rules out",
+        Duration::from_secs(30),
+        || rules_naming(&bridge).is_empty(),
+    );
+    assert_eq!(
+        rules_naming(&shared_bridge).len(),
+        4,
+        "the rules of a bridge that exists were touched"
+    );
+}

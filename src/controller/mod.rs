@@ -537,6 +537,12 @@ impl Controller {
                 tracing::warn!(%error, "garbage collection failed");
             }
             self.store.collect_snapshot_data().await;
+            // Open and policed networks alike leave rules behind when they are removed.
+            match crate::firewall::forget_gone_bridges().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(n, "removed the firewall rules of removed networks"),
+                Err(error) => tracing::debug!(%error, "cannot tidy the firewall rules"),
+            }
         }
     }
 
