@@ -14,7 +14,9 @@
 //! `agent-sandbox-heartbeat-<server>-<unix seconds>`, labeled [`LABEL_HEARTBEAT`] (the server
 //! identity) and [`LABEL_HEARTBEAT_AT`]. Every [`HEARTBEAT_INTERVAL`] it creates a new one and
 //! then removes its older ones, so one always exists. Nothing mounts them (they hold no data), and
-//! they carry no `managed` label, so no garbage collection of sandboxes ever sees them. A server
+//! they carry no `managed` label, so no garbage collection of sandboxes ever sees them. A beat also
+//! removes other servers' heartbeats long past stale ([`HEARTBEAT_FORGOTTEN`]): a killed server
+//! leaves its last one behind. A server
 //! beats once before its controller starts, so it has a heartbeat before it creates anything.
 //! An identity is alive while its newest heartbeat is younger than [`HEARTBEAT_STALE`], six
 //! intervals. The command lists the objects first and the heartbeats second, so an object made
@@ -77,7 +79,13 @@ fn beat_time(volume: &ManagedVolume) -> Option<u64> {
     volume.labels.get(LABEL_HEARTBEAT_AT)?.parse().ok()
 }
 
-/// Renews `server`'s heartbeat: a new marker first, then its older ones go.
+/// How old another server's heartbeat must be before a beat removes it: far past stale (it
+/// claims nothing since [`HEARTBEAT_STALE`]), so that clocks apart by minutes do not matter.
+pub const HEARTBEAT_FORGOTTEN: Duration = Duration::from_secs(15 * 60);
+
+/// Renews `server`'s heartbeat: a new marker first, then its older ones go, and those of other
+/// servers older than [`HEARTBEAT_FORGOTTEN`] (a server killed without a chance to remove its
+/// own; `agent-sandbox gc` would take them too, but nothing else would).
 pub async fn beat(engine: &dyn Engine, server: &str) -> Result<(), EngineError> {
     let at = unix_now();
     let labels = BTreeMap::from([
@@ -88,7 +96,11 @@ pub async fn beat(engine: &dyn Engine, server: &str) -> Result<(), EngineError> 
     engine.create_marker_volume(&name, &labels).await?;
     for old in engine.list_volumes_with_label(LABEL_HEARTBEAT).await? {
         let mine = old.labels.get(LABEL_HEARTBEAT).map(String::as_str) == Some(server);
-        if mine && old.name != name && beat_time(&old).is_none_or(|t| t <= at) {
+        let replaced = mine && old.name != name && beat_time(&old).is_none_or(|t| t <= at);
+        let forgotten = !mine
+            && beat_time(&old)
+                .is_some_and(|t| at.saturating_sub(t) > HEARTBEAT_FORGOTTEN.as_secs());
+        if replaced || forgotten {
             engine.remove_volume(&old.name).await?;
         }
     }
@@ -366,10 +378,14 @@ mod tests {
     }
 
     #[test]
-    fn a_beat_replaces_the_older_heartbeats_of_its_server_only() {
+    fn a_beat_replaces_the_older_heartbeats_of_its_server_and_forgotten_ones_of_others() {
         let engine = crate::docker::fake::FakeEngine::new();
         let old = labels(&[(LABEL_HEARTBEAT, "me"), (LABEL_HEARTBEAT_AT, "1")]);
-        let other = labels(&[(LABEL_HEARTBEAT, "other"), (LABEL_HEARTBEAT_AT, "1")]);
+        // Stale (it claims nothing) but not yet forgotten: a server whose clock is minutes
+        // behind, or one stopped for a while, keeps it.
+        let stale = (unix_now() - 2 * HEARTBEAT_STALE.as_secs()).to_string();
+        let other = labels(&[(LABEL_HEARTBEAT, "other"), (LABEL_HEARTBEAT_AT, &stale)]);
+        let killed = labels(&[(LABEL_HEARTBEAT, "killed"), (LABEL_HEARTBEAT_AT, "1")]);
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -377,6 +393,10 @@ mod tests {
             engine.create_marker_volume("hb-old", &old).await.unwrap();
             engine
                 .create_marker_volume("hb-other", &other)
+                .await
+                .unwrap();
+            engine
+                .create_marker_volume("hb-killed", &killed)
                 .await
                 .unwrap();
             beat(&engine, "me").await.unwrap();
@@ -388,6 +408,7 @@ mod tests {
             names.sort();
             assert_eq!(names.len(), 2, "{names:?}");
             assert!(names.contains(&"hb-other"));
+            assert!(!names.contains(&"hb-killed"));
             assert!(names
                 .iter()
                 .any(|n| n.starts_with("agent-sandbox-heartbeat-me-")));
