@@ -135,7 +135,16 @@ impl Channel {
             user: user.to_string(),
             stdin: true,
         };
-        let session = engine.exec(container, &plan).await?;
+        // Docker may never answer an exec (into a frozen container): the slot of the container's
+        // shared channel is held until it does, so it gets the greeting's time as well.
+        let session = tokio::time::timeout(HELLO_TIMEOUT, engine.exec(container, &plan))
+            .await
+            .map_err(|_| {
+                ChannelError::Dead(format!(
+                    "docker did not start the helper within {} s",
+                    HELLO_TIMEOUT.as_secs()
+                ))
+            })??;
         let writer = session
             .input
             .ok_or_else(|| ChannelError::NoHelper("docker gave no stdin".into()))?;
@@ -446,5 +455,25 @@ impl Drop for Running {
         if !self.finished {
             self.channel.kill_soon(self.id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::docker::fake::FakeEngine;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_exec_docker_never_answers_fails_in_time() {
+        let engine = FakeEngine::new();
+        engine.hang_exec();
+        let started = tokio::time::Instant::now();
+        let opened = Channel::open(&engine, "frozen", "1000:1000").await;
+        match opened {
+            Err(ChannelError::Dead(why)) => assert!(why.contains("did not start"), "{why}"),
+            Err(other) => panic!("failed otherwise: {other}"),
+            Ok(_) => panic!("a channel opened through an exec that never answered"),
+        }
+        assert_eq!(started.elapsed(), HELLO_TIMEOUT);
     }
 }

@@ -64,6 +64,8 @@ struct State {
     helper_volumes: BTreeMap<String, Vec<u8>>,
     next_failures: HashMap<String, VecDeque<EngineError>>,
     always_failing: BTreeSet<String>,
+    /// `exec` never answers (a daemon stuck on a frozen container).
+    exec_hangs: bool,
     calls: Vec<String>,
     next_id: u64,
     unreachable: bool,
@@ -128,6 +130,11 @@ impl FakeEngine {
     /// Every call of `op` fails until [`FakeEngine::clear_failures`].
     pub fn fail_always(&self, op: &str) {
         self.lock().always_failing.insert(op.to_string());
+    }
+
+    /// From now on `exec` never answers, as Docker may not for a frozen container.
+    pub fn hang_exec(&self) {
+        self.lock().exec_hangs = true;
     }
 
     pub fn clear_failures(&self) {
@@ -653,7 +660,10 @@ impl Engine for FakeEngine {
     }
 
     async fn exec(&self, container: &str, _plan: &ExecPlan) -> EngineResult<ExecSession> {
-        drop(self.enter("exec", container)?);
+        let hangs = self.enter("exec", container)?.exec_hangs;
+        if hangs {
+            futures::future::pending::<()>().await;
+        }
         Err(no_data_plane("exec"))
     }
 

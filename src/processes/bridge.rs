@@ -61,7 +61,15 @@ impl Bridge {
             user: user.to_string(),
             stdin: true,
         };
-        let session = engine.exec(container, &plan).await?;
+        // Docker may never answer an exec (into a frozen container): it gets the greeting's time.
+        let session = tokio::time::timeout(HELLO_TIMEOUT, engine.exec(container, &plan))
+            .await
+            .map_err(|_| {
+                BridgeError::NoSupervisor(format!(
+                    "docker did not start the bridge within {} s",
+                    HELLO_TIMEOUT.as_secs()
+                ))
+            })??;
         let input = session
             .input
             .ok_or_else(|| BridgeError::NoSupervisor("docker gave no stdin".into()))?;
@@ -161,5 +169,25 @@ impl Bridge {
                 return Ok(replies);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::docker::fake::FakeEngine;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_exec_docker_never_answers_fails_in_time() {
+        let fake = FakeEngine::new();
+        fake.hang_exec();
+        let engine: Arc<dyn Engine> = Arc::new(fake);
+        let started = tokio::time::Instant::now();
+        match Bridge::open(&engine, "frozen", "1000:1000").await {
+            Err(BridgeError::NoSupervisor(why)) => assert!(why.contains("did not start"), "{why}"),
+            Err(other) => panic!("failed otherwise: {other}"),
+            Ok(_) => panic!("a bridge opened through an exec that never answered"),
+        }
+        assert_eq!(started.elapsed(), HELLO_TIMEOUT);
     }
 }
