@@ -1,7 +1,6 @@
 //! Copy-on-write workspaces against the real Docker daemon (runc, or runsc with
 //! `AGENT_SANDBOX_TEST_RUNTIME=runsc`): restores are overlay views of a snapshot's tree in the
-//! data directory (under runc; gVisor sandboxes keep the copy path, and the same promises are
-//! checked of it); forks see only their own writes, a rollback discards them and keeps the base,
+//! data directory, under both runtimes; forks see only their own writes, a rollback discards them and keeps the base,
 //! deleting the base snapshot keeps live views working (across a stop and start, which mounts
 //! the view anew), a kill -9 in the middle of forks and rollbacks converges with nothing left
 //! over, and hostile snapshot content is refused before any view exists.
@@ -102,9 +101,9 @@ fn workspace_of(name: &str) -> (String, Value) {
     (volume, inspected["Options"].clone())
 }
 
-/// Whether restores are views here (the copy path under gVisor).
+/// Whether restores are views here: under runc and gVisor alike.
 fn views() -> bool {
-    !gvisor()
+    true
 }
 
 /// Checks that `name`'s workspace is a view (or, where views are not used, a plain volume).

@@ -11,12 +11,12 @@
 //! A view is only used where it verifiably works: the server runs as root (the upper root is
 //! given to the sandbox user), the host path has not failed for the runtime, and once the
 //! container runs, both the host path's proof holds (see `workspace.rs`: the volume's directory
-//! here is the container's `/workspace`, which gVisor cannot show, so gVisor sandboxes keep the
-//! copy path although Docker mounts overlay volumes for them too) and this host's mount table
-//! shows Docker's overlay with this very upper directory at the volume's directory (a remote
-//! daemon, or one in another mount namespace, shows nothing there). Where that fails the view is discarded, views are given
-//! up for the runtime, and the restore copies the content as before. `AGENT_SANDBOX_COPY_ON_WRITE
-//! =false` turns views off.
+//! here is the container's `/workspace`; gVisor's sandbox process cannot show it, so under gVisor
+//! this part is left out, and its gofer serves the view to the sandbox like any volume) and this
+//! host's mount table shows Docker's overlay with this very upper directory at the volume's
+//! directory (a remote daemon, or one in another mount namespace, shows nothing there). Where
+//! that fails the view is discarded, views are given up for the runtime, and the restore copies
+//! the content as before. `AGENT_SANDBOX_COPY_ON_WRITE=false` turns views off.
 //!
 //! Volumes name their tree in a label ([`LABEL_TREE`]); garbage collection keeps a tree while a
 //! snapshot of its uid or a volume naming it exists, so deleting a snapshot leaves its views
@@ -39,12 +39,11 @@ use crate::docker::{
 };
 use crate::store::{Store, TreeError};
 
-/// Whether views may be tried at all: allowed by the settings and the engine, the server is
-/// root, and its runtime is not gVisor (see above).
+/// Whether views may be tried at all: allowed by the settings and the engine, and the server is
+/// root.
 pub(super) fn enabled(settings: &Settings, engine: &dyn Engine) -> bool {
     // SAFETY: geteuid has no preconditions.
     settings.copy_on_write
-        && !is_gvisor(&settings.docker_runtime)
         && settings.host_workspace_access
         && engine.capabilities().host_workspace_access
         && unsafe { libc::geteuid() } == 0
@@ -86,9 +85,11 @@ pub(super) async fn populate_view(
 ) -> Result<Option<String>, ReconcileError> {
     let runtime = plan.runtime.clone().unwrap_or_default();
     // Views are part of the host path: not where it has failed for this runtime (and each view
-    // proves it again, see `verify`).
+    // proves it again, see `verify`). gVisor never shows the container's `/workspace` to the
+    // host, so its views stand on the mount table alone.
+    let host_path = is_gvisor(&runtime) || ctl.workspaces.may_use_host(&runtime);
     if !enabled(ctl.settings, ctl.engine.as_ref())
-        || !ctl.workspaces.may_use_host(&runtime)
+        || !host_path
         || ctl.workspaces.view_access.get(&runtime) == Some(false)
     {
         return Ok(None);
@@ -192,8 +193,10 @@ fn view_labels(
 }
 
 /// Checks that the running container `id`'s workspace is the volume's directory on this host
-/// (the host path's proof, learned for `runtime`) and that this directory is the overlay whose
-/// upper directory is `upper`, as this host's mount table shows it.
+/// (the host path's proof, learned for `runtime`; not under gVisor, whose sandbox process shows
+/// the host no `/workspace`) and that this directory is the overlay whose upper directory is
+/// `upper`, as this host's mount table shows it: the daemon that started the container mounted
+/// this very view here, and Docker binds a volume's directory at its destination.
 async fn verify(
     ctl: &SandboxContext<'_>,
     id: &str,
@@ -206,13 +209,15 @@ async fn verify(
         .await
         .map_err(|e| e.to_string())?
         .ok_or("the container vanished while starting")?;
-    match open_host_root(&details) {
-        Ok(_) => ctl.workspaces.host_access.learn(runtime, true),
-        Err(error) => {
-            if error.lasting {
-                ctl.workspaces.host_access.learn(runtime, false);
+    if !is_gvisor(runtime) {
+        match open_host_root(&details) {
+            Ok(_) => ctl.workspaces.host_access.learn(runtime, true),
+            Err(error) => {
+                if error.lasting {
+                    ctl.workspaces.host_access.learn(runtime, false);
+                }
+                return Err(error.to_string());
             }
-            return Err(error.to_string());
         }
     }
     let source = details
