@@ -677,7 +677,8 @@ fn workspaces_are_made_on_the_host_when_verifiable_and_match_the_archive_api() {
                 actions.contains(&"start".to_string()),
                 "{name}: {actions:?}"
             );
-            let archive_expected = !host_expected && !(restored && views_expected);
+            let made_on_host = host_expected || (restored && views_expected);
+            let archive_expected = !made_on_host;
             assert_eq!(
                 actions.contains(&"extract-to-dir".to_string()),
                 archive_expected,
