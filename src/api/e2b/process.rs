@@ -80,19 +80,12 @@ pub(super) fn keepalive(headers: &HeaderMap) -> Duration {
 
 pub async fn start(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let encoding = connect::stream_encoding(&headers);
-    let deadline = connect::timeout(&headers);
     // The call's deadline counts from its arrival, before the process (whose own timeout counts
     // from its start) exists: the stream ends with `deadline_exceeded` before the kill's end
     // event can come, as the SDK expects of a command that ran out of time.
-    let ends_at = deadline.map(|d| tokio::time::Instant::now() + d);
-    match start_process(&state, &headers, &body, deadline).await {
-        Ok((target, process)) => {
-            let pace = Pace {
-                ping: keepalive(&headers),
-                deadline: ends_at,
-            };
-            stream_events(&state, target, process, None, pace, encoding).await
-        }
+    let pace = Pace::of(&headers);
+    match start_process(&state, &headers, &body, connect::timeout(&headers)).await {
+        Ok((target, process)) => stream_events(&state, target, process, None, pace, encoding).await,
         Err(e) => connect::stream_error(e, encoding),
     }
 }
@@ -142,6 +135,7 @@ async fn start_process(
 
 pub async fn connect(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let encoding = connect::stream_encoding(&headers);
+    let pace = Pace::of(&headers);
     let found = async {
         let target = target(&state, &headers).await?;
         let request: ConnectRequest =
@@ -155,10 +149,6 @@ pub async fn connect(State(state): State<AppState>, headers: HeaderMap, body: By
         // only this stream: the process was started by another call.
         Ok((target, p)) => {
             let (out, err) = (p.stdout_bytes, p.stderr_bytes);
-            let pace = Pace {
-                ping: keepalive(&headers),
-                deadline: connect::timeout(&headers).map(|d| tokio::time::Instant::now() + d),
-            };
             stream_events(&state, target, p, Some((out, err)), pace, encoding).await
         }
         Err(e) => connect::stream_error(e, encoding),
@@ -219,6 +209,16 @@ fn end_event(exit_code: Option<i32>, signal: Option<&str>) -> EndEvent {
 struct Pace {
     ping: Duration,
     deadline: Option<tokio::time::Instant>,
+}
+
+impl Pace {
+    /// The pace a call's headers ask for, its deadline counted from now (the call's arrival).
+    fn of(headers: &HeaderMap) -> Pace {
+        Pace {
+            ping: keepalive(headers),
+            deadline: connect::timeout(headers).map(|d| tokio::time::Instant::now() + d),
+        }
+    }
 }
 
 /// Why a stream's output ended before its process did, worded for the SDK: a sandbox that is
