@@ -24,6 +24,17 @@ fn inside(server: &Server, name: &str, script: &str) -> String {
     out["stdout"].as_str().unwrap_or_default().to_string()
 }
 
+/// A running sandbox of `server` on its open network; its name.
+fn open_sandbox(server: &Server, prefix: &str) -> String {
+    let sb = unique(prefix);
+    let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+                     "metadata": {"name": sb}, "spec": {"image": TEST_IMAGE, "network": true}});
+    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
+    assert_eq!(status, 201, "{body}");
+    server.wait_running(&sb);
+    sb
+}
+
 fn network(name: &str) -> Value {
     inspect(&["--type", "network", name]).expect("the open network exists")
 }
@@ -31,12 +42,7 @@ fn network(name: &str) -> Value {
 #[test]
 fn an_open_sandbox_reaches_neither_link_local_nor_the_host() {
     let server = Server::start();
-    let sb = unique("open-guard");
-    let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
-                     "metadata": {"name": sb}, "spec": {"image": TEST_IMAGE, "network": true}});
-    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
-    assert_eq!(status, 201, "{body}");
-    server.wait_running(&sb);
+    let sb = open_sandbox(&server, "open-guard");
 
     // What was asked of the host: the rules name the open network's bridge.
     let net = network("agent-sandbox-net");
@@ -159,12 +165,7 @@ fn the_rules_of_a_removed_network_are_taken_out_and_others_kept() {
         ("AGENT_SANDBOX_NETWORK_NAME", &own),
         ("AGENT_SANDBOX_RESYNC_SECONDS", "1"),
     ]);
-    let sb = unique("guard-gone");
-    let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
-                     "metadata": {"name": sb}, "spec": {"image": TEST_IMAGE, "network": true}});
-    let (status, body) = server.request("POST", &format!("{API}/sandboxes"), Some(&doc));
-    assert_eq!(status, 201, "{body}");
-    server.wait_running(&sb);
+    let sb = open_sandbox(&server, "guard-gone");
     let id = network(&own)["Id"].as_str().unwrap().to_string();
     let bridge = format!("br-{}", &id[..12]);
     assert_eq!(
@@ -175,12 +176,7 @@ fn the_rules_of_a_removed_network_are_taken_out_and_others_kept() {
     );
     // The shared network's rules, of a bridge that stays, are there too (another server's).
     let shared = Server::start();
-    let kept = unique("guard-kept");
-    let doc = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
-                     "metadata": {"name": kept}, "spec": {"image": TEST_IMAGE, "network": true}});
-    let (status, body) = shared.request("POST", &format!("{API}/sandboxes"), Some(&doc));
-    assert_eq!(status, 201, "{body}");
-    shared.wait_running(&kept);
+    open_sandbox(&shared, "guard-kept");
     let shared_id = network("agent-sandbox-net")["Id"]
         .as_str()
         .unwrap()
