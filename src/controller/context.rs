@@ -72,6 +72,8 @@ pub(super) struct PoolContext<'a> {
     pub(super) dataplane: &'a Arc<crate::dataplane::DataPlane>,
     /// Bounds how many members are readied at once (see [`PoolContext::warm`]).
     pub(super) warming: &'a Arc<tokio::sync::Semaphore>,
+    /// Bounds how many members are made at once (see [`PoolContext::making_turn`]).
+    pub(super) making: &'a Arc<tokio::sync::Semaphore>,
 }
 
 /// How many new pool members have their connections opened at once. Each opening is a `docker
@@ -80,7 +82,19 @@ pub(super) struct PoolContext<'a> {
 /// greeting deadline.
 pub(super) const WARM_AT_ONCE: usize = 2;
 
+/// How many pool members, of all pools together, are created and started at once. A pool of
+/// dozens made all at once queues dozens of container creates in the daemon, and a sandbox
+/// created meanwhile (no member fits it) waits behind all of them: 30 s and more on 2 cores.
+/// On such a machine the daemon does not make them faster in parallel anyway.
+pub(super) const MAKE_AT_ONCE: usize = 4;
+
 impl PoolContext<'_> {
+    /// Waits for a turn to make one member (see [`MAKE_AT_ONCE`]); the turn ends when the
+    /// permit is dropped.
+    pub(super) async fn making_turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.making.acquire().await.ok()
+    }
+
     /// Readies a new member for its claim, in the background and [`WARM_AT_ONCE`] at a time: its
     /// supervisor connection and its helper channel are opened, so the claiming sandbox's first
     /// call starts at once.

@@ -129,6 +129,7 @@ pub struct Controller {
     dataplane: Arc<crate::dataplane::DataPlane>,
     /// Turns for readying new pool members (see `context::WARM_AT_ONCE`).
     warming: Arc<tokio::sync::Semaphore>,
+    making: Arc<tokio::sync::Semaphore>,
     /// The sandboxes' declared services, kept running in their containers.
     services: Arc<crate::services::Services>,
     /// What Docker's events said lately about containers dying (see `termination.rs`).
@@ -195,6 +196,7 @@ impl Controller {
             processes,
             dataplane,
             warming: Arc::new(tokio::sync::Semaphore::new(context::WARM_AT_ONCE)),
+            making: Arc::new(tokio::sync::Semaphore::new(context::MAKE_AT_ONCE)),
             terminations: Default::default(),
             metrics,
             store,
@@ -429,6 +431,7 @@ impl Controller {
             processes: &self.processes,
             dataplane: &self.dataplane,
             warming: &self.warming,
+            making: &self.making,
         }
     }
 

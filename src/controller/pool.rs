@@ -66,7 +66,11 @@ pub(super) async fn reconcile(
             deferred = Some(wait);
         } else {
             let missing = size - usable.len();
-            let results = join_all((0..missing).map(|_| create_member(ctl, &pool, &key))).await;
+            let results = join_all((0..missing).map(|_| async {
+                let _turn = ctl.making_turn().await;
+                create_member(ctl, &pool, &key).await
+            }))
+            .await;
             if let Some(Err(error)) = results.into_iter().find(|r| r.is_err()) {
                 failure = Some(ReconcileError::MembersNotCreated(Box::new(error)));
             }

@@ -109,8 +109,11 @@ pub(super) async fn reconcile(
         return Ok(Outcome::after(wait));
     }
     let missing = size - usable.len();
-    let results =
-        join_all((0..missing).map(|_| create(ctl, pool, &template, &key, &runtime))).await;
+    let results = join_all((0..missing).map(|_| async {
+        let _turn = ctl.making_turn().await;
+        create(ctl, pool, &template, &key, &runtime).await
+    }))
+    .await;
     let ready: Vec<ManagedContainer> = ctl
         .pools
         .members(pool)
