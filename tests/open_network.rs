@@ -20,7 +20,26 @@ const LINK_LOCAL: &str = "169.254.77.77";
 fn inside(server: &Server, name: &str, script: &str) -> String {
     let body = json!({"command": script, "timeout_seconds": 30});
     let (status, out) = server.request("POST", &format!("/v1/sandboxes/{name}/exec"), Some(&body));
-    assert_eq!(status, 200, "{out}");
+    if status != 200 {
+        // What the container and the server went through, to tell a sandbox that died from a
+        // helper that did.
+        let filter = format!("label=io.agent-sandbox.id={name}");
+        let state = docker(&[
+            "ps",
+            "-a",
+            "--filter",
+            &filter,
+            "--format",
+            "{{.ID}} {{.Status}}",
+        ]);
+        let log = server.log();
+        let from = log.len().saturating_sub(16 * 1024);
+        let from = (from..log.len())
+            .find(|&i| log.is_char_boundary(i))
+            .unwrap_or(log.len());
+        let tail = &log[from..];
+        panic!("{status} {out}\ncontainer: {state}\nserver log (tail):\n{tail}");
+    }
     out["stdout"].as_str().unwrap_or_default().to_string()
 }
 

@@ -367,6 +367,9 @@ async fn read_loop(
     mut output: BoxStream<'static, EngineResult<ExecOutput>>,
     mut decoder: FrameDecoder,
 ) {
+    // The helper's last words, for the reason its channel died (commands' output travels in
+    // frames on stdout; stderr only carries the helper's own messages).
+    let mut said = Vec::new();
     let reason = 'outer: loop {
         loop {
             match decoder.next_event() {
@@ -384,9 +387,18 @@ async fn read_loop(
             Some(Ok(ExecOutput::Stderr(bytes))) => {
                 let text = String::from_utf8_lossy(&bytes[..bytes.len().min(STDERR_KEEP)]);
                 tracing::debug!(stderr = %text.trim(), "helper said");
+                said.extend_from_slice(&bytes);
+                let excess = said.len().saturating_sub(STDERR_KEEP);
+                said.drain(..excess);
             }
             Some(Err(e)) => break format!("the helper's stream failed: {e}"),
-            None => break "the helper exited".into(),
+            None if said.is_empty() => break "the helper exited".into(),
+            None => {
+                break format!(
+                    "the helper exited: {}",
+                    String::from_utf8_lossy(&said).trim()
+                )
+            }
         }
     };
     shared.die(reason);
@@ -462,6 +474,7 @@ impl Drop for Running {
 mod tests {
     use super::*;
     use crate::docker::fake::FakeEngine;
+    use bytes::Bytes;
 
     #[tokio::test(start_paused = true)]
     async fn an_exec_docker_never_answers_fails_in_time() {
@@ -475,5 +488,40 @@ mod tests {
             Ok(_) => panic!("a channel opened through an exec that never answered"),
         }
         assert_eq!(started.elapsed(), HELLO_TIMEOUT);
+    }
+
+    #[tokio::test]
+    async fn a_helper_that_dies_leaves_its_last_words_in_the_reason() {
+        let shared = Arc::new(Shared::default());
+        let long = "x".repeat(3 * STDERR_KEEP);
+        let said: Vec<EngineResult<ExecOutput>> = vec![
+            Ok(ExecOutput::Stderr(Bytes::from(long))),
+            Ok(ExecOutput::Stderr(Bytes::from_static(
+                b"helper: poll: out of memory\n",
+            ))),
+        ];
+        read_loop(
+            Arc::clone(&shared),
+            futures::stream::iter(said).boxed(),
+            FrameDecoder::new(),
+        )
+        .await;
+        let reason = shared.lock().dead.clone().expect("the channel died");
+        assert!(reason.starts_with("the helper exited: x"), "{reason}");
+        assert!(reason.ends_with("helper: poll: out of memory"), "{reason}");
+        assert!(
+            reason.len() <= STDERR_KEEP + 40,
+            "kept {} bytes",
+            reason.len()
+        );
+
+        let silent = Arc::new(Shared::default());
+        read_loop(
+            Arc::clone(&silent),
+            futures::stream::empty().boxed(),
+            FrameDecoder::new(),
+        )
+        .await;
+        assert_eq!(silent.lock().dead.as_deref(), Some("the helper exited"));
     }
 }
