@@ -61,6 +61,12 @@ fn main_loop_timeout(now: Instant, deadline: Option<Instant>) -> i32 {
     }
 }
 
+/// Tells the host on stderr why the helper is ending, best effort: `eprintln!` would panic on a
+/// stderr that is gone too.
+fn say(message: &str) {
+    let _ = sys::write(2, format!("helper: {message}\n").as_bytes());
+}
+
 fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -123,8 +129,10 @@ impl Helper {
                 Ok(0) => break,
                 Ok(n) => self.out_pos += n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(_) => {
-                    // The host went away: nobody to report to; kill everything.
+                Err(e) => {
+                    // The host went away: nobody to report to (stderr may still reach it);
+                    // kill everything.
+                    say(&format!("cannot write events: {e}"));
                     self.out_broken = true;
                     self.begin_shutdown();
                 }
@@ -306,6 +314,13 @@ impl Helper {
             match sys::read(0, &mut buf) {
                 Ok(0) => {
                     self.stdin_open = false;
+                    if !self.commands.is_empty() {
+                        // Normally the host asks for a Shutdown first; say why commands die.
+                        say(&format!(
+                            "requests ended with {} command(s) running",
+                            self.commands.len()
+                        ));
+                    }
                     if let Err(e) = self.decoder.finish() {
                         self.protocol_violation(e.to_string());
                     }
@@ -333,7 +348,8 @@ impl Helper {
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
-                Err(_) => {
+                Err(e) => {
+                    say(&format!("cannot read requests: {e}"));
                     self.stdin_open = false;
                     self.begin_shutdown();
                     return;
