@@ -194,21 +194,13 @@ pub async fn refuse_policed_bridge(
 ) -> Result<(), FirewallError> {
     let wanted = refuse_rules(bridge, gateway, group);
     for chain in ["DOCKER-USER", "INPUT"] {
-        let listed = iptables(&["-S".to_string(), chain.to_string()]).await?;
-        for line in String::from_utf8_lossy(&listed.stdout).lines() {
-            let Some(rule) = line.strip_prefix(&format!("-A {chain} ")) else {
-                continue;
-            };
-            let args = split_rule(rule);
-            let ours = args.iter().any(|a| a == REFUSE_COMMENT)
-                && args.windows(2).any(|w| w[0] == "-i" && w[1] == bridge);
-            let kept = wanted.iter().any(|(c, r)| *c == chain && *r == args);
-            if ours && !kept && args.iter().any(|a| a == "NFLOG") {
-                let mut delete = vec!["-D".to_string(), chain.to_string()];
-                delete.extend(args);
-                let _ = iptables(&delete).await?;
-            }
-        }
+        delete_rules_where("filter", chain, |args| {
+            args.iter().any(|a| a == REFUSE_COMMENT)
+                && interface_of(args) == Some(bridge)
+                && args.iter().any(|a| a == "NFLOG")
+                && !wanted.iter().any(|(c, r)| *c == chain && r == args)
+        })
+        .await?;
     }
     ensure(&[], wanted).await
 }
@@ -261,31 +253,48 @@ async fn forget_rules_of(gone: impl Fn(&str) -> bool) -> Result<usize, FirewallE
         ("filter", "INPUT"),
         ("nat", "PREROUTING"),
     ] {
-        let listed = iptables(&["-t".into(), table.into(), "-S".into(), chain.into()]).await?;
-        if !listed.status.success() {
-            // A chain this host does not have holds none of ours.
-            continue;
-        }
-        for line in String::from_utf8_lossy(&listed.stdout).lines() {
-            let Some(rule) = line.strip_prefix(&format!("-A {chain} ")) else {
-                continue;
-            };
-            let args = split_rule(rule);
+        removed += delete_rules_where(table, chain, |args| {
             let ours = args
                 .iter()
                 .any(|a| [COMMENT, REDIRECT_COMMENT, REFUSE_COMMENT].contains(&a.as_str()));
-            let interface = args
-                .windows(2)
-                .find(|w| w[0] == "-i")
-                .map(|w| w[1].as_str());
-            if !ours || !interface.is_some_and(&gone) {
-                continue;
-            }
-            let mut delete = vec!["-t".into(), table.into(), "-D".into(), chain.into()];
-            delete.extend(args);
-            if iptables(&delete).await?.status.success() {
-                removed += 1;
-            }
+            ours && interface_of(args).is_some_and(&gone)
+        })
+        .await?;
+    }
+    Ok(removed)
+}
+
+/// The interface a rule's `-i` names.
+fn interface_of(args: &[String]) -> Option<&str> {
+    args.windows(2)
+        .find(|w| w[0] == "-i")
+        .map(|w| w[1].as_str())
+}
+
+/// Deletes the rules of `chain` (of `table`) whose arguments, as `iptables -S` prints them,
+/// `doomed` picks; returns how many went. A chain this host does not have holds none.
+async fn delete_rules_where(
+    table: &str,
+    chain: &str,
+    doomed: impl Fn(&[String]) -> bool,
+) -> Result<usize, FirewallError> {
+    let listed = iptables(&["-t".into(), table.into(), "-S".into(), chain.into()]).await?;
+    if !listed.status.success() {
+        return Ok(0);
+    }
+    let mut removed = 0;
+    for line in String::from_utf8_lossy(&listed.stdout).lines() {
+        let Some(rule) = line.strip_prefix(&format!("-A {chain} ")) else {
+            continue;
+        };
+        let args = split_rule(rule);
+        if !doomed(&args) {
+            continue;
+        }
+        let mut delete = vec!["-t".into(), table.into(), "-D".into(), chain.into()];
+        delete.extend(args);
+        if iptables(&delete).await?.status.success() {
+            removed += 1;
         }
     }
     Ok(removed)
