@@ -468,3 +468,120 @@ fn hostile_snapshot_content_is_refused_before_any_view_is_mounted() {
         "no view was made"
     );
 }
+
+/// Creates a warm pool of one member of the test image and waits until it is ready.
+fn ready_pool(server: &Server, prefix: &str) -> String {
+    let pool = unique(prefix);
+    create(
+        server,
+        "sandboxpools",
+        "SandboxPool",
+        &pool,
+        json!({"image": TEST_IMAGE, "size": 1}),
+    );
+    ready_again(&pool);
+    pool
+}
+
+#[test]
+fn a_large_snapshot_restores_onto_a_view_while_a_small_one_takes_the_ready_member() {
+    let server = Server::start();
+    // The bases and their snapshots first: a sandbox of the pool's image would claim its member.
+    let (_, small, small_listing) = base(&server, "cow-small");
+    let big = unique("cow-big");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &big,
+        json!({"image": TEST_IMAGE}),
+    );
+    server.wait_running(&big);
+    // Past the 64 MiB limit: 80 MiB in the tar.
+    exec(
+        &big,
+        "head -c 83886080 /dev/urandom > /workspace/big.bin && echo kept > /workspace/note",
+    );
+    let sum = exec(&big, "md5sum < /workspace/big.bin");
+    let big_snap = unique("s");
+    let done = snapshot(&server, &big_snap, &big);
+    assert!(
+        done["status"]["sizeBytes"].as_u64().unwrap() > 64 << 20,
+        "{done}"
+    );
+    let pool = ready_pool(&server, "cow-pool");
+
+    // Small: the ready member is filled by copying, as before.
+    let child = unique("cow-small-child");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &child,
+        json!({"image": TEST_IMAGE, "source": {"snapshot": small}}),
+    );
+    let running = server.wait_running(&child);
+    assert_eq!(
+        running["status"]["claimedFrom"],
+        pool.as_str(),
+        "{running:#}"
+    );
+    assert_eq!(exec(&child, LISTING), small_listing);
+
+    // Large: a view on a new container, while the member that refilled meanwhile stays ready.
+    ready_again(&pool);
+    let target = unique("cow-big-child");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &target,
+        json!({"image": TEST_IMAGE, "source": {"snapshot": big_snap}}),
+    );
+    let from_source = server.wait_running(&target);
+    // A rollback of the small child to the large snapshot.
+    replace(
+        &server,
+        &child,
+        json!({"image": TEST_IMAGE, "source": {"snapshot": small},
+               "rollback": {"snapshot": big_snap, "requestId": "to-big"}}),
+    );
+    let rolled_back = server
+        .wait_for("sandboxes", &child, "rolled back", LONG, |r| {
+            r.is_some_and(|r| {
+                r["status"]["lastRollback"]["requestId"] == "to-big"
+                    && r["status"]["phase"] == "Running"
+            })
+        })
+        .unwrap();
+    for (restore, name) in [(&from_source, &target), (&rolled_back, &child)] {
+        assert!(
+            restore["status"]["claimedFrom"].is_null(),
+            "{name} took a pool member: {restore:#}"
+        );
+        assert_view(&server, name);
+        assert_eq!(exec(name, "md5sum < /workspace/big.bin"), sum);
+        assert_eq!(exec(name, "cat /workspace/note"), "kept\n");
+    }
+    // The member they left alone was there all along: the next small restore takes it.
+    let after = unique("cow-small-after");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &after,
+        json!({"image": TEST_IMAGE, "source": {"snapshot": small}}),
+    );
+    let running = server.wait_running(&after);
+    assert_eq!(running["status"]["claimedFrom"], pool.as_str(), "{running:#}");
+}
+
+/// Waits until `pool` has an unclaimed member running (one still under its pool name: a claim
+/// renames it), as Docker shows it (the pool's status is recounted a moment after a claim).
+fn ready_again(pool: &str) {
+    wait_until("an unclaimed member", LONG, || {
+        docker(&["ps", "--format", "{{.Names}}"])
+            .lines()
+            .any(|n| n.starts_with(&format!("agent-sandbox-pool.{pool}.")))
+    });
+}

@@ -340,6 +340,25 @@ fn template_create_from_a_sandbox_carries_its_root_filesystem_into_new_sandboxes
     assert_eq!(out, "tool-ran\nsecond\nfrom-workspace\n");
 }
 
+/// Checks that sandbox `name`'s `/workspace` is an overlay volume over a tree of the server's
+/// data directory (a copy-on-write view, under runc and runsc alike).
+fn assert_view_of_a_tree(server: &Server, name: &str) {
+    let inspected = container(name).unwrap();
+    let volume = inspected["Mounts"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["Destination"] == "/workspace"))
+        .and_then(|m| m["Name"].as_str())
+        .unwrap()
+        .to_string();
+    let options = inspect(&["--type", "volume", &volume]).unwrap()["Options"].clone();
+    assert_eq!(options["type"], "overlay", "{volume}: {options}");
+    let trees = format!("lowerdir={}", server.data_dir.join("trees").display());
+    assert!(
+        options["o"].as_str().unwrap_or_default().contains(&trees),
+        "{volume}: {options}"
+    );
+}
+
 /// Unclaimed members of template `template`'s pool, by Docker ID, running.
 fn template_members(template: &str) -> Vec<String> {
     docker(&[
@@ -425,12 +444,34 @@ fn a_template_pool_hands_out_members_with_the_snapshots_content_and_refills() {
     assert_eq!(code, 0, "{out}");
     assert_eq!(out, "tool-ran\nfrom-workspace\n");
     assert_eq!(memory_of(&child), 224 * MIB);
+    // The member's workspace is a copy-on-write view of the snapshot's tree: its writes stay its
+    // own.
+    assert_view_of_a_tree(&server, &child);
+    let (code, out) = server.exec(&child, "echo changed > /workspace/note");
+    assert_eq!(code, 0, "{out}");
 
     // The pool refills with a new member; the claimed one is the child's now.
     wait_until("the pool refilled", LONG, || {
         let now = template_members(&template);
         now.len() == 2 && !now.iter().any(|id| id == claimed)
     });
+    let second = unique("pchild");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &second,
+        json!({"template": template}),
+    );
+    let running = server.wait_running(&second);
+    assert_eq!(running["status"]["claimedFrom"], format!("T-{template}"));
+    assert_view_of_a_tree(&server, &second);
+    let (code, out) = server.exec(&second, "cat /workspace/note");
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "from-workspace\n"),
+        "the first child's write leaked"
+    );
     // A sandbox that sets its own image does not run as the template's members do: no claim.
     let own = unique("pown");
     create(
@@ -453,7 +494,11 @@ fn a_template_pool_hands_out_members_with_the_snapshots_content_and_refills() {
         template_members(&template).is_empty()
     });
     let (code, out) = server.exec(&child, "cat /workspace/note");
-    assert_eq!((code, out.as_str()), (0, "from-workspace\n"));
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "changed\n"),
+        "the child keeps its own write"
+    );
     // The claimed member stays the child's container across a restart of the server.
     let claimed = claimed.to_string();
     server.restart();

@@ -23,6 +23,8 @@ pub struct Validated {
     pub(super) uid: Option<String>,
     /// A `Full` snapshot's root filesystem: the image a restore starts its container from.
     pub(super) rootfs: Option<RootfsImage>,
+    /// The size of the snapshot's tar (`status.sizeBytes`; 0 when unknown).
+    pub(super) size_bytes: u64,
 }
 
 /// The image holding a `Full` snapshot's root filesystem changes, and the image they were made
@@ -53,6 +55,7 @@ pub(super) async fn validated(
     }
     let uid = snapshot.metadata.uid.clone();
     let status = snapshot.status.clone().unwrap_or_default();
+    let size_bytes = status.size_bytes.unwrap_or_default();
     let rootfs = status.rootfs_image.clone().map(|image| RootfsImage {
         image,
         base: status.image.clone().unwrap_or_default(),
@@ -80,6 +83,7 @@ pub(super) async fn validated(
             path,
             uid,
             rootfs,
+            size_bytes,
         });
     }
     let policy = restore_policy(settings)?;
@@ -103,6 +107,7 @@ pub(super) async fn validated(
         path,
         uid,
         rootfs,
+        size_bytes,
     })
 }
 

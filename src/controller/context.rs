@@ -11,6 +11,7 @@ use super::content::ValidatedFiles;
 use super::queue::{Key, WorkQueue};
 use super::status::ProgressWrites;
 use super::tracker::Tracker;
+use super::views::ViewContext;
 use super::workspace::Workspaces;
 use crate::config::Settings;
 use crate::docker::Engine;
@@ -109,6 +110,30 @@ impl PoolContext<'_> {
             processes.warm(&container_id).await;
             dataplane.warm(&container_id).await;
         });
+    }
+}
+
+impl SandboxContext<'_> {
+    /// What a restore onto a copy-on-write view needs (see `views.rs`).
+    pub(super) fn views(&self) -> ViewContext<'_> {
+        ViewContext {
+            store: self.store,
+            engine: self.engine.as_ref(),
+            containers: self.containers,
+            workspaces: self.workspaces,
+        }
+    }
+}
+
+impl PoolContext<'_> {
+    /// What a template's member holding a snapshot as a copy-on-write view needs.
+    pub(super) fn views(&self) -> ViewContext<'_> {
+        ViewContext {
+            store: self.store,
+            engine: self.engine.as_ref(),
+            containers: self.containers,
+            workspaces: self.workspaces,
+        }
     }
 }
 

@@ -79,7 +79,7 @@ pub(super) async fn populate_volume(
     if plan.workspace_disk_mb > 0 {
         ctl.containers.disks.remove(volume).await?;
         super::workspace_disk::ensure_volume(ctl, plan).await?;
-    } else if let Some(id) = super::views::populate_view(ctl, plan, snapshot).await? {
+    } else if let Some(id) = super::views::populate_view(&ctl.views(), plan, snapshot).await? {
         return Ok(id);
     }
     let id = match ctl.engine.create_container(plan).await {
@@ -257,7 +257,8 @@ pub(super) async fn ensure_rollback(
 }
 
 /// Claims a warm pool member as `as_name` and fills its (running) workspace with the snapshot.
-/// `None` when no pool has a member ready. On a failed fill the member is removed again.
+/// `None` when no pool has a member ready, or when the snapshot is better served by a view (see
+/// [`super::views::outgrows_pool`]). On a failed fill the member is removed again.
 async fn claim_filled(
     ctl: &SandboxContext<'_>,
     sandbox: &Sandbox,
@@ -265,11 +266,14 @@ async fn claim_filled(
     as_name: &str,
     snapshot: &Validated,
 ) -> Result<Option<Claimed>, ReconcileError> {
+    let runtime = ctl.settings.docker_runtime.clone();
+    if super::views::outgrows_pool(&ctl.views(), snapshot, &runtime) {
+        return Ok(None);
+    }
     let name = &sandbox.metadata.key();
     let Some(claimed) = ctl.pools.claim_as(name, effective, as_name).await? else {
         return Ok(None);
     };
-    let runtime = ctl.settings.docker_runtime.clone();
     let filled = ctl
         .workspaces
         .make_ready(

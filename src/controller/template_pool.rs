@@ -5,7 +5,9 @@
 //!
 //! The implicit pool is named `T-<template>`: names of resources are lower case, so it never
 //! meets a `SandboxPool`'s name, and its members (`pool.T-<template>.<random>`) go through the
-//! pools' own listing, hand-out and rename (`claims.rs`). Members are replaced when the
+//! pools' own listing, hand-out and rename (`claims.rs`). A member's `/workspace` is a
+//! copy-on-write view of the snapshot where views work here (`views.rs`), else a copy of it, so
+//! a claim never copies anything. Members are replaced when the
 //! template's spec changes (their key hashes it). This module makes members and decides which
 //! sandboxes may claim them; it does not build sandboxes' own containers.
 
@@ -19,6 +21,7 @@ use super::error::ReconcileError;
 use super::names::{self, container_name};
 use super::policy::Outcome;
 use super::status::generation;
+use super::views;
 use crate::docker::{ManagedContainer, LABEL_SPEC_HASH};
 use crate::resource::{
     EffectiveSandbox, Kind, ObjectMeta, Sandbox, SandboxPool, SandboxPoolSpec, SandboxTemplate,
@@ -186,6 +189,13 @@ async fn create(
     plan.memory_mb = effective.memory_mb;
     plan.pids_limit = effective.pids_limit;
     let made = async {
+        // A snapshot's content as a copy-on-write view where views work here: a member costs the
+        // same whatever the snapshot holds, and takes disk only for what its sandbox writes.
+        if let Some(snapshot) = snapshot.as_ref().filter(|_| plan.workspace_disk_mb == 0) {
+            if let Some(id) = views::populate_view(&ctl.views(), &plan, snapshot).await? {
+                return Ok(id);
+            }
+        }
         let id = ctl.engine.create_container(&plan).await?;
         let runtime = plan.runtime.clone().unwrap_or_default();
         ctl.workspaces

@@ -383,6 +383,7 @@ async fn a_restore_into_a_directory_that_fails_the_proof_fails_and_gives_up_the_
         path: tar_path,
         uid: None,
         rootfs: None,
+        size_bytes: 0,
     };
     let sandbox = Sandbox::new(
         "a",

@@ -29,15 +29,24 @@ use std::path::Path;
 
 use super::container::Containers;
 use super::content::{restore_policy, Validated};
-use super::context::SandboxContext;
 use super::error::ReconcileError;
-use super::workspace::open_host_root;
+use super::workspace::{open_host_root, Workspaces};
 use crate::config::Settings;
 use crate::docker::{
     is_gvisor, ContainerPlan, Engine, EngineError, ViewPaths, LABEL_ID, LABEL_MANAGED,
     LABEL_SERVER, LABEL_TREE, LABEL_UID,
 };
 use crate::store::{Store, TreeError};
+
+/// What views work with: the store's trees and view directories, Docker, the containers' labels,
+/// settings and disposal, and what workspaces learned of this host. Sandboxes (restores) and
+/// template pools (members holding a snapshot) build one from their own contexts.
+pub(super) struct ViewContext<'a> {
+    pub(super) store: &'a Store,
+    pub(super) engine: &'a dyn Engine,
+    pub(super) containers: &'a Containers,
+    pub(super) workspaces: &'a Workspaces,
+}
 
 /// Whether views may be tried at all: allowed by the settings and the engine, and the server is
 /// root.
@@ -75,31 +84,49 @@ pub(super) async fn prepare_tree(store: &Store, settings: &Settings, uid: &str, 
     }
 }
 
+/// Whether views may be tried for containers of `runtime` (`""` for the daemon's default). Views
+/// are part of the host path: not where it has failed for this runtime (and each view proves it
+/// again, see `verify`). gVisor never shows the container's `/workspace` to the host, so its
+/// views stand on the mount table alone.
+fn usable(ctl: &ViewContext<'_>, runtime: &str) -> bool {
+    let host_path = is_gvisor(runtime) || ctl.workspaces.may_use_host(runtime);
+    enabled(&ctl.containers.settings, ctl.engine)
+        && host_path
+        && ctl.workspaces.view_access.get(runtime) != Some(false)
+}
+
+/// Snapshots whose tar is larger than this restore onto a view even when a warm pool member is
+/// ready. A member's workspace is mounted already, so it can only be filled by copying, which
+/// grows with the content (a 1 GiB fill took 1.5 to 3 s in docs/benchmarks.md), while a view
+/// costs a container's create and start whatever the snapshot holds (a few hundred ms); below
+/// this size the member's copy is the faster of the two.
+pub(super) const POOL_FILL_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Whether a restore of `snapshot` onto a container of `runtime` should leave warm pool members
+/// alone and mount a view instead: the snapshot is past [`POOL_FILL_LIMIT_BYTES`] and views may
+/// be tried here (should the view fail after all, the restore copies onto a new container).
+pub(super) fn outgrows_pool(ctl: &ViewContext<'_>, snapshot: &Validated, runtime: &str) -> bool {
+    snapshot.size_bytes > POOL_FILL_LIMIT_BYTES && snapshot.uid.is_some() && usable(ctl, runtime)
+}
+
 /// Makes `plan.workspace_volume` (which must not exist) a view of `snapshot`, mounted by a newly
 /// created and started container of `plan`, whose ID is returned. `None` when views cannot be
 /// used here: nothing is left behind and the caller copies the content instead.
 pub(super) async fn populate_view(
-    ctl: &SandboxContext<'_>,
+    ctl: &ViewContext<'_>,
     plan: &ContainerPlan,
     snapshot: &Validated,
 ) -> Result<Option<String>, ReconcileError> {
     let runtime = plan.runtime.clone().unwrap_or_default();
-    // Views are part of the host path: not where it has failed for this runtime (and each view
-    // proves it again, see `verify`). gVisor never shows the container's `/workspace` to the
-    // host, so its views stand on the mount table alone.
-    let host_path = is_gvisor(&runtime) || ctl.workspaces.may_use_host(&runtime);
-    if !enabled(ctl.settings, ctl.engine.as_ref())
-        || !host_path
-        || ctl.workspaces.view_access.get(&runtime) == Some(false)
-    {
+    if !usable(ctl, &runtime) {
         return Ok(None);
     }
     let Some(uid) = snapshot.uid.as_deref() else {
         return Ok(None);
     };
-    let owner = ctl.settings.sandbox_uid_gid()?;
+    let owner = ctl.containers.settings.sandbox_uid_gid()?;
     let key = tree_key(uid, owner);
-    let policy = restore_policy(ctl.settings)?;
+    let policy = restore_policy(&ctl.containers.settings)?;
     let lower = match ctl.store.ensure_tree(&key, &snapshot.path, policy).await {
         Ok(lower) => lower,
         Err(TreeError::Refused(error)) => {
@@ -198,7 +225,7 @@ fn view_labels(
 /// `upper`, as this host's mount table shows it: the daemon that started the container mounted
 /// this very view here, and Docker binds a volume's directory at its destination.
 async fn verify(
-    ctl: &SandboxContext<'_>,
+    ctl: &ViewContext<'_>,
     id: &str,
     runtime: &str,
     upper: &Path,
@@ -255,7 +282,7 @@ fn overlay_mounted(table: &str, at: &Path, upper: &Path) -> bool {
     })
 }
 
-async fn discard(ctl: &SandboxContext<'_>, id: &str, volume: &str) {
+async fn discard(ctl: &ViewContext<'_>, id: &str, volume: &str) {
     ctl.containers.discard(id, volume).await;
     ctl.store.remove_view(volume).await;
 }
