@@ -573,7 +573,11 @@ fn a_large_snapshot_restores_onto_a_view_while_a_small_one_takes_the_ready_membe
         json!({"image": TEST_IMAGE, "source": {"snapshot": small}}),
     );
     let running = server.wait_running(&after);
-    assert_eq!(running["status"]["claimedFrom"], pool.as_str(), "{running:#}");
+    assert_eq!(
+        running["status"]["claimedFrom"],
+        pool.as_str(),
+        "{running:#}"
+    );
 }
 
 /// Waits until `pool` has an unclaimed member running (one still under its pool name: a claim

@@ -643,3 +643,96 @@ fn a_template_with_a_workspace_snapshot_gives_its_sandboxes_the_workspace_only()
         template_members(&template).is_empty()
     });
 }
+
+#[test]
+fn a_template_pool_follows_its_snapshot_made_again_under_the_same_name() {
+    let server = Server::start();
+    let source = unique("fsrc");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &source,
+        json!({"image": TEST_IMAGE}),
+    );
+    server.wait_running(&source);
+    let snapshot = unique("fsnap");
+    let take_snapshot = |content: &str| {
+        let (code, out) = server.exec(&source, &format!("echo {content} > /workspace/note"));
+        assert_eq!(code, 0, "{out}");
+        create(
+            &server,
+            "snapshots",
+            "Snapshot",
+            &snapshot,
+            json!({"sandbox": source}),
+        );
+        server.wait_for("snapshots", &snapshot, "Ready", LONG, |s| {
+            s.is_some_and(|s| s["status"]["phase"] == "Ready")
+        });
+    };
+    take_snapshot("first");
+    let template = unique("follows");
+    create(
+        &server,
+        "sandboxtemplates",
+        "SandboxTemplate",
+        &template,
+        json!({"snapshot": snapshot, "pool": {"size": 1}}),
+    );
+    wait_until("a warm member", LONG, || {
+        template_members(&template).len() == 1
+    });
+    let old_member = template_members(&template);
+
+    // The snapshot is deleted and made again under its name, with other content.
+    let (status, answer) = server.request("DELETE", &format!("{API}/snapshots/{snapshot}"), None);
+    assert!(status == 200 || status == 202, "{answer}");
+    server.wait_gone("snapshots", &snapshot);
+    take_snapshot("second");
+
+    // At once, a sandbox of the template sees the new content: the member holding the old one is
+    // not handed out, whether or not the pool replaced it yet.
+    let child = unique("fchild");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &child,
+        json!({"template": template}),
+    );
+    server.wait_running(&child);
+    let (code, out) = server.exec(&child, "cat /workspace/note");
+    assert_eq!((code, out.as_str()), (0, "second\n"));
+    // And the pool holds the new content from then on: sandboxes of the template see it, and
+    // soon one is claimed from the refreshed pool.
+    wait_until("the member holding the old content gone", LONG, || {
+        let now = template_members(&template);
+        !now.is_empty() && !now.iter().any(|m| old_member.contains(m))
+    });
+    let mut claimed = false;
+    for _ in 0..5 {
+        let next = unique("fchild");
+        create(
+            &server,
+            "sandboxes",
+            "Sandbox",
+            &next,
+            json!({"template": template}),
+        );
+        let running = server.wait_running(&next);
+        let (code, out) = server.exec(&next, "cat /workspace/note");
+        assert_eq!((code, out.as_str()), (0, "second\n"), "{running:#}");
+        if running["status"]["claimedFrom"] == format!("T-{template}") {
+            claimed = true;
+            break;
+        }
+        wait_until("a warm member", LONG, || {
+            !template_members(&template).is_empty()
+        });
+    }
+    assert!(
+        claimed,
+        "no sandbox of the template was claimed from its refreshed pool"
+    );
+}

@@ -13,7 +13,7 @@ use super::container::{limits_for, Containers};
 use super::error::ReconcileError;
 use super::names::{self, container_name, member_prefix};
 use super::queue::{Key, WorkQueue};
-use crate::docker::{EngineError, ManagedContainer};
+use crate::docker::{EngineError, ManagedContainer, LABEL_SPEC_HASH};
 use crate::resource::{AppliedLimits, EffectiveSandbox, Kind, SandboxPool, SandboxStatus};
 use crate::store::Store;
 
@@ -267,6 +267,7 @@ impl Pools {
         self.claim_from(
             &pool.metadata.key(),
             member_limits,
+            None,
             name,
             effective,
             as_name,
@@ -276,10 +277,12 @@ impl Pools {
 
     /// Claims a running member of pool `pool_name`, whose members run with `member_limits`,
     /// for sandbox `name` under the container name `as_name`, giving it the sandbox's limits.
+    /// Given `key`, only a member labeled with that spec hash is taken.
     pub(super) async fn claim_from(
         &self,
         pool_name: &str,
         member_limits: AppliedLimits,
+        key: Option<&str>,
         name: &str,
         effective: &EffectiveSandbox,
         as_name: &str,
@@ -302,13 +305,17 @@ impl Pools {
         let mut attempts = 0;
         let member = loop {
             attempts += 1;
-            let candidates = match self.handed_out.published(&pool_name) {
+            let mut candidates = match self.handed_out.published(&pool_name) {
                 Some(members) if !listed => members,
                 _ => {
                     listed = true;
                     self.members(&pool_name).await?
                 }
             };
+            if let Some(key) = key {
+                candidates
+                    .retain(|c| c.labels.get(LABEL_SPEC_HASH).map(String::as_str) == Some(key));
+            }
             let Some(member) = self.handed_out.take(candidates) else {
                 if !listed {
                     listed = true;

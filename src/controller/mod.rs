@@ -473,6 +473,13 @@ impl Controller {
                             self.queue.add((Kind::Sandbox, sandbox));
                         }
                     }
+                    // A template's pool members hold its snapshot: a new one under the same
+                    // name makes them stale.
+                    if resource.kind() == Kind::Snapshot {
+                        for pool in template_pool::pools_holding(&self.store, &resource.key()) {
+                            self.queue.add((Kind::SandboxPool, pool));
+                        }
+                    }
                     // Sandboxes may be waiting for the template.
                     if resource.kind() == Kind::SandboxTemplate {
                         for sandbox in template::waiting_for(&self.store, &resource.key()) {

@@ -60,12 +60,41 @@ pub(super) fn live_pools(store: &crate::store::Store) -> Vec<String> {
         .collect()
 }
 
-/// Key of the members of `template`: its spec (without the pool size) and the runtime.
-fn key_of(template: &SandboxTemplate, runtime: &str) -> String {
+/// The implicit pools of live templates with a pool whose snapshot is `snapshot` (a key): their
+/// members hold it, and a change of it (deleted, made again under its name) may make them stale.
+pub(super) fn pools_holding(store: &crate::store::Store, snapshot: &str) -> Vec<String> {
+    store
+        .list(Kind::SandboxTemplate)
+        .iter()
+        .filter_map(|e| e.resource.as_template())
+        .filter(|t| t.metadata.deletion_timestamp.is_none() && t.spec.pool.is_some())
+        .filter(|t| {
+            t.spec
+                .snapshot
+                .as_ref()
+                .is_some_and(|name| t.metadata.sibling(name) == snapshot)
+        })
+        .map(|t| pool_name(&t.metadata.key()))
+        .collect()
+}
+
+/// Key of the members of `template`: its spec (without the pool size), the runtime, and the uid
+/// of the snapshot the spec names as it is now, so that a snapshot deleted and made again under
+/// the same name (other content) makes the members holding the old one stale.
+fn key_of(store: &crate::store::Store, template: &SandboxTemplate, runtime: &str) -> String {
     use sha2::{Digest, Sha256};
     let mut spec = template.spec.clone();
     spec.pool = None;
-    let shape = serde_json::json!({"spec": spec, "runtime": runtime});
+    let snapshot_uid = spec.snapshot.as_ref().and_then(|name| {
+        store
+            .get(Kind::Snapshot, &template.metadata.sibling(name))
+            .and_then(|e| {
+                e.resource
+                    .as_snapshot()
+                    .and_then(|s| s.metadata.uid.clone())
+            })
+    });
+    let shape = serde_json::json!({"spec": spec, "runtime": runtime, "snapshot": snapshot_uid});
     let digest = Sha256::digest(shape.to_string().as_bytes());
     format!("tpool-{}", hex::encode(&digest[..8]))
 }
@@ -92,7 +121,7 @@ pub(super) async fn reconcile(
         return Ok(Outcome::done());
     };
     let runtime = ctl.containers.settings.docker_runtime.clone();
-    let key = key_of(&template, &runtime);
+    let key = key_of(ctl.store, &template, &runtime);
     let (usable, stale): (Vec<_>, Vec<_>) = members
         .into_iter()
         .partition(|c| c.labels.get(LABEL_SPEC_HASH) == Some(&key) && c.is_running());
@@ -251,11 +280,15 @@ pub(super) async fn claim(
     if !same_source || members_are.container_hash() != effective.container_hash() {
         return Ok(None);
     }
+    // Only members of the template as it is now: its pool may not have replaced older ones yet.
+    let runtime = ctl.settings.docker_runtime.clone();
+    let key = key_of(ctl.store, &template, &runtime);
     let name = &sandbox.metadata.key();
     ctl.pools
         .claim_from(
             &pool_name(&record.name),
             limits_for(&members_are),
+            Some(&key),
             name,
             effective,
             &container_name(name),
