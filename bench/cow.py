@@ -1,6 +1,7 @@
 """Copy-on-write restores against the copy path, ours only: fork and rollback of a 10 MiB /
-200-file workspace and of a 1 GiB one, cold and with a warm pool, the disk ten forks of the large
-snapshot use, and Docker's own create-and-start as the floor. Standard library only.
+200-file workspace and of a 1 GiB one, cold and with a warm pool, a sandbox made from a template
+on the snapshot whose pool is ready, the disk ten forks of the large snapshot use, and Docker's
+own create-and-start as the floor. Standard library only.
 
     python3 bench/cow.py target/release/agent-sandbox [--n 5] [--large-mib 1024]
 
@@ -163,6 +164,49 @@ def restores(ours: Ours, sandbox: str, snap: str, n: int, results: dict, tag: st
         ours.call("DELETE", f"/v1/sandboxes/{f}")
 
 
+def template_claims(ours: Ours, snap: str, n: int, results: dict) -> None:
+    """Sandboxes made from a `SandboxTemplate` on the snapshot whose pool holds n+1 members (made
+    first, untimed): from the create request until the sandbox's status says Running (polled
+    every 2 ms), through the resource API."""
+    template = f"cow-bench-t-{os.urandom(3).hex()}"
+    doc = {
+        "apiVersion": "agent-sandbox.io/v1",
+        "kind": "SandboxTemplate",
+        "metadata": {"name": template},
+        "spec": {"snapshot": snap, "readOnlyRootfs": True, "pool": {"size": n + 1}},
+    }
+    ours.call("POST", f"{API}/sandboxtemplates", doc)
+    prefix = f"agent-sandbox-pool.T-{template}."
+    deadline = time.time() + 600
+    while True:
+        names = subprocess.run(["docker", "ps", "--format", "{{.Names}}"], capture_output=True, text=True)
+        if sum(1 for line in names.stdout.split() if line.startswith(prefix)) >= n + 1:
+            break
+        if time.time() > deadline:
+            raise RuntimeError(f"template {template}'s pool did not fill")
+        time.sleep(0.25)
+    time.sleep(2)  # let the members' connections open (they are warmed in the background)
+    made = []
+    for i in range(n):
+        name = f"{template}-{i}"
+        body = {"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+                "metadata": {"name": name}, "spec": {"template": template}}
+        start = time.perf_counter()
+        ours.call("POST", f"{API}/sandboxes", body, (201,))
+        while True:
+            got = ours.call("GET", f"{API}/sandboxes/{name}")
+            if ((got or {}).get("status") or {}).get("phase") == "Running":
+                break
+            time.sleep(0.002)
+        results.setdefault("sandbox from a pooled template", []).append((time.perf_counter() - start) * 1000.0)
+        if (got.get("status") or {}).get("claimedFrom") != f"T-{template}":
+            raise RuntimeError(f"{name} was not claimed from the template's pool: {got}")
+        made.append(name)
+    for name in made:
+        ours.call("DELETE", f"{API}/sandboxes/{name}")
+    ours.call("DELETE", f"{API}/sandboxtemplates/{template}")
+
+
 def ten_forks_disk(ours: Ours, snap: str) -> int:
     """Bytes the data directory's trees and views and the forks' volumes hold after ten forks of
     `snap` each wrote 1 MiB (the snapshot's own tar is not counted)."""
@@ -224,6 +268,7 @@ def main() -> int:
                 ours.pool(pool, a.n + 1)
                 restores(ours, sb, snap, a.n, results, " (warm pool)")
                 ours.call("DELETE", f"{API}/sandboxpools/{pool}")
+                template_claims(ours, snap, a.n, results)
                 if size != "10 MiB":
                     disk[mode] = ten_forks_disk(ours, snap)
                 for op, samples in results.items():
@@ -236,7 +281,8 @@ def main() -> int:
     print(f"\nruntime {runtime}, N = {a.n}, medians in ms\n")
     print("| operation | workspace | views | copy path |")
     print("|---|---|---|---|")
-    for op in ("fork", "rollback", "fork (warm pool)", "rollback (warm pool)"):
+    for op in ("fork", "rollback", "fork (warm pool)", "rollback (warm pool)",
+               "sandbox from a pooled template"):
         for size in ("10 MiB", f"{a.large_mib} MiB"):
             v, c = table.get((op, size, "views")), table.get((op, size, "copy"))
             print(f"| {op} | {size} | {v:.0f} | {c:.0f} |")
