@@ -21,6 +21,9 @@ use super::{map_err, server_message, BollardEngine, EngineResult};
 /// in an uninterruptible sleep (a FUSE request, say) can hold a cgroup v1 freeze in `FREEZING`.
 const SETTLE: Duration = Duration::from_millis(200);
 
+/// How long an unpause waits for Docker's record to say so (see `settle_unpaused`).
+const DOCKER_SETTLE: Duration = Duration::from_secs(2);
+
 /// A cgroup's freezer, v1 or v2.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Freezer {
@@ -145,7 +148,15 @@ impl BollardEngine {
         }
         match self.docker.pause_container(id).await {
             Ok(()) => Ok(()),
-            Err(e) if server_message(&e).is_some_and(|m| m.contains("already paused")) => Ok(()),
+            // Docker's own word, or the runtime's shim answering for a record of Docker's that
+            // lags (see `settle_unpaused`).
+            Err(e)
+                if server_message(&e).is_some_and(|m| {
+                    m.contains("already paused") || m.contains("cannot pause a paused container")
+                }) =>
+            {
+                Ok(())
+            }
             Err(e) => Err(map_err("pause", &format!("container {id}"))(e)),
         }
     }
@@ -157,7 +168,18 @@ impl BollardEngine {
             return freezer.thaw().map_err(|e| map_io("unpause", id, e));
         }
         match self.docker.unpause_container(id).await {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                self.settle_unpaused(id).await;
+                return Ok(());
+            }
+            // The runtime runs it already while Docker's record still says paused.
+            Err(e)
+                if server_message(&e)
+                    .is_some_and(|m| m.contains("cannot resume a running process")) =>
+            {
+                self.settle_unpaused(id).await;
+                return Ok(());
+            }
             Err(e) if server_message(&e).is_some_and(|m| m.contains("is not paused")) => {}
             Err(e) => return Err(map_err("unpause", &format!("container {id}"))(e)),
         }
@@ -167,6 +189,25 @@ impl BollardEngine {
             }
         }
         Ok(())
+    }
+
+    /// Waits (a little, at most [`DOCKER_SETTLE`]) until Docker's record of `id` no longer says
+    /// paused. Docker 20.10 learns of a pause from the runtime's event as well as from its own
+    /// call, and an event handled late sets the record back to paused after an unpause returned:
+    /// an exec then is refused ("is paused"), and a second unpause reaches the runtime, whose
+    /// shim answers "cannot resume a running process". Seen under gVisor (runc containers are
+    /// frozen here, without Docker). The record converges once the resume's event is handled.
+    async fn settle_unpaused(&self, id: &str) {
+        let started = Instant::now();
+        while started.elapsed() < DOCKER_SETTLE {
+            match self.docker.inspect_container(id, None).await {
+                Ok(inspected) if inspected.state.as_ref().and_then(|s| s.paused) == Some(true) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                _ => return,
+            }
+        }
+        tracing::debug!(container = id, "Docker still records the container paused");
     }
 
     /// Thaws and forgets a freeze of a container about to be removed, so that the record does
