@@ -88,19 +88,6 @@ const LISTING: &str = r#"cd /workspace && find . -mindepth 1 | sort | while read
   else echo "$p ${s% *}"; fi
 done"#;
 
-/// The docker volume mounted at the sandbox's `/workspace`, and its driver options.
-fn workspace_of(name: &str) -> (String, Value) {
-    let inspected = container(name).unwrap();
-    let volume = inspected["Mounts"]
-        .as_array()
-        .and_then(|m| m.iter().find(|m| m["Destination"] == "/workspace"))
-        .and_then(|m| m["Name"].as_str())
-        .unwrap()
-        .to_string();
-    let inspected = inspect(&["--type", "volume", &volume]).unwrap();
-    (volume, inspected["Options"].clone())
-}
-
 /// Whether restores are views here: under runc and gVisor alike.
 fn views() -> bool {
     true
@@ -108,7 +95,7 @@ fn views() -> bool {
 
 /// Checks that `name`'s workspace is a view (or, where views are not used, a plain volume).
 fn assert_view(server: &Server, name: &str) -> String {
-    let (volume, options) = workspace_of(name);
+    let (volume, options) = workspace_volume(name);
     if !views() {
         assert!(options.get("type").is_none(), "{volume}: {options}");
         return volume;

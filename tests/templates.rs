@@ -103,15 +103,7 @@ fn a_sandbox_takes_its_templates_values_and_an_edit_reaches_only_new_sandboxes()
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["metadata"]["generation"], 2);
 
-    let second = unique("tsb");
-    create(
-        &server,
-        "sandboxes",
-        "Sandbox",
-        &second,
-        json!({"template": template}),
-    );
-    let running = server.wait_running(&second);
+    let (second, running) = from_template(&server, &template, "tsb");
     assert_eq!(running["status"]["template"]["generation"], 2);
     assert_eq!(memory_of(&second), 300 * MIB);
     assert_eq!(env_line(&server, &second), "A=edited B=from-template");
@@ -297,15 +289,7 @@ fn template_create_from_a_sandbox_carries_its_root_filesystem_into_new_sandboxes
     assert_eq!(snap["spec"]["scope"], "Full");
     assert!(!made.to_string().contains("do-not-copy"));
 
-    let child = unique("child");
-    create(
-        &server,
-        "sandboxes",
-        "Sandbox",
-        &child,
-        json!({"template": template}),
-    );
-    let running = server.wait_running(&child);
+    let (child, running) = from_template(&server, &template, "child");
     assert_eq!(running["status"]["sourceSnapshot"], snapshot);
     let (code, out) = server.exec(
         &child,
@@ -340,17 +324,24 @@ fn template_create_from_a_sandbox_carries_its_root_filesystem_into_new_sandboxes
     assert_eq!(out, "tool-ran\nsecond\nfrom-workspace\n");
 }
 
+/// A sandbox named after `prefix`, made from `template` and running; its name and resource.
+fn from_template(server: &Server, template: &str, prefix: &str) -> (String, Value) {
+    let name = unique(prefix);
+    create(
+        server,
+        "sandboxes",
+        "Sandbox",
+        &name,
+        json!({"template": template}),
+    );
+    let running = server.wait_running(&name);
+    (name, running)
+}
+
 /// Checks that sandbox `name`'s `/workspace` is an overlay volume over a tree of the server's
 /// data directory (a copy-on-write view, under runc and runsc alike).
 fn assert_view_of_a_tree(server: &Server, name: &str) {
-    let inspected = container(name).unwrap();
-    let volume = inspected["Mounts"]
-        .as_array()
-        .and_then(|m| m.iter().find(|m| m["Destination"] == "/workspace"))
-        .and_then(|m| m["Name"].as_str())
-        .unwrap()
-        .to_string();
-    let options = inspect(&["--type", "volume", &volume]).unwrap()["Options"].clone();
+    let (volume, options) = workspace_volume(name);
     assert_eq!(options["type"], "overlay", "{volume}: {options}");
     let trees = format!("lowerdir={}", server.data_dir.join("trees").display());
     assert!(
@@ -420,15 +411,7 @@ fn a_template_pool_hands_out_members_with_the_snapshots_content_and_refills() {
     });
     let warm = template_members(&template);
 
-    let child = unique("pchild");
-    create(
-        &server,
-        "sandboxes",
-        "Sandbox",
-        &child,
-        json!({"template": template}),
-    );
-    let running = server.wait_running(&child);
+    let (child, running) = from_template(&server, &template, "pchild");
     assert_eq!(
         running["status"]["claimedFrom"],
         format!("T-{template}"),
@@ -455,15 +438,7 @@ fn a_template_pool_hands_out_members_with_the_snapshots_content_and_refills() {
         let now = template_members(&template);
         now.len() == 2 && !now.iter().any(|id| id == claimed)
     });
-    let second = unique("pchild");
-    create(
-        &server,
-        "sandboxes",
-        "Sandbox",
-        &second,
-        json!({"template": template}),
-    );
-    let running = server.wait_running(&second);
+    let (second, running) = from_template(&server, &template, "pchild");
     assert_eq!(running["status"]["claimedFrom"], format!("T-{template}"));
     assert_view_of_a_tree(&server, &second);
     let (code, out) = server.exec(&second, "cat /workspace/note");
@@ -585,15 +560,7 @@ fn a_template_with_a_workspace_snapshot_gives_its_sandboxes_the_workspace_only()
     let warm = template_members(&template);
 
     // Claimed from the pool: the workspace content is there, the root change is not.
-    let child = unique("wchild");
-    create(
-        &server,
-        "sandboxes",
-        "Sandbox",
-        &child,
-        json!({"template": template}),
-    );
-    let running = server.wait_running(&child);
+    let (child, running) = from_template(&server, &template, "wchild");
     assert_eq!(
         running["status"]["claimedFrom"],
         format!("T-{template}"),
@@ -712,15 +679,7 @@ fn a_template_pool_follows_its_snapshot_made_again_under_the_same_name() {
     });
     let mut claimed = false;
     for _ in 0..5 {
-        let next = unique("fchild");
-        create(
-            &server,
-            "sandboxes",
-            "Sandbox",
-            &next,
-            json!({"template": template}),
-        );
-        let running = server.wait_running(&next);
+        let (next, running) = from_template(&server, &template, "fchild");
         let (code, out) = server.exec(&next, "cat /workspace/note");
         assert_eq!((code, out.as_str()), (0, "second\n"), "{running:#}");
         if running["status"]["claimedFrom"] == format!("T-{template}") {

@@ -406,6 +406,19 @@ pub fn container(name: &str) -> Option<Value> {
     inspect(&["--type", "container", &format!("agent-sandbox-{name}")])
 }
 
+/// The docker volume mounted at sandbox `name`'s `/workspace`, and its driver options.
+pub fn workspace_volume(name: &str) -> (String, Value) {
+    let inspected = container(name).expect("the sandbox's container");
+    let volume = inspected["Mounts"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["Destination"] == "/workspace"))
+        .and_then(|m| m["Name"].as_str())
+        .expect("a volume at /workspace")
+        .to_string();
+    let inspected = inspect(&["--type", "volume", &volume]).expect("the workspace volume");
+    (volume, inspected["Options"].clone())
+}
+
 /// Runs a command in the sandbox's container as the sandbox user, returning (exit code, stdout).
 pub fn docker_exec(name: &str, script: &str) -> (i32, String) {
     let out = Command::new("docker")
