@@ -695,3 +695,115 @@ fn a_template_pool_follows_its_snapshot_made_again_under_the_same_name() {
         "no sandbox of the template was claimed from its refreshed pool"
     );
 }
+
+#[test]
+fn forks_sources_and_rollbacks_of_a_templates_snapshot_take_its_members() {
+    let server = Server::start();
+    let source = unique("hsrc");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &source,
+        json!({"image": TEST_IMAGE}),
+    );
+    server.wait_running(&source);
+    let (code, out) = server.exec(&source, "echo held > /workspace/note");
+    assert_eq!(code, 0, "{out}");
+    let snapshot = unique("hsnap");
+    create(
+        &server,
+        "snapshots",
+        "Snapshot",
+        &snapshot,
+        json!({"sandbox": source}),
+    );
+    server.wait_for("snapshots", &snapshot, "Ready", LONG, |s| {
+        s.is_some_and(|s| s["status"]["phase"] == "Ready")
+    });
+    let template = unique("holder");
+    create(
+        &server,
+        "sandboxtemplates",
+        "SandboxTemplate",
+        &template,
+        json!({"snapshot": snapshot, "pool": {"size": 1}}),
+    );
+    let pool = format!("T-{template}");
+    let member_ready = || {
+        wait_until("a warm member", LONG, || {
+            template_members(&template).len() == 1
+        })
+    };
+    // Each restore below claims the one member (a rename: it holds the snapshot already), which
+    // the pool then makes again.
+    member_ready();
+    let fork = unique("hfork");
+    create(
+        &server,
+        "forks",
+        "Fork",
+        &fork,
+        json!({"snapshot": snapshot, "replicas": 1}),
+    );
+    let child = format!("{fork}-0");
+    let running = server.wait_running(&child);
+    assert_eq!(
+        running["status"]["claimedFrom"],
+        pool.as_str(),
+        "{running:#}"
+    );
+    assert_view_of_a_tree(&server, &child);
+    assert_eq!(server.exec(&child, "cat /workspace/note").1, "held\n");
+
+    member_ready();
+    let sourced = unique("hsourced");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &sourced,
+        json!({"image": TEST_IMAGE, "source": {"snapshot": snapshot}}),
+    );
+    let running = server.wait_running(&sourced);
+    assert_eq!(
+        running["status"]["claimedFrom"],
+        pool.as_str(),
+        "{running:#}"
+    );
+    assert_eq!(server.exec(&sourced, "cat /workspace/note").1, "held\n");
+
+    member_ready();
+    let (code, out) = server.exec(&source, "echo changed > /workspace/note");
+    assert_eq!(code, 0, "{out}");
+    let body = json!({"apiVersion": "agent-sandbox.io/v1", "kind": "Sandbox",
+                      "metadata": {"name": source},
+                      "spec": {"image": TEST_IMAGE,
+                               "rollback": {"snapshot": snapshot, "requestId": "back"}}});
+    let (status, answer) = server.request("PUT", &format!("{API}/sandboxes/{source}"), Some(&body));
+    assert_eq!(status, 200, "{answer}");
+    let rolled = server
+        .wait_for("sandboxes", &source, "rolled back", LONG, |r| {
+            r.is_some_and(|r| {
+                r["status"]["lastRollback"]["requestId"] == "back"
+                    && r["status"]["phase"] == "Running"
+            })
+        })
+        .unwrap();
+    assert_eq!(rolled["status"]["claimedFrom"], pool.as_str(), "{rolled:#}");
+    assert_eq!(server.exec(&source, "cat /workspace/note").1, "held\n");
+
+    // A sandbox of another shape (a writable root filesystem) is built the ordinary way.
+    member_ready();
+    let other = unique("hother");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &other,
+        json!({"image": TEST_IMAGE, "readOnlyRootfs": false, "source": {"snapshot": snapshot}}),
+    );
+    let running = server.wait_running(&other);
+    assert!(running["status"]["claimedFrom"].is_null(), "{running:#}");
+    assert_eq!(server.exec(&other, "cat /workspace/note").1, "held\n");
+}

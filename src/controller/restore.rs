@@ -1,7 +1,8 @@
 //! Restoring a snapshot into a sandbox: the first workspace of a sandbox started from
-//! `spec.source`, and rollbacks (`spec.rollback`). Both fill a NEW workspace: a warm pool
-//! member's, or a new volume mounted by a new container (see `workspace.rs` for how the content
-//! gets in: on this host, or through Docker's archive API).
+//! `spec.source`, and rollbacks (`spec.rollback`). Both make a NEW workspace: a member of a
+//! pooled template on the snapshot (which holds it already), a warm pool member's filled here, or
+//! a new volume mounted by a new container (a view of the snapshot, or a copy: see `views.rs`
+//! and `workspace.rs`).
 //!
 //! Order is what makes this safe. The stored tar is validated whole by [`crate::archive`] before
 //! Docker is touched (once per unchanged file: see `content.rs`), so a refused snapshot changes
@@ -133,6 +134,23 @@ pub(super) async fn ensure_source(
         status.rootfs = rootfs;
         return Ok(true);
     }
+    // So do the members of a pooled template on this snapshot, for a sandbox shaped as they are.
+    if effective.disk_mb == 0 {
+        let claimed = super::template_pool::claim_holding(
+            ctl,
+            &snapshot.name,
+            name,
+            effective,
+            &container_name(name),
+        )
+        .await?;
+        if let Some(claimed) = claimed {
+            claimed.record(status, effective);
+            status.source_snapshot = Some(source.snapshot.clone());
+            status.rootfs = rootfs;
+            return Ok(true);
+        }
+    }
     // Warm pool members run the plain image: they serve Workspace snapshots only, and have no
     // disk limit.
     if rootfs.is_none() && effective.disk_mb == 0 {
@@ -214,10 +232,20 @@ pub(super) async fn ensure_rollback(
     let rootfs = rootfs_of(ctl, sandbox, &snapshot).await?;
     let staging = staging_container_name(name);
     let old_volume = status.workspace_volume.clone();
-    let claimed = match rootfs {
-        Some(_) => None,
-        None if effective.disk_mb > 0 => None,
-        None => claim_filled(ctl, sandbox, effective, &staging, &snapshot).await?,
+    // A member of a pooled template on the snapshot holds it already (root filesystem and all);
+    // a plain pool's member runs the plain image and is filled here.
+    let holding = match effective.disk_mb {
+        0 => {
+            super::template_pool::claim_holding(ctl, &snapshot.name, name, effective, &staging)
+                .await?
+        }
+        _ => None,
+    };
+    let claimed = match (holding, &rootfs) {
+        (Some(claimed), _) => Some(claimed),
+        (None, Some(_)) => None,
+        (None, None) if effective.disk_mb > 0 => None,
+        (None, None) => claim_filled(ctl, sandbox, effective, &staging, &snapshot).await?,
     };
     let replaced = if let Some(claimed) = claimed {
         let replaced = ctl.containers.swap_in(name, &claimed.container_id).await?;

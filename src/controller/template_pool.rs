@@ -255,6 +255,45 @@ async fn remove(ctl: &PoolContext<'_>, members: &[ManagedContainer]) -> Result<(
     Ok(())
 }
 
+/// Claims, for sandbox `name` restored from snapshot `snapshot` (its key) without a template of
+/// its own (a fork's child, a `source`, a rollback), a member of a pooled template on that very
+/// snapshot whose members run exactly as the sandbox would, under the container name `as_name`:
+/// the member holds the snapshot already, so the restore is a rename. `None` when there is none.
+pub(super) async fn claim_holding(
+    ctl: &SandboxContext<'_>,
+    snapshot: &str,
+    name: &str,
+    effective: &EffectiveSandbox,
+    as_name: &str,
+) -> Result<Option<Claimed>, ReconcileError> {
+    let runtime = ctl.settings.docker_runtime.clone();
+    for pool in pools_holding(ctl.store, snapshot) {
+        let Some(template) = template_of(&pool).and_then(|t| pooled_template(ctl.store, t)) else {
+            continue;
+        };
+        let members_are = effective_of(&ctl.containers.defaults(), &template);
+        if members_are.container_hash() != effective.container_hash() {
+            continue;
+        }
+        let key = key_of(ctl.store, &template, &runtime);
+        let claimed = ctl
+            .pools
+            .claim_from(
+                &pool,
+                limits_for(&members_are),
+                Some(&key),
+                name,
+                effective,
+                as_name,
+            )
+            .await?;
+        if claimed.is_some() {
+            return Ok(claimed);
+        }
+    }
+    Ok(None)
+}
+
 /// Claims a member of the pool of the template `sandbox` was made from (`record`), when the sandbox runs
 /// exactly as that template at its current generation would make it (same container shape and
 /// source; limits may differ where they can change live). `None` when there is no such pool or
