@@ -233,19 +233,17 @@ pub(super) async fn ensure_rollback(
     let staging = staging_container_name(name);
     let old_volume = status.workspace_volume.clone();
     // A member of a pooled template on the snapshot holds it already (root filesystem and all);
-    // a plain pool's member runs the plain image and is filled here.
-    let holding = match effective.disk_mb {
-        0 => {
-            super::template_pool::claim_holding(ctl, &snapshot.name, name, effective, &staging)
-                .await?
-        }
-        _ => None,
-    };
-    let claimed = match (holding, &rootfs) {
-        (Some(claimed), _) => Some(claimed),
-        (None, Some(_)) => None,
-        (None, None) if effective.disk_mb > 0 => None,
-        (None, None) => claim_filled(ctl, sandbox, effective, &staging, &snapshot).await?,
+    // a plain pool's member runs the plain image and is filled here. Neither has a disk limit.
+    let claimed = if effective.disk_mb > 0 {
+        None
+    } else if let Some(claimed) =
+        super::template_pool::claim_holding(ctl, &snapshot.name, name, effective, &staging).await?
+    {
+        Some(claimed)
+    } else if rootfs.is_some() {
+        None
+    } else {
+        claim_filled(ctl, sandbox, effective, &staging, &snapshot).await?
     };
     let replaced = if let Some(claimed) = claimed {
         let replaced = ctl.containers.swap_in(name, &claimed.container_id).await?;

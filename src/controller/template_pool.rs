@@ -266,27 +266,11 @@ pub(super) async fn claim_holding(
     effective: &EffectiveSandbox,
     as_name: &str,
 ) -> Result<Option<Claimed>, ReconcileError> {
-    let runtime = ctl.settings.docker_runtime.clone();
     for pool in pools_holding(ctl.store, snapshot) {
         let Some(template) = template_of(&pool).and_then(|t| pooled_template(ctl.store, t)) else {
             continue;
         };
-        let members_are = effective_of(&ctl.containers.defaults(), &template);
-        if members_are.container_hash() != effective.container_hash() {
-            continue;
-        }
-        let key = key_of(ctl.store, &template, &runtime);
-        let claimed = ctl
-            .pools
-            .claim_from(
-                &pool,
-                limits_for(&members_are),
-                Some(&key),
-                name,
-                effective,
-                as_name,
-            )
-            .await?;
+        let claimed = claim_member(ctl, &template, name, effective, as_name).await?;
         if claimed.is_some() {
             return Ok(claimed);
         }
@@ -313,24 +297,39 @@ pub(super) async fn claim(
     if generation(&template.metadata) != record.generation {
         return Ok(None);
     }
-    let members_are = effective_of(&ctl.containers.defaults(), &template);
     let same_source =
         sandbox.spec.source.as_ref().map(|s| &s.snapshot) == template.spec.snapshot.as_ref();
-    if !same_source || members_are.container_hash() != effective.container_hash() {
+    if !same_source {
         return Ok(None);
     }
-    // Only members of the template as it is now: its pool may not have replaced older ones yet.
-    let runtime = ctl.settings.docker_runtime.clone();
-    let key = key_of(ctl.store, &template, &runtime);
     let name = &sandbox.metadata.key();
+    claim_member(ctl, &template, name, effective, &container_name(name)).await
+}
+
+/// Claims a member of `template`'s pool for sandbox `name` under the container name `as_name`,
+/// when the sandbox runs in the members' container shape (limits may differ where they can
+/// change live). Only members of the template as it is now: its pool may not have replaced older
+/// ones yet.
+async fn claim_member(
+    ctl: &SandboxContext<'_>,
+    template: &SandboxTemplate,
+    name: &str,
+    effective: &EffectiveSandbox,
+    as_name: &str,
+) -> Result<Option<Claimed>, ReconcileError> {
+    let members_are = effective_of(&ctl.containers.defaults(), template);
+    if members_are.container_hash() != effective.container_hash() {
+        return Ok(None);
+    }
+    let key = key_of(ctl.store, template, &ctl.settings.docker_runtime);
     ctl.pools
         .claim_from(
-            &pool_name(&record.name),
+            &pool_name(&template.metadata.key()),
             limits_for(&members_are),
             Some(&key),
             name,
             effective,
-            &container_name(name),
+            as_name,
         )
         .await
 }
