@@ -167,21 +167,21 @@ impl BollardEngine {
         if let Some(freezer) = self.take_frozen(id) {
             return freezer.thaw().map_err(|e| map_io("unpause", id, e));
         }
-        match self.docker.unpause_container(id).await {
-            Ok(()) => {
-                self.settle_unpaused(id).await;
-                return Ok(());
-            }
+        let resumed = match self.docker.unpause_container(id).await {
+            Ok(()) => true,
             // The runtime runs it already while Docker's record still says paused.
             Err(e)
                 if server_message(&e)
                     .is_some_and(|m| m.contains("cannot resume a running process")) =>
             {
-                self.settle_unpaused(id).await;
-                return Ok(());
+                true
             }
-            Err(e) if server_message(&e).is_some_and(|m| m.contains("is not paused")) => {}
+            Err(e) if server_message(&e).is_some_and(|m| m.contains("is not paused")) => false,
             Err(e) => return Err(map_err("unpause", &format!("container {id}"))(e)),
+        };
+        if resumed {
+            self.settle_unpaused(id).await;
+            return Ok(());
         }
         if let Some((_, freezer)) = self.local_freezer(id).await? {
             if freezer.is_frozen().unwrap_or(false) {
