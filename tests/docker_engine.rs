@@ -496,7 +496,8 @@ async fn a_pause_stops_every_process_and_a_new_engine_can_thaw_it() {
     let started = run(
         &engine,
         &id,
-        "(i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.01; done) \
+        "(i=0; while true; do i=$((i+1)); echo $i > /tmp/c.next; mv -f /tmp/c.next /tmp/count; \
+         sleep 0.01; done) \
          >/dev/null 2>&1 &",
     )
     .await;

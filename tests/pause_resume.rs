@@ -57,10 +57,12 @@ fn resume(server: &Server, name: &str) -> Value {
 }
 
 /// Starts, detached from any API call, a shell loop that counts in memory and writes the count
-/// to `/tmp/count` ten times a second; its PID goes to `/tmp/pid`.
+/// to `/tmp/count` ten times a second; its PID goes to `/tmp/pid`. Each count is written aside
+/// and renamed into place: a loop frozen between truncating the file and writing it would
+/// otherwise leave it empty for a read just after the resume.
 fn start_counter(name: &str) {
-    let script = "echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; \
-                  sleep 0.1; done";
+    let script = "echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count.next; \
+                  mv -f /tmp/count.next /tmp/count; sleep 0.1; done";
     assert!(docker_status(&[
         "exec",
         "-d",

@@ -34,6 +34,13 @@ SERVER = os.environ["E2B_TEST_SERVER"]
 KEY = os.environ["E2B_API_KEY"]
 RUN = uuid.uuid4().hex[:8]
 
+# A loop counting five times a second into /tmp/count. Each count is written aside and renamed
+# into place, so a read just after a resume never meets the file truncated and not yet written.
+COUNTER = (
+    "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.next; "
+    "mv -f /tmp/count.next /tmp/count; sleep 0.2; done"
+)
+
 
 def resource(sandbox_id):
     """The sandbox as the resource API shows it (None when it is gone)."""
@@ -527,7 +534,7 @@ def test_pause_then_connect_keeps_processes_and_files():
     try:
         paused.files.write("kept.txt", "still here")
         counter = paused.commands.run(
-            "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done",
+            COUNTER,
             background=True,
         )
         time.sleep(1)
@@ -1012,9 +1019,6 @@ def wait_state(sandbox, state, limit=60):
         info = Sandbox.get_info(sandbox.sandbox_id)
     assert info.state.value == state, f"{sandbox.sandbox_id} is {info.state.value}, not {state}"
     return info
-
-
-COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"
 
 
 def test_on_timeout_pause_pauses_at_the_timeout_and_connect_resumes():
