@@ -54,8 +54,12 @@ pub const CONN_HIGH_WATER: usize = 256 * 1024;
 
 enum Wait {
     None,
-    /// A start, answered once the shepherd said the command started (or failed).
-    Started(String),
+    /// A start, answered once the shepherd said the command started (or failed); with
+    /// `follow`, its output is streamed after the answer.
+    Started {
+        id: String,
+        follow: bool,
+    },
     Output {
         id: String,
         out_pos: u64,
@@ -355,19 +359,23 @@ impl Supervisor {
         let found = |s: &Supervisor, id: &str| s.find(id);
         let (next, done) = match wait {
             Wait::None => (Wait::None, true),
-            Wait::Started(id) => match found(self, &id) {
+            Wait::Started { id, follow } => match found(self, &id) {
                 Some(p)
                     if self.procs[p].pid == 0
                         && self.procs[p].running()
                         && self.procs[p].failure.is_none() =>
                 {
-                    (Wait::Started(id), false)
+                    (Wait::Started { id, follow }, false)
                 }
                 Some(p) => {
                     let info = self.procs[p].info();
                     self.conns[i].reply(&Reply::Process(info));
-                    self.conns[i].reply(&Reply::Ok);
-                    (Wait::None, true)
+                    if follow {
+                        self.pump(i, id, 0, 0, true)
+                    } else {
+                        self.conns[i].reply(&Reply::Ok);
+                        (Wait::None, true)
+                    }
                 }
                 None => {
                     self.conns[i].error(ErrorCode::NotFound, format!("process {id} is gone"));
@@ -697,7 +705,10 @@ impl Supervisor {
         match Process::start(id.clone(), &s) {
             Ok(p) => {
                 self.procs.push(p);
-                self.conns[i].wait = Wait::Started(id);
+                self.conns[i].wait = Wait::Started {
+                    id,
+                    follow: s.follow,
+                };
             }
             Err(message) if message.starts_with("invalid request") => {
                 self.conns[i].error(ErrorCode::Invalid, message)

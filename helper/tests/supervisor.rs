@@ -129,19 +129,7 @@ impl Client {
     }
 
     fn start(&mut self, argv: &[&str], tty: bool, stdin: bool) -> ProcInfo {
-        self.req(&SupRequest::Start(ProcStart {
-            command: String::new(),
-            argv: argv.iter().map(|s| s.to_string()).collect(),
-            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-            workdir: "/".into(),
-            tty,
-            stdin,
-            cols: 80,
-            rows: 24,
-            timeout_ms: 0,
-            retain_bytes: 1 << 20,
-            max_running: 8,
-        }));
+        self.req(&start_request(argv, tty, stdin, false));
         match self.collect().as_slice() {
             [Reply::Process(p), Reply::Ok] => p.clone(),
             other => panic!("start answered {other:?}"),
@@ -156,6 +144,11 @@ impl Client {
             stderr_from: 0,
             follow,
         });
+        self.read_output()
+    }
+
+    /// Chunks up to the final reply: (stdout, stderr, final reply).
+    fn read_output(&mut self) -> (Vec<u8>, Vec<u8>, Reply) {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         loop {
             match self.next() {
@@ -173,6 +166,23 @@ impl Client {
             }
         }
     }
+}
+
+fn start_request(argv: &[&str], tty: bool, stdin: bool, follow: bool) -> SupRequest {
+    SupRequest::Start(ProcStart {
+        command: String::new(),
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        workdir: "/".into(),
+        tty,
+        stdin,
+        cols: 80,
+        rows: 24,
+        timeout_ms: 0,
+        retain_bytes: 1 << 20,
+        max_running: 8,
+        follow,
+    })
 }
 
 fn sh(script: &str) -> Vec<&str> {
@@ -234,6 +244,62 @@ fn exit_codes_and_signals_are_truthful() {
         ),
         "{end:?}"
     );
+}
+
+/// A start with `follow` answers its process and then its whole output up to its exit, on the
+/// same request, as a start and an output request would; the connection serves the next request.
+#[test]
+fn a_start_that_follows_streams_the_output_to_the_exit() {
+    let sup = supervisor();
+    let mut c = Client::new(&sup);
+    c.req(&start_request(
+        &sh("echo out; sleep 0.2; echo err >&2; exit 5"),
+        false,
+        false,
+        true,
+    ));
+    let p = match c.next() {
+        Reply::Process(p) => p,
+        other => panic!("start answered {other:?}"),
+    };
+    assert!(p.pid > 0);
+    let (out, err, end) = c.read_output();
+    assert_eq!((&out[..], &err[..]), (&b"out\n"[..], &b"err\n"[..]));
+    assert!(
+        matches!(
+            end,
+            Reply::Exit {
+                exit_code: Some(5),
+                ..
+            }
+        ),
+        "{end:?}"
+    );
+
+    // A command that cannot start ends the same way, with the reason on stderr.
+    c.req(&start_request(
+        &["no-such-program-here"],
+        false,
+        false,
+        true,
+    ));
+    assert!(matches!(c.next(), Reply::Process(_)));
+    let (_, err, end) = c.read_output();
+    assert!(String::from_utf8_lossy(&err).contains("command not found"));
+    assert!(
+        matches!(
+            end,
+            Reply::Exit {
+                exit_code: Some(127),
+                ..
+            }
+        ),
+        "{end:?}"
+    );
+
+    // The output is still there for an output request of its own, as without `follow`.
+    let (out, _, _) = c.output(&p.id, true);
+    assert_eq!(out, b"out\n");
 }
 
 #[test]

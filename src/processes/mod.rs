@@ -539,6 +539,82 @@ impl Processes {
     }
 
     pub async fn start(&self, target: &Target, spec: StartSpec) -> Result<Process, ProcessError> {
+        let req = self.start_request(target, spec, false)?;
+        let began = std::time::Instant::now();
+        let replies = self.call(target, req).await?;
+        expect_ok(&replies)?;
+        match replies.into_iter().next() {
+            Some(Reply::Process(info)) => Ok(self.started(target, info, began)),
+            other => Err(ProcessError::Backend(format!(
+                "unexpected answer from the supervisor: {other:?}"
+            ))),
+        }
+    }
+
+    /// Starts a process and follows all its output until it ends, on one request to the
+    /// supervisor (a start with `follow`): what [`Processes::start`] then
+    /// [`Processes::output`] from offset 0 do, one round trip fewer, for a caller that starts a
+    /// command to read it to its end (envd's `Start`). A start is not repeated on another
+    /// connection: it may have run.
+    pub async fn start_following(
+        &self,
+        target: &Target,
+        spec: StartSpec,
+    ) -> Result<(Process, BoxStream<'static, OutputEvent>), ProcessError> {
+        let req = self.start_request(target, spec, true)?;
+        let began = std::time::Instant::now();
+        let (mut b, was_pooled) = match self.take_pooled(&target.container_id) {
+            Some(b) => (b, true),
+            None => (self.connect(target).await?, false),
+        };
+        if was_pooled {
+            self.note_container(target);
+        }
+        let first = async {
+            b.send(&req).await?;
+            b.next().await
+        };
+        // As in `checked_out`: a pooled connection into a removed container may never answer.
+        let first = if was_pooled {
+            tokio::time::timeout(POOLED_ANSWER, first)
+                .await
+                .unwrap_or_else(|_| Err(BridgeError::Broken("no answer".into())))
+        } else {
+            first.await
+        };
+        match first.map_err(|e| bridge_error(target, e))? {
+            Reply::Process(info) => {
+                let p = self.started(target, info, began);
+                let output = self.replies_as_output(target, b);
+                Ok((p, output))
+            }
+            Reply::Error { code, message } => {
+                give_back(&self.pool, &target.container_id, b);
+                Err(reply_error(code, message))
+            }
+            other => Err(ProcessError::Backend(format!(
+                "unexpected answer from the supervisor: {other:?}"
+            ))),
+        }
+    }
+
+    /// A process the supervisor says it started: counted, noted, and answered.
+    fn started(&self, target: &Target, info: ProcInfo, began: std::time::Instant) -> Process {
+        if let Some(metrics) = &self.metrics {
+            metrics.process_started(began.elapsed());
+        }
+        let p = from_info(info);
+        self.note(target, &p);
+        p
+    }
+
+    /// The supervisor's request for a start `spec`, the target's environment under its own.
+    fn start_request(
+        &self,
+        target: &Target,
+        spec: StartSpec,
+        follow: bool,
+    ) -> Result<SupRequest, ProcessError> {
         let mut env = BTreeMap::from([("HOME".to_string(), DEFAULT_WORKDIR.to_string())]);
         env.extend(target.env.clone());
         env.extend(spec.env);
@@ -563,6 +639,7 @@ impl Processes {
             timeout_ms,
             retain_bytes: self.settings.process_output_bytes,
             max_running: self.settings.max_processes,
+            follow,
         });
         if req.to_frame().is_err() {
             return Err(ProcessError::Invalid(
@@ -570,22 +647,7 @@ impl Processes {
                     .into(),
             ));
         }
-        let began = std::time::Instant::now();
-        let replies = self.call(target, req).await?;
-        expect_ok(&replies)?;
-        match replies.into_iter().next() {
-            Some(Reply::Process(info)) => {
-                if let Some(metrics) = &self.metrics {
-                    metrics.process_started(began.elapsed());
-                }
-                let p = from_info(info);
-                self.note(target, &p);
-                Ok(p)
-            }
-            other => Err(ProcessError::Backend(format!(
-                "unexpected answer from the supervisor: {other:?}"
-            ))),
-        }
+        Ok(req)
     }
 
     /// Every process of the sandbox: the supervisor's, then those lost with earlier containers.
@@ -776,22 +838,6 @@ impl Processes {
             .await
     }
 
-    /// All the output of `process`, which [`Processes::start`] just answered, followed until it
-    /// ends: as [`Processes::output`] from offset 0, without first asking whether it exists (one
-    /// round trip to the supervisor fewer, for a caller that starts and follows at once).
-    pub async fn follow_started(
-        &self,
-        target: &Target,
-        process: &Process,
-    ) -> Result<BoxStream<'static, OutputEvent>, ProcessError> {
-        let b = match self.take_pooled(&target.container_id) {
-            Some(b) => b,
-            None => self.connect(target).await?,
-        };
-        self.stream_output(target, b, &process.id, (0, 0), true)
-            .await
-    }
-
     /// Asks for a process's output on connection `b` and streams the answer; `b` goes back to
     /// the pool once the answer has ended.
     async fn stream_output(
@@ -810,6 +856,12 @@ impl Processes {
         })
         .await
         .map_err(|e| bridge_error(target, e))?;
+        Ok(self.replies_as_output(target, b))
+    }
+
+    /// The output replies coming on connection `b`, as events, until the last one; `b` then goes
+    /// back to the pool.
+    fn replies_as_output(&self, target: &Target, b: Bridge) -> BoxStream<'static, OutputEvent> {
         let back = (Arc::clone(&self.pool), target.container_id.clone());
         let started_at = self.seen().get(&target.key()).and_then(|s| s.started_at);
         let engine = Arc::clone(&self.engine);
@@ -832,7 +884,7 @@ impl Processes {
                 Some((event, Some(bridge)))
             }
         });
-        Ok(Box::pin(stream))
+        Box::pin(stream)
     }
 }
 

@@ -10,7 +10,9 @@
 //! frame: [`Reply::Ok`], [`Reply::Error`], [`Reply::Exit`] or [`Reply::Running`]. A start or a get
 //! answers one `Process` then `Ok`; a list, one `Process` per process then `Ok`. An output
 //! request with `follow` keeps streaming chunks as they are captured and ends only with `Exit`
-//! (the process really ended) or when the connection closes.
+//! (the process really ended) or when the connection closes. A start with `follow` answers its
+//! `Process` and then, in place of `Ok`, what an output request with `follow` from offset 0
+//! would: a client that starts and reads a command saves a round trip.
 //!
 //! Offsets are absolute byte positions in a stream since the process started.
 //!
@@ -30,7 +32,7 @@ use crate::{
 };
 
 /// Version announced by `bridge` before relaying (one `u32`, big-endian, raw, no frame).
-pub const SUPERVISOR_VERSION: u32 = 1;
+pub const SUPERVISOR_VERSION: u32 = 2;
 
 pub mod kind {
     pub const START: u8 = 0x20;
@@ -119,6 +121,9 @@ pub struct ProcStart {
     pub retain_bytes: u64,
     /// Refuse with [`ErrorCode::TooMany`] when this many are already running.
     pub max_running: u32,
+    /// Stream the process's output after its `Process` answer, as an output request with
+    /// `follow` from offset 0 would, instead of answering `Ok`.
+    pub follow: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -332,6 +337,7 @@ impl SupRequest {
                 put_u64(out, s.timeout_ms);
                 put_u64(out, s.retain_bytes);
                 put_u32(out, s.max_running);
+                out.push(u8::from(s.follow));
                 Ok(())
             }),
             SupRequest::List => encode_frame(out, kind::LIST, |_| Ok(())),
@@ -419,6 +425,7 @@ impl SupRequest {
                     timeout_ms: r.u64()?,
                     retain_bytes: r.u64()?,
                     max_running: r.u32()?,
+                    follow: r.bool()?,
                 })
             }
             kind::LIST => SupRequest::List,
@@ -664,6 +671,7 @@ mod tests {
                 timeout_ms: 5,
                 retain_bytes: 1 << 23,
                 max_running: 64,
+                follow: true,
             }),
             SupRequest::List,
             SupRequest::Output {

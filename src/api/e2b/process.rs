@@ -85,20 +85,22 @@ pub async fn start(State(state): State<AppState>, headers: HeaderMap, body: Byte
     // event can come, as the SDK expects of a command that ran out of time.
     let pace = Pace::of(&headers);
     match start_process(&state, &headers, &body, connect::timeout(&headers)).await {
-        Ok((target, process)) => stream_events(&state, target, process, None, pace, encoding).await,
+        Ok((target, process, output)) => {
+            stream_events(&state, target, process, output, pace, encoding)
+        }
         Err(e) => connect::stream_error(e, encoding),
     }
 }
 
-/// Starts the process a `Start` asks for. A call deadline (`Connect-Timeout-Ms`, the SDK's
-/// `timeout`) is the process's too: envd kills a command whose call ran out, and so does the
-/// supervisor here.
+/// Starts the process a `Start` asks for, its output followed from the start. A call deadline
+/// (`Connect-Timeout-Ms`, the SDK's `timeout`) is the process's too: envd kills a command whose
+/// call ran out, and so does the supervisor here.
 async fn start_process(
     state: &AppState,
     headers: &HeaderMap,
     body: &[u8],
     deadline: Option<Duration>,
-) -> Result<(Target, Process), RpcError> {
+) -> Result<(Target, Process, BoxStream<'static, OutputEvent>), RpcError> {
     let target = target(state, headers).await?;
     let request: StartRequest = connect::stream_request(headers, body, protobuf::START_REQUEST)?;
     let config = request.process.unwrap_or_default();
@@ -125,12 +127,12 @@ async fn start_process(
         rows: dimension(size.and_then(|s| s.rows), 24),
         timeout_seconds: deadline.map(|d| d.as_secs_f64()),
     };
-    let process = state
+    let (process, output) = state
         .processes
-        .start(&target, spec)
+        .start_following(&target, spec)
         .await
         .map_err(process_error)?;
-    Ok((target, process))
+    Ok((target, process, output))
 }
 
 pub async fn connect(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
@@ -141,16 +143,19 @@ pub async fn connect(State(state): State<AppState>, headers: HeaderMap, body: By
         let request: ConnectRequest =
             connect::stream_request(&headers, &body, protobuf::SELECTOR_REQUEST)?;
         let process = select(&state, &target, request.process).await?;
-        Ok::<_, RpcError>((target, process))
+        // Like envd, a connection sees what the process prints from now on. Its deadline ends
+        // only this stream: the process was started by another call.
+        let (out, err) = (process.stdout_bytes, process.stderr_bytes);
+        let output = state
+            .processes
+            .output(&target, &process.id, out, err, true)
+            .await
+            .map_err(process_error)?;
+        Ok::<_, RpcError>((target, process, output))
     }
     .await;
     match found {
-        // Like envd, a connection sees what the process prints from now on. Its deadline ends
-        // only this stream: the process was started by another call.
-        Ok((target, p)) => {
-            let (out, err) = (p.stdout_bytes, p.stderr_bytes);
-            stream_events(&state, target, p, Some((out, err)), pace, encoding).await
-        }
+        Ok((target, p, output)) => stream_events(&state, target, p, output, pace, encoding),
         Err(e) => connect::stream_error(e, encoding),
     }
 }
@@ -253,30 +258,17 @@ fn lost_contact(state: &AppState, target: &Target) -> RpcError {
     }
 }
 
-/// The server-streaming answer of a start or connect: the start event, output as it comes
-/// (from the offsets `from`, or all of it for a process just started), keep-alives while it is
+/// The server-streaming answer of a start or connect: the start event, `output` as it comes
+/// (all of it for a process just started, from now on for a connect), keep-alives while it is
 /// quiet, the end event, then the end of the stream; at the call's deadline, `deadline_exceeded`.
-async fn stream_events(
+fn stream_events(
     state: &AppState,
     target: Target,
     process: Process,
-    from: Option<(u64, u64)>,
+    output: BoxStream<'static, OutputEvent>,
     pace: Pace,
     encoding: Encoding,
 ) -> Response {
-    let output = match from {
-        Some((stdout_from, stderr_from)) => {
-            state
-                .processes
-                .output(&target, &process.id, stdout_from, stderr_from, true)
-                .await
-        }
-        None => state.processes.follow_started(&target, &process).await,
-    };
-    let output: BoxStream<'static, OutputEvent> = match output {
-        Ok(o) => o,
-        Err(e) => return connect::stream_error(process_error(e), encoding),
-    };
     let schema = protobuf::EVENT_RESPONSE;
     let first = connect::envelope(
         &EventResponse {
