@@ -198,7 +198,10 @@ def main() -> int:
                     odd.append(f"round {i}: {error}")
                 time.sleep(0.5)
 
-        # A command on a running sandbox: the last round's sandboxes, warmed up untimed.
+        # A command on a running sandbox: the last round's sandboxes, warmed up untimed, once
+        # both pools have refilled after the last round's claims (a refill starts containers).
+        wait_members(wanted)
+        time.sleep(2)
         sbx, raw_id, v1_id = e2b_children[-1], raw_children[-1], v1_children[-1]
         raw_token = tokens[raw_id]
         for _ in range(5):
