@@ -425,18 +425,45 @@ impl Containers {
         name: &str,
         current: &str,
     ) -> Result<(), ReconcileError> {
-        for volume in self.engine.list_volumes().await? {
-            let ours = volume.sandbox() == Some(name)
-                && self.is_ours(&volume.labels)
-                && names::is_workspace_of(&volume.name, name)
-                && volume.name != current;
-            if ours {
-                tracing::info!(volume = %volume.name, sandbox = name, "removing replaced workspace");
-                self.engine.remove_volume(&volume.name).await?;
-                self.disks.forget(&volume.name).await;
+        remove_strays(
+            self.engine.as_ref(),
+            &self.disks,
+            &self.server_id,
+            name,
+            current,
+        )
+        .await
+    }
+
+    /// Removes what a completed rollback or replacement of sandbox `name` left (`retired`, in
+    /// order), then, with `strays_but`, its workspace volumes other than that one, on a task of
+    /// its own: the status names the successor already, and the sandbox's next request (another
+    /// rollback, a command) waits for none of it. A swap that finds the retired name still
+    /// taken removes that container itself, and a removal of a container Docker is removing
+    /// already waits for it (`Engine::remove_container`). What a crash leaves is garbage
+    /// collection's: no status names a retired container or its workspace.
+    pub(super) fn remove_retired(
+        &self,
+        name: &str,
+        retired: Vec<Replaced>,
+        strays_but: Option<String>,
+    ) {
+        let engine = Arc::clone(&self.engine);
+        let disks = Arc::clone(&self.disks);
+        let server = self.server_id.clone();
+        let name = name.to_string();
+        tokio::spawn(async move {
+            for replaced in retired {
+                replaced.remove(engine.as_ref(), &disks).await;
             }
-        }
-        Ok(())
+            if let Some(current) = strays_but {
+                let removed =
+                    remove_strays(engine.as_ref(), &disks, &server, &name, &current).await;
+                if let Err(error) = removed {
+                    tracing::warn!(sandbox = name, %error, "removing replaced workspaces failed");
+                }
+            }
+        });
     }
 
     /// What Docker still has of sandbox `name`, which no longer exists: containers under its
@@ -635,6 +662,28 @@ impl Replaced {
             }
         }
     }
+}
+
+/// Removes sandbox `name`'s workspace volumes made by server `server` other than `current`.
+async fn remove_strays(
+    engine: &dyn Engine,
+    disks: &crate::disk::Disks,
+    server: &str,
+    name: &str,
+    current: &str,
+) -> Result<(), ReconcileError> {
+    for volume in engine.list_volumes().await? {
+        let stray = volume.sandbox() == Some(name)
+            && volume.labels.get(LABEL_SERVER).map(String::as_str) == Some(server)
+            && names::is_workspace_of(&volume.name, name)
+            && volume.name != current;
+        if stray {
+            tracing::info!(volume = %volume.name, sandbox = name, "removing replaced workspace");
+            engine.remove_volume(&volume.name).await?;
+            disks.forget(&volume.name).await;
+        }
+    }
+    Ok(())
 }
 
 /// Marks a sandbox's background removal as finished when its task ends, however it ends.

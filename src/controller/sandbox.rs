@@ -289,19 +289,9 @@ pub(super) async fn reconcile(
         );
     }
     write_status(ctl.store, ctl.events, &sandbox, &status).await?;
-    retired
-        .remove(ctl.engine.as_ref(), &ctl.containers.disks)
-        .await;
-    if let Some(leftovers) = replaced {
-        leftovers
-            .remove(ctl.engine.as_ref(), &ctl.containers.disks)
-            .await;
-    }
-    if let (true, Some(current)) = (rolled_back, current_volume) {
-        if let Err(error) = ctl.containers.remove_stray_volumes(name, &current).await {
-            tracing::warn!(sandbox = name, %error, "removing replaced workspaces failed");
-        }
-    }
+    let strays_but = current_volume.filter(|_| rolled_back);
+    let retired: Vec<Replaced> = std::iter::once(retired).chain(replaced).collect();
+    ctl.containers.remove_retired(name, retired, strays_but);
     let idle = match power::idle(ctl, &sandbox) {
         power::Idle::Since(last) => {
             power::confirm_idle(ctl, &sandbox, status.container_id.as_deref(), last).await

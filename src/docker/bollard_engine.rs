@@ -461,9 +461,18 @@ impl Engine for BollardEngine {
             ..Default::default()
         };
         self.thaw_before_removal(id);
-        // A frozen cgroup's processes take no SIGKILL until thawed.
-        if let Err(error) = self.thaw_if_paused(id).await {
-            tracing::debug!(container = id, %error, "cannot thaw before removal");
+        // A frozen cgroup's processes take no SIGKILL until thawed. A name that holds no
+        // container (the usual case for a staging name) does not queue behind the removals of
+        // others.
+        match self.inspect_container(id).await {
+            Ok(None) => return Ok(()),
+            Ok(Some(details)) if details.paused => {
+                if let Err(error) = self.thaw_or_unpause(id).await {
+                    tracing::debug!(container = id, %error, "cannot thaw before removal");
+                }
+            }
+            Ok(Some(_)) => {}
+            Err(error) => tracing::debug!(container = id, %error, "cannot inspect before removal"),
         }
         let removed = {
             let _one_at_a_time = self.removals.lock().await;
