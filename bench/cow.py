@@ -151,23 +151,37 @@ def wait_tree(ours: Ours, before: int) -> None:
         time.sleep(0.1)
 
 
-def restores(ours: Ours, sandbox: str, snap: str, n: int, results: dict, tag: str) -> None:
+def restores(ours: Ours, sandbox: str, snap: str, n: int, results: dict, tag: str,
+             refilled=None, claimed=None) -> None:
+    """N forks, then N rollbacks of `sandbox`, each timed; with `refilled`, called (untimed)
+    between the two, the rollbacks start once the pool has made up for the forks' claims; with
+    `claimed`, each restored sandbox's `status.claimedFrom` must be that (checked untimed)."""
+    def check(name: str) -> None:
+        if claimed is not None:
+            got = ((ours.call("GET", f"{API}/sandboxes/{name}") or {}).get("status") or {})
+            if got.get("claimedFrom") != claimed:
+                raise RuntimeError(f"{name} claimed from {got.get('claimedFrom')!r}, not {claimed!r}")
     forks = []
     for _ in range(n):
         ms, sb = ours.timed("POST", f"/v1/snapshots/{snap}/fork", {}, expect=(201,))
         results.setdefault(f"fork{tag}", []).append(ms)
         forks.append(sb["id"])
+        check(sb["id"])
+    if refilled:
+        refilled()
     for _ in range(n):
         ms, _ = ours.timed("POST", f"/v1/sandboxes/{sandbox}/rollback", {"snapshot_id": snap}, (200,))
         results.setdefault(f"rollback{tag}", []).append(ms)
+        check(sandbox)
     for f in forks:
         ours.call("DELETE", f"/v1/sandboxes/{f}")
 
 
-def template_claims(ours: Ours, snap: str, n: int, results: dict) -> None:
+def template_claims(ours: Ours, sandbox: str, snap: str, n: int, results: dict) -> None:
     """Sandboxes made from a `SandboxTemplate` on the snapshot whose pool holds n+1 members (made
     first, untimed): from the create request until the sandbox's status says Running (polled
-    every 2 ms), through the resource API."""
+    every 2 ms), through the resource API. Then, the pool full again, N forks of the snapshot
+    and N rollbacks of `sandbox` to it, which take the template's members too."""
     template = f"cow-bench-t-{os.urandom(3).hex()}"
     doc = {
         "apiVersion": "agent-sandbox.io/v1",
@@ -177,15 +191,20 @@ def template_claims(ours: Ours, snap: str, n: int, results: dict) -> None:
     }
     ours.call("POST", f"{API}/sandboxtemplates", doc)
     prefix = f"agent-sandbox-pool.T-{template}."
-    deadline = time.time() + 600
-    while True:
-        names = subprocess.run(["docker", "ps", "--format", "{{.Names}}"], capture_output=True, text=True)
-        if sum(1 for line in names.stdout.split() if line.startswith(prefix)) >= n + 1:
-            break
-        if time.time() > deadline:
-            raise RuntimeError(f"template {template}'s pool did not fill")
-        time.sleep(0.25)
-    time.sleep(2)  # let the members' connections open (they are warmed in the background)
+
+    def filled() -> None:
+        deadline = time.time() + 600
+        while True:
+            names = subprocess.run(["docker", "ps", "--format", "{{.Names}}"],
+                                   capture_output=True, text=True)
+            if sum(1 for line in names.stdout.split() if line.startswith(prefix)) >= n + 1:
+                break
+            if time.time() > deadline:
+                raise RuntimeError(f"template {template}'s pool did not fill")
+            time.sleep(0.25)
+        time.sleep(2)  # let the members' connections open (they are warmed in the background)
+
+    filled()
     made = []
     for i in range(n):
         name = f"{template}-{i}"
@@ -204,6 +223,8 @@ def template_claims(ours: Ours, snap: str, n: int, results: dict) -> None:
         made.append(name)
     for name in made:
         ours.call("DELETE", f"{API}/sandboxes/{name}")
+    filled()
+    restores(ours, sandbox, snap, n, results, " (template pool)", filled, f"T-{template}")
     ours.call("DELETE", f"{API}/sandboxtemplates/{template}")
 
 
@@ -263,12 +284,16 @@ def main() -> int:
                 snap = ours.call("POST", f"/v1/sandboxes/{sb}/snapshots", {"name": None})["id"]
                 if cow:
                     wait_tree(ours, before)
+                # The setup wrote the workspace, its tar and its tree: flush them (untimed) so the
+                # restores measured do not share the disk with their writeback.
+                os.sync()
                 restores(ours, sb, snap, a.n, results, "")
                 pool = f"cow-bench-{mode}-{size.split()[0]}"
                 ours.pool(pool, a.n + 1)
-                restores(ours, sb, snap, a.n, results, " (warm pool)")
+                restores(ours, sb, snap, a.n, results, " (warm pool)",
+                         lambda: (ours.wait_pool(pool, a.n + 1), time.sleep(2)))
                 ours.call("DELETE", f"{API}/sandboxpools/{pool}")
-                template_claims(ours, snap, a.n, results)
+                template_claims(ours, sb, snap, a.n, results)
                 if size != "10 MiB":
                     disk[mode] = ten_forks_disk(ours, snap)
                 for op, samples in results.items():
@@ -282,7 +307,8 @@ def main() -> int:
     print("| operation | workspace | views | copy path |")
     print("|---|---|---|---|")
     for op in ("fork", "rollback", "fork (warm pool)", "rollback (warm pool)",
-               "sandbox from a pooled template"):
+               "sandbox from a pooled template", "fork (template pool)",
+               "rollback (template pool)"):
         for size in ("10 MiB", f"{a.large_mib} MiB"):
             v, c = table.get((op, size, "views")), table.get((op, size, "copy"))
             print(f"| {op} | {size} | {v:.0f} | {c:.0f} |")
