@@ -189,6 +189,14 @@ fn sh(script: &str) -> Vec<&str> {
     vec!["/bin/sh", "-c", script]
 }
 
+/// `end` says the process exited by itself with `code`.
+fn assert_exited(end: &Reply, code: i32) {
+    assert!(
+        matches!(end, Reply::Exit { exit_code: Some(c), signal: None, .. } if *c == code),
+        "{end:?}"
+    );
+}
+
 #[test]
 fn exit_codes_and_signals_are_truthful() {
     let sup = supervisor();
@@ -200,17 +208,7 @@ fn exit_codes_and_signals_are_truthful() {
         (out.as_slice(), err.as_slice()),
         (&b"out\n"[..], &b"err\n"[..])
     );
-    assert!(
-        matches!(
-            end,
-            Reply::Exit {
-                exit_code: Some(3),
-                signal: None,
-                ..
-            }
-        ),
-        "{end:?}"
-    );
+    assert_exited(&end, 3);
 
     let p = c.start(&["sleep", "30"], false, false);
     c.req(&SupRequest::Signal {
@@ -234,16 +232,7 @@ fn exit_codes_and_signals_are_truthful() {
     let p = c.start(&["no-such-program-here"], false, false);
     let (_, err, end) = c.output(&p.id, true);
     assert!(String::from_utf8_lossy(&err).contains("command not found"));
-    assert!(
-        matches!(
-            end,
-            Reply::Exit {
-                exit_code: Some(127),
-                ..
-            }
-        ),
-        "{end:?}"
-    );
+    assert_exited(&end, 127);
 }
 
 /// A start with `follow` answers its process and then its whole output up to its exit, on the
@@ -265,16 +254,7 @@ fn a_start_that_follows_streams_the_output_to_the_exit() {
     assert!(p.pid > 0);
     let (out, err, end) = c.read_output();
     assert_eq!((&out[..], &err[..]), (&b"out\n"[..], &b"err\n"[..]));
-    assert!(
-        matches!(
-            end,
-            Reply::Exit {
-                exit_code: Some(5),
-                ..
-            }
-        ),
-        "{end:?}"
-    );
+    assert_exited(&end, 5);
 
     // A command that cannot start ends the same way, with the reason on stderr.
     c.req(&start_request(
@@ -286,16 +266,7 @@ fn a_start_that_follows_streams_the_output_to_the_exit() {
     assert!(matches!(c.next(), Reply::Process(_)));
     let (_, err, end) = c.read_output();
     assert!(String::from_utf8_lossy(&err).contains("command not found"));
-    assert!(
-        matches!(
-            end,
-            Reply::Exit {
-                exit_code: Some(127),
-                ..
-            }
-        ),
-        "{end:?}"
-    );
+    assert_exited(&end, 127);
 
     // The output is still there for an output request of its own, as without `follow`.
     let (out, _, _) = c.output(&p.id, true);
@@ -416,16 +387,7 @@ fn a_tty_is_a_terminal_and_resizes() {
     assert!(out.contains("tty"), "{out:?}");
     assert!(out.contains("40 100"), "{out:?}");
     assert!(err.is_empty());
-    assert!(
-        matches!(
-            end,
-            Reply::Exit {
-                exit_code: Some(0),
-                ..
-            }
-        ),
-        "{end:?}"
-    );
+    assert_exited(&end, 0);
 }
 
 #[test]
