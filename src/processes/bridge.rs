@@ -20,7 +20,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use crate::docker::{
     Engine, EngineError, EngineResult, ExecOutput, ExecPlan, HELPER_BINARY, HELPER_MOUNT,
 };
-use helper_protocol::supervisor::{Reply, SupRequest, SUPERVISOR_VERSION};
+use helper_protocol::supervisor::{Reply, SupRequest, MIN_SUPERVISOR_VERSION, SUPERVISOR_VERSION};
 use helper_protocol::FrameDecoder;
 
 /// How long the bridge has to say it reached the supervisor.
@@ -46,6 +46,8 @@ pub struct Bridge {
     input: Pin<Box<dyn AsyncWrite + Send>>,
     decoder: FrameDecoder,
     stderr: Vec<u8>,
+    /// The version the supervisor said it speaks.
+    version: u32,
 }
 
 impl Bridge {
@@ -78,6 +80,7 @@ impl Bridge {
             input,
             decoder: FrameDecoder::new(),
             stderr: Vec::new(),
+            version: 0,
         };
         match tokio::time::timeout(HELLO_TIMEOUT, bridge.hello()).await {
             Ok(r) => r?,
@@ -105,11 +108,15 @@ impl Bridge {
             }
         }
         let version = u32::from_be_bytes([got[0], got[1], got[2], got[3]]);
-        if version != SUPERVISOR_VERSION {
+        // A container an older server made runs an older supervisor: it is spoken to in its
+        // version.
+        if !(MIN_SUPERVISOR_VERSION..=SUPERVISOR_VERSION).contains(&version) {
             return Err(BridgeError::NoSupervisor(format!(
-                "it speaks version {version}, this server {SUPERVISOR_VERSION}"
+                "it speaks version {version}, this server {MIN_SUPERVISOR_VERSION} to \
+                 {SUPERVISOR_VERSION}"
             )));
         }
+        self.version = version;
         self.decoder.feed(&got[4..]);
         Ok(())
     }
@@ -117,6 +124,28 @@ impl Bridge {
     fn keep_stderr(&mut self, b: &[u8]) {
         let room = STDERR_KEEP.saturating_sub(self.stderr.len());
         self.stderr.extend_from_slice(&b[..b.len().min(room)]);
+    }
+
+    /// A bridge over the given streams, to a supervisor that said `version` (for tests that
+    /// play the supervisor).
+    #[cfg(test)]
+    pub(super) fn over(
+        output: BoxStream<'static, EngineResult<ExecOutput>>,
+        input: Pin<Box<dyn AsyncWrite + Send>>,
+        version: u32,
+    ) -> Bridge {
+        Bridge {
+            output,
+            input,
+            decoder: FrameDecoder::new(),
+            stderr: Vec::new(),
+            version,
+        }
+    }
+
+    /// Whether the supervisor takes a start with `follow` (version 2 on).
+    pub fn starts_following(&self) -> bool {
+        self.version >= 2
     }
 
     /// Whether an idle connection is still usable: its exec has not ended and the supervisor

@@ -21,6 +21,8 @@
 //! (`api/processes.rs` does), and only the engine talks to Docker.
 
 mod bridge;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -554,14 +556,14 @@ impl Processes {
     /// Starts a process and follows all its output until it ends, on one request to the
     /// supervisor (a start with `follow`): what [`Processes::start`] then
     /// [`Processes::output`] from offset 0 do, one round trip fewer, for a caller that starts a
-    /// command to read it to its end (envd's `Start`). A start is not repeated on another
-    /// connection: it may have run.
+    /// command to read it to its end (envd's `Start`). A supervisor older than `follow` (in a
+    /// container an older server made) is asked the two things in turn. A start is not repeated
+    /// on another connection: it may have run.
     pub async fn start_following(
         &self,
         target: &Target,
         spec: StartSpec,
     ) -> Result<(Process, BoxStream<'static, OutputEvent>), ProcessError> {
-        let req = self.start_request(target, spec, true)?;
         let began = std::time::Instant::now();
         let (mut b, was_pooled) = match self.take_pooled(&target.container_id) {
             Some(b) => (b, true),
@@ -570,6 +572,14 @@ impl Processes {
         if was_pooled {
             self.note_container(target);
         }
+        let follows = b.starts_following();
+        let req = match self.start_request(target, spec, follows) {
+            Ok(req) => req,
+            Err(e) => {
+                give_back(&self.pool, &target.container_id, b);
+                return Err(e);
+            }
+        };
         let first = async {
             b.send(&req).await?;
             b.next().await
@@ -585,7 +595,18 @@ impl Processes {
         match first.map_err(|e| bridge_error(target, e))? {
             Reply::Process(info) => {
                 let p = self.started(target, info, began);
-                let output = self.replies_as_output(target, b);
+                if follows {
+                    return Ok((p, self.replies_as_output(target, b)));
+                }
+                match b.next().await.map_err(|e| bridge_error(target, e))? {
+                    Reply::Ok => {}
+                    other => {
+                        return Err(ProcessError::Backend(format!(
+                            "unexpected answer from the supervisor: {other:?}"
+                        )))
+                    }
+                }
+                let output = self.stream_output(target, b, &p.id, (0, 0), true).await?;
                 Ok((p, output))
             }
             Reply::Error { code, message } => {

@@ -12,7 +12,10 @@
 //! request with `follow` keeps streaming chunks as they are captured and ends only with `Exit`
 //! (the process really ended) or when the connection closes. A start with `follow` answers its
 //! `Process` and then, in place of `Ok`, what an output request with `follow` from offset 0
-//! would: a client that starts and reads a command saves a round trip.
+//! would: a client that starts and reads a command saves a round trip. Version 2 added that
+//! `follow`, as one byte at the end of a start's payload written only when it is set: a start
+//! without it is version 1's, which a version 1 supervisor (in a container an older server made)
+//! still takes; a client sends `follow` only to a supervisor that said version 2.
 //!
 //! Offsets are absolute byte positions in a stream since the process started.
 //!
@@ -33,6 +36,8 @@ use crate::{
 
 /// Version announced by `bridge` before relaying (one `u32`, big-endian, raw, no frame).
 pub const SUPERVISOR_VERSION: u32 = 2;
+/// The oldest supervisor version a client can talk to: version 1 lacks only a start's `follow`.
+pub const MIN_SUPERVISOR_VERSION: u32 = 1;
 
 pub mod kind {
     pub const START: u8 = 0x20;
@@ -122,7 +127,7 @@ pub struct ProcStart {
     /// Refuse with [`ErrorCode::TooMany`] when this many are already running.
     pub max_running: u32,
     /// Stream the process's output after its `Process` answer, as an output request with
-    /// `follow` from offset 0 would, instead of answering `Ok`.
+    /// `follow` from offset 0 would, instead of answering `Ok` (version 2).
     pub follow: bool,
 }
 
@@ -337,7 +342,9 @@ impl SupRequest {
                 put_u64(out, s.timeout_ms);
                 put_u64(out, s.retain_bytes);
                 put_u32(out, s.max_running);
-                out.push(u8::from(s.follow));
+                if s.follow {
+                    out.push(1);
+                }
                 Ok(())
             }),
             SupRequest::List => encode_frame(out, kind::LIST, |_| Ok(())),
@@ -425,7 +432,12 @@ impl SupRequest {
                     timeout_ms: r.u64()?,
                     retain_bytes: r.u64()?,
                     max_running: r.u32()?,
-                    follow: r.bool()?,
+                    // Absent in version 1's start, and in version 2's without it.
+                    follow: match r.rest() {
+                        [] => false,
+                        [1] => true,
+                        _ => return Err(ProtocolError::InvalidValue("follow must be 1 or absent")),
+                    },
                 })
             }
             kind::LIST => SupRequest::List,
@@ -766,6 +778,39 @@ mod tests {
         let mut d = FrameDecoder::new();
         d.feed(&f);
         assert_eq!(d.next_sup_request(), Err(ProtocolError::TrailingBytes));
+    }
+
+    /// A start without `follow` is byte for byte version 1's (which ends with `max_running`), so
+    /// a version 1 supervisor takes it; `follow` is one byte more, and nothing else may follow.
+    #[test]
+    fn a_start_without_follow_is_version_ones() {
+        let start = |follow| {
+            SupRequest::Start(ProcStart {
+                argv: vec!["true".into()],
+                max_running: 0x0102_0304,
+                follow,
+                ..Default::default()
+            })
+        };
+        let plain = start(false).to_frame().unwrap();
+        assert_eq!(&plain[plain.len() - 4..], &[1, 2, 3, 4]);
+        let following = start(true).to_frame().unwrap();
+        assert_eq!(following.len(), plain.len() + 1);
+        assert_eq!(following[following.len() - 1], 1);
+        for (frame, request) in [(&plain, start(false)), (&following, start(true))] {
+            let mut d = FrameDecoder::new();
+            d.feed(frame);
+            assert_eq!(d.next_sup_request(), Ok(Some(request)));
+        }
+        for extra in [&[0u8][..], &[2], &[1, 1]] {
+            let mut f = plain.clone();
+            f.extend_from_slice(extra);
+            let len = u32::from_be_bytes([f[0], f[1], f[2], f[3]]) + extra.len() as u32;
+            f[..4].copy_from_slice(&len.to_be_bytes());
+            let mut d = FrameDecoder::new();
+            d.feed(&f);
+            assert!(d.next_sup_request().is_err(), "{extra:?} after a start");
+        }
     }
 
     #[test]
