@@ -264,10 +264,12 @@ impl Pools {
             memory_mb: defaults.memory_mb,
             pids_limit: defaults.pids_limit,
         };
+        // Only a member of the pool's current spec: one made before an edit of the pool, not yet
+        // replaced, can still be in Docker's listing.
         self.claim_from(
             &pool.metadata.key(),
             member_limits,
-            None,
+            Some(&wanted),
             name,
             effective,
             as_name,

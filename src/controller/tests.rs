@@ -227,6 +227,34 @@ async fn a_claim_gets_past_a_member_that_vanished_since_the_pool_looked() {
     );
 }
 
+/// Docker's own list, which a claim falls back to, may hold a member made before an edit of its
+/// pool and not yet replaced: a claim never takes it.
+#[tokio::test]
+async fn a_claim_never_takes_a_member_of_an_earlier_pool_spec() {
+    let (_dir, engine, ctl) = setup();
+    fill_pool_of_two(&ctl).await;
+    let members = pool_members(&engine);
+    let mut stale = members[0].plan.clone();
+    stale.name = Some("agent-sandbox-pool.p.stale".into());
+    stale.sandbox = "pool.p.stale".into();
+    stale.spec_hash = "an-earlier-spec".into();
+    let stale = engine.create_container(&stale).await.unwrap();
+    engine.start_container(&stale).await.unwrap();
+    // The members the pool published are gone: the claim asks Docker.
+    for member in &members {
+        assert!(engine.vanish_container(&member.id));
+    }
+
+    declare(&ctl, "a");
+    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
+        .await
+        .unwrap();
+    let a = ctl.store.get(Kind::Sandbox, "a").unwrap();
+    let a = a.resource.as_sandbox().unwrap().status.clone().unwrap();
+    assert_eq!(a.claimed_from, None, "{a:?}");
+    assert_ne!(a.container_id.as_deref(), Some(stale.as_str()));
+}
+
 #[tokio::test]
 async fn a_swap_moves_a_leftover_retired_container_out_of_the_way() {
     let (_dir, engine, ctl) = setup();
