@@ -1,15 +1,18 @@
-"""Copy-on-write restores against the copy path, ours only: fork and rollback of a 10 MiB /
-200-file workspace and of a 1 GiB one, cold and with a warm pool, a sandbox made from a template
-on the snapshot whose pool is ready, the disk ten forks of the large snapshot use, and Docker's
-own create-and-start as the floor. Standard library only.
+"""Copy-on-write restores against the copy path and the reference: fork and rollback of a
+10 MiB / 200-file workspace and of a 1 GiB one, cold and with a warm pool, a sandbox made from a
+template on the snapshot whose pool is ready, a snapshot of a fork and forks of it (a delta tree
+over the first), the disk ten forks of the large snapshot use, and Docker's own create-and-start
+as the floor. Standard library only (the reference runs under its own venv's Python).
 
     python3 bench/cow.py target/release/agent-sandbox [--n 5] [--large-mib 1024]
+        [--reference target/bench-venv/bin/python]
 
-The server is started twice on a fresh data directory, with `AGENT_SANDBOX_COPY_ON_WRITE=true`
-(views) and `=false` (the copy path); everything either made is removed by its server label at
-the end. `AGENT_SANDBOX_TEST_RUNTIME` picks the runtime (default runc). The table goes to stdout.
+Our server is started twice on a fresh data directory, with `AGENT_SANDBOX_COPY_ON_WRITE=true`
+(views) and `=false` (the copy path); with `--reference`, the reference server (agent-sandbox
+0.2.1, installed into that venv by bench/run.sh) is timed on the same cold forks and rollbacks.
+Everything any of them made is removed at the end. `AGENT_SANDBOX_TEST_RUNTIME` picks our
+runtime (default runc). The table goes to stdout.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -17,6 +20,7 @@ import http.client
 import json
 import os
 import pathlib
+import re
 import shutil
 import socket
 import statistics
@@ -43,8 +47,11 @@ def large(mib: int) -> str:
     )
 
 
-class Ours:
-    def __init__(self, binary: str, cow: bool, runtime: str):
+class Server:
+    """A server of the `/v1` API started on a free port with a fresh data directory."""
+
+    def __init__(self, command: list, extra_env: dict):
+        self.cow = False
         self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="cow-bench-"))
         self.data = self.tmp / "data"
         with socket.socket() as s:
@@ -53,19 +60,19 @@ class Ours:
         self.key = "bench-" + os.urandom(16).hex()
         env = {
             "PATH": os.environ.get("PATH", ""),
+            "AGENT_SANDBOX_HOST": "127.0.0.1",
             "AGENT_SANDBOX_PORT": str(self.port),
             "AGENT_SANDBOX_DATA_DIR": str(self.data),
             "AGENT_SANDBOX_API_KEYS": self.key,
             "AGENT_SANDBOX_DEFAULT_IMAGE": IMAGE,
-            "AGENT_SANDBOX_DOCKER_RUNTIME": runtime,
+            "AGENT_SANDBOX_ALLOWED_IMAGES": "agent-sandbox-test/*",
             "AGENT_SANDBOX_MAX_SANDBOXES": "100",
             "AGENT_SANDBOX_MAX_SNAPSHOT_BYTES": str(4 << 30),
-            "AGENT_SANDBOX_COPY_ON_WRITE": "true" if cow else "false",
-            "AGENT_SANDBOX_LOG": "warn",
+            **extra_env,
         }
         self.log = open(self.tmp / "server.log", "wb")
-        self.proc = subprocess.Popen([binary, "serve"], env=env, stdout=self.log, stderr=self.log)
-        deadline = time.time() + 60
+        self.proc = subprocess.Popen(command, env=env, stdout=self.log, stderr=self.log)
+        deadline = time.time() + 120
         while True:
             try:
                 self.call("GET", "/v1/sandboxes")
@@ -74,7 +81,6 @@ class Ours:
                 if self.proc.poll() is not None or time.time() > deadline:
                     raise RuntimeError(f"the server did not start: see {self.tmp}/server.log")
                 time.sleep(0.2)
-        self.server_id = (self.data / "server-id").read_text().strip()
 
     def call(self, method: str, path: str, body=None, expect=(200, 201, 202, 204)):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
@@ -99,6 +105,18 @@ class Ours:
         )
         if result.get("exit_code") != 0:
             raise RuntimeError(f"{command}: {result}")
+
+
+
+class Ours(Server):
+    def __init__(self, binary: str, cow: bool, runtime: str):
+        super().__init__([binary, "serve"], {
+            "AGENT_SANDBOX_DOCKER_RUNTIME": runtime,
+            "AGENT_SANDBOX_COPY_ON_WRITE": "true" if cow else "false",
+            "AGENT_SANDBOX_LOG": "warn",
+        })
+        self.cow = cow
+        self.server_id = (self.data / "server-id").read_text().strip()
 
     def pool(self, name: str, size: int) -> None:
         doc = {
@@ -131,6 +149,27 @@ class Ours:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+class Reference(Server):
+    """The reference server (agent-sandbox 0.2.1 through bench/reference_server.py) under the
+    Python of `python` (bench/run.sh's venv), on the daemon's default runtime."""
+
+    def __init__(self, python: str):
+        script = pathlib.Path(__file__).with_name("reference_server.py")
+        super().__init__([python, str(script), "serve"], {})
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        # Its sandboxes, by its naming scheme, as its records and log name them.
+        ids = {p.stem for p in (self.data / "sandboxes").glob("*.json")}
+        ids |= set(re.findall(r"sb_[0-9a-f]{16}", (self.tmp / "server.log").read_text(errors="replace")))
+        for sid in ids:
+            subprocess.run(["docker", "rm", "-f", "-v", f"agent-sandbox-{sid}"], capture_output=True)
+            subprocess.run(["docker", "volume", "rm", "-f", f"agent-sandbox-{sid}-workspace"],
+                           capture_output=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
 def du(path: pathlib.Path) -> int:
     out = subprocess.run(["du", "-sxb", str(path)], capture_output=True, text=True).stdout
     return int(out.split()[0]) if out else 0
@@ -151,7 +190,7 @@ def wait_tree(ours: Ours, before: int) -> None:
         time.sleep(0.1)
 
 
-def restores(ours: Ours, sandbox: str, snap: str, n: int, results: dict, tag: str,
+def restores(ours: Server, sandbox: str, snap: str, n: int, results: dict, tag: str,
              refilled=None, claimed=None) -> None:
     """N forks, then N rollbacks of `sandbox`, each timed; with `refilled`, called (untimed)
     between the two, the rollbacks start once the pool has made up for the forks' claims; with
@@ -228,6 +267,40 @@ def template_claims(ours: Ours, sandbox: str, snap: str, n: int, results: dict) 
     ours.call("DELETE", f"{API}/sandboxtemplates/{template}")
 
 
+def chained(ours: Ours, snap: str, n: int, results: dict) -> int:
+    """A fork of `snap` writes 1 MiB and is snapshotted ("snapshot of a fork", timed to its
+    answer); then N forks of that snapshot, each timed ("fork of the fork's snapshot": with views,
+    its tree is a delta stacked on `snap`'s). Returns the bytes the new snapshot's tree holds (0
+    on the copy path, which makes none)."""
+    child = ours.call("POST", f"/v1/snapshots/{snap}/fork", {}, (201,))["id"]
+    ours.exec(child, "dd if=/dev/urandom of=/workspace/mine bs=1048576 count=1 2>/dev/null; sync")
+    path = ours.data / "trees"
+    known = {p.name for p in path.iterdir()} if path.is_dir() else set()
+    ms, taken = ours.timed("POST", f"/v1/sandboxes/{child}/snapshots", {"name": None})
+    results.setdefault("snapshot of a fork (1 MiB written)", []).append(ms)
+    second = taken["id"]
+    tree_bytes = 0
+    if ours.cow:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            new = [p for p in path.iterdir() if p.name not in known and p.is_dir()
+                   and not p.name.startswith(".")]
+            if new:
+                tree_bytes = du(new[0])
+                break
+            time.sleep(0.1)
+    os.sync()
+    forks = []
+    for _ in range(n):
+        ms, sb = ours.timed("POST", f"/v1/snapshots/{second}/fork", {}, expect=(201,))
+        results.setdefault("fork of the fork's snapshot", []).append(ms)
+        forks.append(sb["id"])
+    for f in forks + [child]:
+        ours.call("DELETE", f"/v1/sandboxes/{f}")
+    ours.call("DELETE", f"/v1/snapshots/{second}")
+    return tree_bytes
+
+
 def ten_forks_disk(ours: Ours, snap: str) -> int:
     """Bytes the data directory's trees and views and the forks' volumes hold after ten forks of
     `snap` each wrote 1 MiB (the snapshot's own tar is not counted)."""
@@ -269,10 +342,14 @@ def main() -> int:
     args.add_argument("binary")
     args.add_argument("--n", type=int, default=5)
     args.add_argument("--large-mib", type=int, default=1024)
+    args.add_argument("--reference", metavar="PYTHON",
+                      help="also time the reference server's fork and rollback under this Python "
+                           "(target/bench-venv/bin/python, which bench/run.sh makes)")
     a = args.parse_args()
     runtime = os.environ.get("AGENT_SANDBOX_TEST_RUNTIME", "runc")
     table = {}
     disk = {}
+    delta = {}
     for mode, cow in (("views", True), ("copy", False)):
         ours = Ours(a.binary, cow, runtime)
         try:
@@ -294,6 +371,9 @@ def main() -> int:
                          lambda: (ours.wait_pool(pool, a.n + 1), time.sleep(2)))
                 ours.call("DELETE", f"{API}/sandboxpools/{pool}")
                 template_claims(ours, sb, snap, a.n, results)
+                tree_bytes = chained(ours, snap, a.n, results)
+                if cow:
+                    delta[size] = tree_bytes
                 if size != "10 MiB":
                     disk[mode] = ten_forks_disk(ours, snap)
                 for op, samples in results.items():
@@ -302,17 +382,39 @@ def main() -> int:
                 print(f"# {mode} {size} done", flush=True)
         finally:
             ours.stop()
+    if a.reference:
+        ref = Reference(a.reference)
+        try:
+            for size, fill in (("10 MiB", SMALL), (f"{a.large_mib} MiB", large(a.large_mib))):
+                results = {}
+                sb = ref.call("POST", "/v1/sandboxes", {})["id"]
+                ref.exec(sb, fill)
+                snap = ref.call("POST", f"/v1/sandboxes/{sb}/snapshots", {"name": None})["id"]
+                os.sync()
+                restores(ref, sb, snap, a.n, results, "")
+                for op, samples in results.items():
+                    table[(op, size, "reference")] = statistics.median(samples)
+                ref.call("DELETE", f"/v1/sandboxes/{sb}")
+                print(f"# reference {size} done", flush=True)
+        finally:
+            ref.stop()
     floor = statistics.median(docker_floor(a.n, runtime))
     print(f"\nruntime {runtime}, N = {a.n}, medians in ms\n")
-    print("| operation | workspace | views | copy path |")
-    print("|---|---|---|---|")
+    print("| operation | workspace | views | copy path | reference | views / reference |")
+    print("|---|---|---|---|---|---|")
     for op in ("fork", "rollback", "fork (warm pool)", "rollback (warm pool)",
                "sandbox from a pooled template", "fork (template pool)",
-               "rollback (template pool)"):
+               "rollback (template pool)", "snapshot of a fork (1 MiB written)",
+               "fork of the fork's snapshot"):
         for size in ("10 MiB", f"{a.large_mib} MiB"):
             v, c = table.get((op, size, "views")), table.get((op, size, "copy"))
-            print(f"| {op} | {size} | {v:.0f} | {c:.0f} |")
-    print(f"| Docker alone: create and start (CLI) | empty | {floor:.0f} | |")
+            r = table.get((op, size, "reference"))
+            ref_cells = f"{r:.0f} | {v / r:.3f}" if r and v else "– | –"
+            print(f"| {op} | {size} | {v:.0f} | {c:.0f} | {ref_cells} |")
+    print(f"| Docker alone: create and start (CLI) | empty | {floor:.0f} | | | |")
+    for size, used in delta.items():
+        print(f"\ntree of the snapshot of a fork of the {size} snapshot, 1 MiB written: "
+              f"{used / (1 << 20):.2f} MiB")
     for mode, used in disk.items():
         print(f"\ndisk of ten forks of the {a.large_mib} MiB snapshot, 1 MiB written each, {mode}: "
               f"{used / (1 << 30):.2f} GiB")

@@ -105,6 +105,52 @@ pub fn unpack<R: Read>(input: R, root: File, policy: &Policy) -> Result<Summary,
     Ok(summary)
 }
 
+/// [`unpack`], writing only the entries `keep` accepts (it sees each entry as the policy let it
+/// through: its checked header, in-tree name and link target). A skipped entry's data is read
+/// past; the rules still apply to it, so a refused archive is refused whatever `keep` says. How
+/// a snapshot's tree is made as a delta over an earlier one: only what differs is written.
+pub fn unpack_filtered<R: Read>(
+    input: R,
+    root: File,
+    policy: &Policy,
+    keep: &mut dyn FnMut(&tar::Header, &[u8], Option<&[u8]>) -> bool,
+) -> Result<Summary, ArchiveError> {
+    let mut sink = unpack::HostSink::new(root);
+    let summary = run(
+        input,
+        &mut Filtered {
+            sink: &mut sink,
+            keep,
+        },
+        policy,
+    )?;
+    sink.finish()?;
+    Ok(summary)
+}
+
+/// A sink that passes on only what its filter keeps.
+struct Filtered<'a, S> {
+    sink: &'a mut S,
+    keep: &'a mut dyn FnMut(&tar::Header, &[u8], Option<&[u8]>) -> bool,
+}
+
+impl<S: Sink> Sink for Filtered<'_, S> {
+    fn append<D: Read>(
+        &mut self,
+        header: tar::Header,
+        name: &[u8],
+        target: Option<&[u8]>,
+        mut data: D,
+    ) -> Result<(), ArchiveError> {
+        if (self.keep)(&header, name, target) {
+            return self.sink.append(header, name, target, data);
+        }
+        // Read to its end all the same: a cut-off archive is refused, kept or not.
+        io::copy(&mut data, &mut io::sink()).map_err(|e| lift(e, ArchiveError::Read))?;
+        Ok(())
+    }
+}
+
 /// The one pass over `input` both outputs share: every rule of the module applies here.
 fn run<R: Read, S: Sink>(input: R, sink: &mut S, policy: &Policy) -> Result<Summary, ArchiveError> {
     let consumed = Rc::new(Cell::new(0));

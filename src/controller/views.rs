@@ -18,14 +18,17 @@
 //! that fails the view is discarded, views are given up for the runtime, and the restore copies
 //! the content as before. `AGENT_SANDBOX_COPY_ON_WRITE=false` turns views off.
 //!
-//! Volumes name their tree in a label ([`LABEL_TREE`]); garbage collection keeps a tree while a
-//! snapshot of its uid or a volume naming it exists, so deleting a snapshot leaves its views
-//! working, and removes view directories whose volume is gone. A snapshot of a view reads the
-//! merged workspace like any other (the full tar: its size and digest do not depend on how the
-//! workspace was made).
+//! Volumes name their (top) tree in a label ([`LABEL_TREE`]); garbage collection keeps a tree
+//! while a snapshot of its uid or a volume naming it exists, with every tree below it, so
+//! deleting a snapshot leaves its views working, and removes view directories whose volume is
+//! gone. A snapshot of a view reads the merged workspace like any other (the full tar: its size
+//! and digest do not depend on how the workspace was made); what the view had written, read from
+//! its upper directory in the same frozen instant ([`changes_of`]), lets the store make the
+//! snapshot's tree a delta over the view's trees (`store/layers.rs`), and its restores stack
+//! the delta on them.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::container::Containers;
 use super::content::{restore_policy, Validated};
@@ -33,10 +36,10 @@ use super::error::ReconcileError;
 use super::workspace::{open_host_root, Workspaces};
 use crate::config::Settings;
 use crate::docker::{
-    is_gvisor, ContainerPlan, Engine, EngineError, ViewPaths, LABEL_ID, LABEL_MANAGED,
-    LABEL_SERVER, LABEL_TREE, LABEL_UID,
+    is_gvisor, ContainerDetails, ContainerPlan, Engine, EngineError, ViewPaths, LABEL_ID,
+    LABEL_MANAGED, LABEL_SERVER, LABEL_TREE, LABEL_UID,
 };
-use crate::store::{Store, TreeError};
+use crate::store::{Store, TreeError, ViewChanges};
 
 /// What views work with: the store's trees and view directories, Docker, the containers' labels,
 /// settings and disposal, and what workspaces learned of this host. Sandboxes (restores) and
@@ -68,14 +71,21 @@ pub(super) fn snapshot_of_tree(key: &str) -> &str {
     key.split('.').next().unwrap_or(key)
 }
 
-/// Unpacks snapshot `uid`'s data at `path` into its tree ahead of its first restore; a failure
-/// is only logged (the restore tries again, or copies).
-pub(super) async fn prepare_tree(store: &Store, settings: &Settings, uid: &str, path: &Path) {
+/// Unpacks snapshot `uid`'s data at `path` into its tree ahead of its first restore: a delta
+/// over the trees of the workspace it was taken of when that was a view (`changes`), else whole.
+/// A failure is only logged (the restore tries again, or copies).
+pub(super) async fn prepare_tree(
+    store: &Store,
+    settings: &Settings,
+    uid: &str,
+    path: &Path,
+    changes: Option<ViewChanges>,
+) {
     let prepared = async {
         let owner = settings.sandbox_uid_gid()?;
         let policy = restore_policy(settings)?;
         store
-            .ensure_tree(&tree_key(uid, owner), path, policy)
+            .ensure_tree(&tree_key(uid, owner), path, policy, changes)
             .await
             .map_err(|e| ReconcileError::HostWrite(e.to_string()))
     };
@@ -127,7 +137,11 @@ pub(super) async fn populate_view(
     let owner = ctl.containers.settings.sandbox_uid_gid()?;
     let key = tree_key(uid, owner);
     let policy = restore_policy(&ctl.containers.settings)?;
-    let lower = match ctl.store.ensure_tree(&key, &snapshot.path, policy).await {
+    let lower = match ctl
+        .store
+        .ensure_tree(&key, &snapshot.path, policy, None)
+        .await
+    {
         Ok(lower) => lower,
         Err(TreeError::Refused(error)) => {
             return Err(ReconcileError::Refused {
@@ -264,22 +278,57 @@ async fn verify(
 /// Whether mount table `table` (`/proc/self/mountinfo`) has an overlay at `at` whose upper
 /// directory is `upper`.
 fn overlay_mounted(table: &str, at: &Path, upper: &Path) -> bool {
-    let (Some(at), Some(upper)) = (at.to_str(), upper.to_str()) else {
-        return false;
-    };
-    let wanted = format!("upperdir={upper}");
-    table.lines().any(|line| {
+    overlays_at(table, at).any(|(_, mounted)| mounted == upper)
+}
+
+/// The overlays mount table `table` shows at `at`: their lower directories (top first) and
+/// upper directory.
+fn overlays_at<'t>(
+    table: &'t str,
+    at: &Path,
+) -> impl Iterator<Item = (Vec<PathBuf>, PathBuf)> + 't {
+    let at = at.to_str().map(str::to_string);
+    table.lines().filter_map(move |line| {
         let mut halves = line.splitn(2, " - ");
-        let (Some(mount), Some(fs)) = (halves.next(), halves.next()) else {
-            return false;
-        };
+        let (mount, fs) = (halves.next()?, halves.next()?);
         let mut fs_fields = fs.split(' ');
         let fs_type = fs_fields.next();
         let options = fs_fields.nth(1).unwrap_or_default();
-        mount.split(' ').nth(4) == Some(at)
-            && fs_type == Some("overlay")
-            && options.split(',').any(|o| o == wanted)
+        if at.is_none() || mount.split(' ').nth(4) != at.as_deref() || fs_type != Some("overlay") {
+            return None;
+        }
+        let option = |name: &str| {
+            options
+                .split(',')
+                .find_map(|o| o.strip_prefix(name)?.strip_prefix('='))
+        };
+        let lower = option("lowerdir")?.split(':').map(PathBuf::from).collect();
+        Some((lower, PathBuf::from(option("upperdir")?)))
     })
+}
+
+/// What the workspace of the container `details` describes has written over its trees, when it
+/// is a view of this host (its overlay at the workspace's directory, with this store's
+/// directories). Read while the container is frozen (or not running), for a snapshot to be a
+/// delta.
+pub(super) async fn changes_of(
+    store: &Store,
+    settings: &Settings,
+    engine: &dyn Engine,
+    details: &ContainerDetails,
+) -> Option<ViewChanges> {
+    if !enabled(settings, engine) {
+        return None;
+    }
+    let source = details.workspace_source.as_ref()?;
+    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mut overlays = overlays_at(&table, source);
+    let (lower, upper) = overlays.next()?;
+    if overlays.next().is_some() {
+        // Stacked mounts: which one the container sees is not clear here.
+        return None;
+    }
+    store.view_changes(&lower, &upper).await
 }
 
 async fn discard(ctl: &ViewContext<'_>, id: &str, volume: &str) {

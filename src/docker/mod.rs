@@ -123,28 +123,33 @@ impl EngineError {
 /// [`Engine::create_view_volume`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ViewPaths {
-    pub lower: std::path::PathBuf,
+    /// The read-only trees, top first (a snapshot's delta above the trees it changed).
+    pub lower: Vec<std::path::PathBuf>,
     pub upper: std::path::PathBuf,
     pub work: std::path::PathBuf,
 }
 
 impl ViewPaths {
     /// The overlay mount options; `None` when a path cannot be written into them (a comma, colon
-    /// or backslash would be read as a separator, and a relative path is not the host's).
+    /// or backslash would be read as a separator, and a relative path is not the host's), or
+    /// there is no lower directory.
     pub fn overlay_options(&self) -> Option<String> {
-        let paths = [&self.lower, &self.upper, &self.work];
-        let mut parts = Vec::new();
-        for path in paths {
+        let text = |path: &std::path::Path| {
             let text = path.to_str()?;
-            if !path.is_absolute() || text.contains([',', ':', '\\', '=', ' ', '\t', '\n']) {
-                return None;
-            }
-            parts.push(text);
+            let plain =
+                path.is_absolute() && !text.contains([',', ':', '\\', '=', ' ', '\t', '\n']);
+            plain.then(|| text.to_string())
+        };
+        if self.lower.is_empty() {
+            return None;
         }
+        let lower: Vec<String> = self.lower.iter().map(|p| text(p)).collect::<Option<_>>()?;
         // index=on: hard links of the tree stay links when one of them is written.
         Some(format!(
             "lowerdir={},upperdir={},workdir={},index=on",
-            parts[0], parts[1], parts[2]
+            lower.join(":"),
+            text(&self.upper)?,
+            text(&self.work)?
         ))
     }
 }

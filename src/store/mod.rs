@@ -40,6 +40,7 @@ mod folders;
 mod identity;
 mod index;
 pub mod inspect;
+mod layers;
 mod offload;
 mod secret_values;
 mod snapshots;
@@ -64,6 +65,7 @@ pub use create_keys::CreateKey;
 pub use egress_log::{EgressLog, EGRESS_LOG_BYTES};
 pub use event_log::{EventChange, EventLimits, EventLog, Recorder};
 pub use identity::{read_or_create_private, replace_private, PrivateFile};
+pub use layers::{ViewChanges, MAX_LAYERS};
 pub use snapshots::{DataStamp, SnapshotWrite};
 pub use trees::{TreeError, ViewDirs};
 

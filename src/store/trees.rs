@@ -1,13 +1,14 @@
 //! Snapshot trees and copy-on-write view directories: `<data>/trees/<key>/` holds a snapshot's
-//! content unpacked once, and `<data>/views/<volume>/{upper,work}` holds what one workspace
-//! built on such a tree has written (the upper and work directories of an overlay mount whose
-//! lower directory is the tree).
+//! content unpacked once (whole, or as a delta over other trees with `<key>.layers` naming them,
+//! see `layers.rs`), and `<data>/views/<volume>/{upper,work}` holds what one workspace built on
+//! such a tree has written (the upper and work directories of an overlay mount whose lower
+//! directories are the tree and those below it).
 //!
 //! A tree is made by [`crate::archive::unpack`] under the restore rules (so content the rules
 //! refuse never lands here), into a temp directory that is synced and renamed into place: a tree
 //! under its final name is complete, and it is never written again (overlay never writes its
 //! lower directory; nothing else here opens it for writing). Temp directories left by a crash,
-//! trees that no snapshot and no volume refers to any more, and view directories whose volume is
+//! trees that no snapshot, no volume and no kept delta refers to any more, and view directories whose volume is
 //! gone are removed by [`Store::collect_views_and_trees`], which the controller's garbage
 //! collection calls with what Docker holds; what was made or used after Docker was listed is
 //! left for the next pass. Which tree a view uses, and when, is the controller's business.
@@ -22,7 +23,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::{Store, StoreError, StoreResult};
+use super::layers::{self, DeltaError, ViewChanges, LAYERS_SUFFIX, MAX_LAYERS};
+use super::{write_atomic, Store, StoreError, StoreResult};
 use crate::archive::{self, ArchiveError, Policy};
 
 /// Prefix of a tree being unpacked, in the trees directory.
@@ -100,20 +102,32 @@ impl Store {
     }
 
     /// The tree named `key`, made from the snapshot tar at `tar` under `policy` unless it is
-    /// there already. `key` must name this content and owner for good (the controller derives it
-    /// from the snapshot's uid and the owner the policy forces).
+    /// there already, and the trees a view of it stacks: itself first, then those it is a delta
+    /// over (see `layers.rs`). `key` must name this content and owner for good (the controller
+    /// derives it from the snapshot's uid and the owner the policy forces). With `over` (what a
+    /// copy-on-write workspace had changed when the snapshot was taken), the tree is made as a
+    /// delta over that workspace's trees if the chain stays within [`MAX_LAYERS`]; otherwise, or
+    /// should the delta fail, as a full tree. A tree whose layers are gone is made again, full.
     pub async fn ensure_tree(
         &self,
         key: &str,
         tar: &Path,
         policy: Policy,
-    ) -> Result<PathBuf, TreeError> {
+        over: Option<ViewChanges>,
+    ) -> Result<Vec<PathBuf>, TreeError> {
         if !plain(key) {
             return Err(StoreError::Invalid(format!("tree key {key:?}")).into());
         }
-        let target = self.trees_dir().join(key);
-        touch(&self.cow_touched.trees, key);
+        let touch_all = || {
+            touch(&self.cow_touched.trees, key);
+            for below in over.iter().flat_map(|o| &o.layers) {
+                touch(&self.cow_touched.trees, below);
+            }
+        };
+        touch_all();
         let _one_at_a_time = self.cow_touched.unpacking.lock().await;
+        // Again once it is this unpack's turn: a collection listed meanwhile spares them.
+        touch_all();
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let temp = self.trees_dir().join(format!(
             "{TEMP_PREFIX}{key}-{}-{}",
@@ -122,21 +136,42 @@ impl Store {
         ));
         let tar = tar.to_path_buf();
         let dir = self.trees_dir();
-        let made = target.clone();
-        self.offload(move || {
-            if made.is_dir() {
-                return Ok(());
-            }
-            std::fs::create_dir_all(&dir).map_err(io_at(&dir))?;
-            let result = unpack_tree(&tar, &temp, &made, &policy);
-            if result.is_err() {
-                let _ = std::fs::remove_dir_all(&temp);
-            }
-            result
-        })
-        .await??;
-        touch(&self.cow_touched.trees, key);
-        Ok(target)
+        let key_made = key.to_string();
+        let keys = self
+            .offload(move || make_tree(&dir, &key_made, &tar, &temp, &policy, over))
+            .await??;
+        for key in &keys {
+            touch(&self.cow_touched.trees, key);
+        }
+        let dir = self.trees_dir();
+        Ok(keys.iter().map(|k| dir.join(k)).collect())
+    }
+
+    /// What the copy-on-write workspace whose overlay stacks `lowers` (top first) under `upper`
+    /// has written (see [`ViewChanges`]); to be read while its sandbox is frozen, so a snapshot
+    /// taken then can be a delta. `None` when these are not this store's trees and view
+    /// directory, or the view holds too much to remember.
+    pub async fn view_changes(&self, lowers: &[PathBuf], upper: &Path) -> Option<ViewChanges> {
+        let trees = self.trees_dir();
+        let keys: Vec<String> = lowers
+            .iter()
+            .map(|path| {
+                let key = path.file_name()?.to_str()?;
+                (path.parent() == Some(trees.as_path()) && plain(key)).then(|| key.to_string())
+            })
+            .collect::<Option<_>>()?;
+        let view = upper.parent()?;
+        let ours = upper.file_name()? == "upper"
+            && view.parent() == Some(self.views_dir().as_path())
+            && view.file_name()?.to_str().is_some_and(plain);
+        if !ours || keys.is_empty() {
+            return None;
+        }
+        let upper = upper.to_path_buf();
+        self.offload(move || layers::read_changes(&upper, keys))
+            .await
+            .ok()
+            .flatten()
     }
 
     /// Makes the upper and work directories of the view that volume `volume` will be, over tree
@@ -234,17 +269,40 @@ impl Store {
             }
             // An unpack holds the lock: a temp tree seen without it is a crash's leftover.
             let unpacking = touched.unpacking.try_lock().is_err();
-            for (name, path) in listing(&store.trees_dir()) {
+            let trees_dir = store.trees_dir();
+            let trees = listing(&trees_dir);
+            // Kept: what the caller keeps, what was used since the listing, and every layer
+            // a kept delta stands on.
+            let mut kept: HashSet<String> = trees
+                .iter()
+                .map(|(name, _)| name)
+                .filter(|name| !name.starts_with(TEMP_PREFIX))
+                .filter(|name| keep_tree(name) || touched_since(&touched.trees, name, listed))
+                .cloned()
+                .collect();
+            let below: Vec<String> = kept
+                .iter()
+                .filter_map(|key| std::fs::read_to_string(layers_file(&trees_dir, key)).ok())
+                .flat_map(|text| text.lines().map(str::to_string).collect::<Vec<_>>())
+                .collect();
+            kept.extend(below);
+            for (name, path) in trees {
                 let orphan = if name.starts_with(TEMP_PREFIX) {
                     !unpacking
                 } else {
-                    !keep_tree(&name) && !touched_since(&touched.trees, &name, listed)
+                    !kept.contains(&name)
                 };
                 if orphan {
                     tracing::info!(tree = name, "removing a snapshot tree nothing uses");
                     if remove_tree(&path) {
                         removed += 1;
                     }
+                }
+            }
+            // Layers files go with their tree (one without a tree is a crash's leftover).
+            for (key, path) in layers_files(&trees_dir) {
+                if !unpacking && !trees_dir.join(&key).is_dir() {
+                    let _ = std::fs::remove_file(path);
                 }
             }
             removed
@@ -254,14 +312,91 @@ impl Store {
     }
 }
 
-/// Unpacks `tar` into the new directory `temp`, syncs it and renames it to `target`.
-fn unpack_tree(tar: &Path, temp: &Path, target: &Path, policy: &Policy) -> Result<(), TreeError> {
+/// The keys of the trees a view of tree `key` in `dir` stacks, top first: `key` alone for a full
+/// tree, with those its layers file names for a delta. `None` when it is not there, or a layer
+/// it needs is missing.
+fn chain(dir: &Path, key: &str) -> Option<Vec<String>> {
+    if !dir.join(key).is_dir() {
+        return None;
+    }
+    let mut keys = vec![key.to_string()];
+    match std::fs::read_to_string(layers_file(dir, key)) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(keys),
+        Err(_) => return None,
+        Ok(text) => keys.extend(layers::parse_layers(&text, plain)?),
+    }
+    keys.iter().all(|k| dir.join(k).is_dir()).then_some(keys)
+}
+
+fn layers_file(dir: &Path, key: &str) -> PathBuf {
+    dir.join(format!("{key}{LAYERS_SUFFIX}"))
+}
+
+/// Makes tree `key` in `dir` unless it is whole there (see [`Store::ensure_tree`]); returns the
+/// keys of its chain.
+fn make_tree(
+    dir: &Path,
+    key: &str,
+    tar: &Path,
+    temp: &Path,
+    policy: &Policy,
+    over: Option<ViewChanges>,
+) -> Result<Vec<String>, TreeError> {
+    let target = dir.join(key);
+    if target.is_dir() {
+        if let Some(keys) = chain(dir, key) {
+            return Ok(keys);
+        }
+        tracing::warn!(
+            tree = key,
+            "a tree's layers are gone; making it again, whole"
+        );
+        std::fs::remove_dir_all(&target).map_err(io_at(&target))?;
+    }
+    std::fs::create_dir_all(dir).map_err(io_at(dir))?;
+    if let Some(changes) = over {
+        // The view's layers must still be the chain they were (GC keeps them while the view's
+        // volume names their top), and one more must fit.
+        let below = chain(dir, changes.layers.first().map_or("", String::as_str));
+        if below.as_ref() == Some(&changes.layers) && changes.layers.len() < MAX_LAYERS {
+            let paths: Vec<PathBuf> = changes.layers.iter().map(|k| dir.join(k)).collect();
+            match layers::unpack_delta(tar, temp, policy, &paths, &changes).map_err(|e| match e {
+                DeltaError::Archive(ArchiveError::Write(message)) => {
+                    DeltaError::Io(std::io::Error::other(message))
+                }
+                other => other,
+            }) {
+                Ok(()) => {
+                    seal(temp, &target, Some(&changes.layers))?;
+                    let mut keys = vec![key.to_string()];
+                    keys.extend(changes.layers);
+                    return Ok(keys);
+                }
+                Err(DeltaError::Archive(refused)) => {
+                    let _ = std::fs::remove_dir_all(temp);
+                    return Err(TreeError::Refused(refused));
+                }
+                Err(DeltaError::Io(error)) => {
+                    let _ = std::fs::remove_dir_all(temp);
+                    tracing::warn!(tree = key, %error, "a delta tree failed; making it whole");
+                }
+            }
+        }
+    }
+    let result = unpack_tree(tar, temp, policy).and_then(|()| seal(temp, &target, None));
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(temp);
+    }
+    result.map(|()| vec![key.to_string()])
+}
+
+/// Unpacks `tar` into the new directory `temp`.
+fn unpack_tree(tar: &Path, temp: &Path, policy: &Policy) -> Result<(), TreeError> {
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(temp)
         .map_err(io_at(temp))?;
     let root = archive::open_root(temp).map_err(io_at(temp))?;
-    let sync = root.try_clone().map_err(io_at(temp))?;
     let file = File::open(tar).map_err(io_at(tar))?;
     archive::unpack(BufReader::with_capacity(64 * 1024, file), root, policy).map_err(
         |e| match e {
@@ -272,11 +407,34 @@ fn unpack_tree(tar: &Path, temp: &Path, target: &Path, policy: &Policy) -> Resul
             refused => TreeError::Refused(refused),
         },
     )?;
+    Ok(())
+}
+
+/// Syncs the unpacked tree `temp`, records the layers it is a delta over (`below`; none for a
+/// full tree, whose stale layers file a crash may have left is removed) and renames it to
+/// `target`: the layers file is in place before the tree is.
+fn seal(temp: &Path, target: &Path, below: Option<&[String]>) -> Result<(), TreeError> {
     // The root's own mode is the view's upper root's; the tree's root is only ever read.
     std::fs::set_permissions(temp, std::fs::Permissions::from_mode(0o755)).map_err(io_at(temp))?;
+    let sync = File::open(temp).map_err(io_at(temp))?;
     // SAFETY: a plain system call on a descriptor owned here.
     if unsafe { libc::syncfs(sync.as_raw_fd()) } != 0 {
         return Err(io_at(temp)(std::io::Error::last_os_error()));
+    }
+    let dir = target.parent().unwrap_or(Path::new("/"));
+    let key = target
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let layers = layers_file(dir, key);
+    match below {
+        Some(below) => {
+            write_atomic(&layers, layers::layers_text(below).as_bytes()).map_err(io_at(&layers))?
+        }
+        None => match std::fs::remove_file(&layers) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_at(&layers)(e)),
+            _ => {}
+        },
     }
     match std::fs::rename(temp, target) {
         Ok(()) => {}
@@ -286,9 +444,7 @@ fn unpack_tree(tar: &Path, temp: &Path, target: &Path, policy: &Policy) -> Resul
         }
         Err(e) => return Err(io_at(target)(e)),
     }
-    if let Some(parent) = target.parent() {
-        let _ = File::open(parent).and_then(|d| d.sync_all());
-    }
+    let _ = File::open(dir).and_then(|d| d.sync_all());
     Ok(())
 }
 
@@ -300,6 +456,20 @@ fn listing(dir: &Path) -> Vec<(String, PathBuf)> {
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .filter_map(|e| Some((e.file_name().to_str()?.to_string(), e.path())))
+        .collect()
+}
+
+/// The layers files in `dir`, by the key of their tree.
+fn layers_files(dir: &Path) -> Vec<(String, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_string();
+            Some((name.strip_suffix(LAYERS_SUFFIX)?.to_string(), e.path()))
+        })
         .collect()
 }
 
@@ -341,11 +511,18 @@ mod tests {
         let store = Store::open(&dir.path().join("data"), &[]).unwrap();
         let good = dir.path().join("good.tar");
         std::fs::write(&good, tar_of(&[("a", 0o640, b"one")])).unwrap();
-        let tree = store.ensure_tree("k1.0.0", &good, policy()).await.unwrap();
+        let tree = store
+            .ensure_tree("k1.0.0", &good, policy(), None)
+            .await
+            .unwrap()
+            .remove(0);
         assert_eq!(std::fs::read(tree.join("a")).unwrap(), b"one");
         // Made once: another tar under the same key changes nothing.
         std::fs::write(&good, tar_of(&[("b", 0o640, b"two")])).unwrap();
-        store.ensure_tree("k1.0.0", &good, policy()).await.unwrap();
+        store
+            .ensure_tree("k1.0.0", &good, policy(), None)
+            .await
+            .unwrap();
         assert!(!tree.join("b").exists());
 
         let evil = dir.path().join("evil.tar");
@@ -354,7 +531,7 @@ mod tests {
             tar_of(&[("ok", 0o644, b"ok"), ("suid", 0o4755, b"x")]),
         )
         .unwrap();
-        let refused = store.ensure_tree("k2.0.0", &evil, policy()).await;
+        let refused = store.ensure_tree("k2.0.0", &evil, policy(), None).await;
         assert!(matches!(refused, Err(TreeError::Refused(_))), "{refused:?}");
         let trees = dir.path().join("data/trees");
         let mut left: Vec<_> = std::fs::read_dir(&trees)
@@ -364,6 +541,9 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, ["k1.0.0"], "nothing of the refused tar is left");
-        assert!(store.ensure_tree("../x", &good, policy()).await.is_err());
+        assert!(store
+            .ensure_tree("../x", &good, policy(), None)
+            .await
+            .is_err());
     }
 }

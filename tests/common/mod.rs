@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod archive;
+pub mod cow;
 pub mod routed;
 
 use std::path::{Path, PathBuf};

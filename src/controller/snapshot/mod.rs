@@ -252,6 +252,15 @@ async fn take(
             }
             _ => None,
         };
+        // What a copy-on-write workspace changed over its trees, in the same frozen instant:
+        // the snapshot's own tree is then a delta. Not read from a container that runs on.
+        let changes = match &exported {
+            Ok(_) if freeze || !details.running || details.paused => {
+                super::views::changes_of(ctl.store, ctl.settings, ctl.engine.as_ref(), &details)
+                    .await
+            }
+            _ => None,
+        };
         unpause.container = None;
         // Everything is read: the sandbox may run again while the data reaches the disk.
         let synced = async {
@@ -276,9 +285,9 @@ async fn take(
             tracing::warn!(sandbox = sandbox_name, %error, "unpause after snapshot failed");
             ctl.queue.add((Kind::Sandbox, sandbox_name.to_string()));
         }
-        (exported, committed)
+        (exported, committed, changes)
     };
-    let (exported, committed) = exported;
+    let (exported, committed, changes) = exported;
     if details.paused {
         // A resume asked for while the export held the sandbox frozen is carried out now.
         ctl.queue.add((Kind::Sandbox, sandbox_name.to_string()));
@@ -386,14 +395,15 @@ async fn take(
     );
     write_status(ctl.store, ctl.events, snapshot, &status).await?;
     // Restores of it will be copy-on-write views of its tree: unpacked now, in the background,
-    // so the first restore does not wait for it.
+    // so the first restore does not wait for it (only what changed, when the sandbox's
+    // workspace is itself a view).
     if let Some(uid) = snapshot.metadata.uid.clone() {
         if super::views::enabled(ctl.settings, ctl.engine.as_ref()) {
             let store = Arc::clone(ctl.store);
             let settings = Arc::clone(ctl.settings);
             let path = store.snapshot_path(name);
             tokio::spawn(async move {
-                super::views::prepare_tree(&store, &settings, &uid, &path).await;
+                super::views::prepare_tree(&store, &settings, &uid, &path, changes).await;
             });
         }
     }
