@@ -12,7 +12,9 @@ use std::sync::Arc;
 use super::error::ReconcileError;
 use super::names::{self, container_name, volume_name};
 use crate::config::Settings;
-use crate::docker::{ContainerPlan, Engine, EngineError, NetworkKind, LABEL_SERVER, LABEL_UID};
+use crate::docker::{
+    ContainerPlan, Engine, EngineError, ManagedVolume, NetworkKind, LABEL_SERVER, LABEL_UID,
+};
 use crate::egress::Gateway;
 use crate::resource::{AppliedLimits, EffectiveSandbox, Sandbox, SandboxDefaults, SandboxPool};
 
@@ -342,8 +344,8 @@ impl Containers {
     }
 
     /// Gives the sandbox's container name to the container `new` (filled under the staging
-    /// name), after renaming the current container, if any, out of the way (to its retired name,
-    /// by which it is returned, to be removed once the status names `new`).
+    /// name), after renaming the current container, if any, out of the way (to a retired name, by
+    /// which it is returned, to be removed once the status names `new`).
     pub(super) async fn swap_in(
         &self,
         name: &str,
@@ -355,9 +357,10 @@ impl Containers {
             Ok(()) => Some(retired),
             Err(error) if error.is_not_found() => None,
             Err(EngineError::Conflict { .. }) => {
-                // One retired before whose removal was interrupted: the status names neither it
-                // nor its workspace as current any more, or it is about to be replaced again.
-                self.engine.remove_container(&retired).await?;
+                // The one retired before is still being removed (a rollback right after
+                // another), or its removal was interrupted: this one takes a name of its own
+                // rather than waiting for that removal. Garbage collection knows neither name.
+                let retired = names::another_retired_container_name(name);
                 self.engine.rename_container(&current, &retired).await?;
                 Some(retired)
             }
@@ -435,33 +438,38 @@ impl Containers {
         .await
     }
 
+    /// This sandbox's workspace volumes other than `current`, as Docker lists them now: what a
+    /// completed rollback leaves besides the workspace it retired (volumes of attempts a crash
+    /// or failure interrupted). Listed within the sandbox's reconcile, so that no later
+    /// rollback's new workspace can be among them; empty when Docker cannot list them (garbage
+    /// collection removes them then).
+    pub(super) async fn stray_volumes(&self, name: &str, current: &str) -> Vec<String> {
+        match self.engine.list_volumes().await {
+            Ok(volumes) => strays(volumes, &self.server_id, name, current),
+            Err(error) => {
+                tracing::warn!(sandbox = name, %error, "cannot list replaced workspaces");
+                Vec::new()
+            }
+        }
+    }
+
     /// Removes what a completed rollback or replacement of sandbox `name` left (`retired`, in
-    /// order), then, with `strays_but`, its workspace volumes other than that one, on a task of
-    /// its own: the status names the successor already, and the sandbox's next request (another
-    /// rollback, a command) waits for none of it. A swap that finds the retired name still
-    /// taken removes that container itself, and a removal of a container Docker is removing
-    /// already waits for it (`Engine::remove_container`). What a crash leaves is garbage
-    /// collection's: no status names a retired container or its workspace.
-    pub(super) fn remove_retired(
-        &self,
-        name: &str,
-        retired: Vec<Replaced>,
-        strays_but: Option<String>,
-    ) {
+    /// order), then the stray workspace volumes `strays` ([`Containers::stray_volumes`]), on a
+    /// task of its own: the status names the successor already, and the sandbox's next request
+    /// (another rollback, a command) waits for none of it. A swap that finds the retired name
+    /// still taken retires its container under another name, and a removal of a container
+    /// Docker is removing already waits for it (`Engine::remove_container`). What a crash leaves
+    /// is garbage collection's: no status names a retired container or its workspace.
+    pub(super) fn remove_retired(&self, name: &str, retired: Vec<Replaced>, strays: Vec<String>) {
         let engine = Arc::clone(&self.engine);
         let disks = Arc::clone(&self.disks);
-        let server = self.server_id.clone();
         let name = name.to_string();
         tokio::spawn(async move {
             for replaced in retired {
                 replaced.remove(engine.as_ref(), &disks).await;
             }
-            if let Some(current) = strays_but {
-                let removed =
-                    remove_strays(engine.as_ref(), &disks, &server, &name, &current).await;
-                if let Err(error) = removed {
-                    tracing::warn!(sandbox = name, %error, "removing replaced workspaces failed");
-                }
+            if let Err(error) = remove_volumes(engine.as_ref(), &disks, &name, &strays).await {
+                tracing::warn!(sandbox = name, %error, "removing replaced workspaces failed");
             }
         });
     }
@@ -672,15 +680,42 @@ async fn remove_strays(
     name: &str,
     current: &str,
 ) -> Result<(), ReconcileError> {
-    for volume in engine.list_volumes().await? {
-        let stray = volume.sandbox() == Some(name)
-            && volume.labels.get(LABEL_SERVER).map(String::as_str) == Some(server)
-            && names::is_workspace_of(&volume.name, name)
-            && volume.name != current;
-        if stray {
-            tracing::info!(volume = %volume.name, sandbox = name, "removing replaced workspace");
-            engine.remove_volume(&volume.name).await?;
-            disks.forget(&volume.name).await;
+    let strays = strays(engine.list_volumes().await?, server, name, current);
+    remove_volumes(engine, disks, name, &strays).await
+}
+
+/// The workspace volumes of sandbox `name` made by `server` among `volumes`, other than
+/// `current`.
+fn strays(volumes: Vec<ManagedVolume>, server: &str, name: &str, current: &str) -> Vec<String> {
+    volumes
+        .into_iter()
+        .filter(|volume| {
+            volume.sandbox() == Some(name)
+                && volume.labels.get(LABEL_SERVER).map(String::as_str) == Some(server)
+                && names::is_workspace_of(&volume.name, name)
+                && volume.name != current
+        })
+        .map(|volume| volume.name)
+        .collect()
+}
+
+/// Removes the replaced workspace volumes `volumes` of sandbox `name`.
+async fn remove_volumes(
+    engine: &dyn Engine,
+    disks: &crate::disk::Disks,
+    name: &str,
+    volumes: &[String],
+) -> Result<(), ReconcileError> {
+    for volume in volumes {
+        tracing::info!(volume, sandbox = name, "removing replaced workspace");
+        match engine.remove_volume(volume).await {
+            Ok(()) => disks.forget(volume).await,
+            // Still mounted by a container retired by another rollback, whose removal runs on a
+            // task of its own: that task removes its workspace once the container is gone.
+            Err(EngineError::Docker { message, .. }) => {
+                tracing::debug!(volume, %message, "a replaced workspace is in use");
+            }
+            Err(error) => return Err(error.into()),
         }
     }
     Ok(())

@@ -24,6 +24,17 @@ pub(super) fn retired_container_name(sandbox: &str) -> String {
     format!("{}.retired", container_name(sandbox))
 }
 
+/// A retired name of its own for a container replaced while [`retired_container_name`] is still
+/// held by the one replaced before it (whose removal runs in the background): like that name,
+/// no sandbox's, so garbage collection removes what a crash leaves under it.
+pub(super) fn another_retired_container_name(sandbox: &str) -> String {
+    format!(
+        "{}-{:08x}",
+        retired_container_name(sandbox),
+        rand::random::<u32>()
+    )
+}
+
 /// Name a container of a deleted sandbox has from its kill until it is removed in the
 /// background: `container` (one of [`container_names`]) marked with the sandbox's `uid`, so that
 /// the sandbox's names are free at once and a later sandbox of the same name never maps to it.

@@ -289,9 +289,12 @@ pub(super) async fn reconcile(
         );
     }
     write_status(ctl.store, ctl.events, &sandbox, &status).await?;
-    let strays_but = current_volume.filter(|_| rolled_back);
+    let strays = match current_volume.filter(|_| rolled_back) {
+        Some(current) => ctl.containers.stray_volumes(name, &current).await,
+        None => Vec::new(),
+    };
     let retired: Vec<Replaced> = std::iter::once(retired).chain(replaced).collect();
-    ctl.containers.remove_retired(name, retired, strays_but);
+    ctl.containers.remove_retired(name, retired, strays);
     let idle = match power::idle(ctl, &sandbox) {
         power::Idle::Since(last) => {
             power::confirm_idle(ctl, &sandbox, status.container_id.as_deref(), last).await

@@ -256,7 +256,7 @@ async fn a_claim_never_takes_a_member_of_an_earlier_pool_spec() {
 }
 
 #[tokio::test]
-async fn a_swap_moves_a_leftover_retired_container_out_of_the_way() {
+async fn a_swap_retires_under_another_name_while_the_retired_name_is_held() {
     let (_dir, engine, ctl) = setup();
     declare(&ctl, "a");
     super::sandbox::reconcile(&ctl.sandbox_context(), "a")
@@ -268,7 +268,8 @@ async fn a_swap_moves_a_leftover_retired_container_out_of_the_way() {
         plan.name = Some(name.to_string());
         plan
     };
-    // One retired before whose removal a crash interrupted, and the new one, built aside.
+    // One retired before whose removal is still running (or a crash interrupted), and the new
+    // one, built aside.
     let leftover = engine
         .create_container(&plan_named("agent-sandbox-a.retired"))
         .await
@@ -278,21 +279,19 @@ async fn a_swap_moves_a_leftover_retired_container_out_of_the_way() {
         .await
         .unwrap();
 
-    let retired = ctl.containers.swap_in("a", &new).await.unwrap();
-    assert_eq!(retired.as_deref(), Some("agent-sandbox-a.retired"));
+    let retired = ctl.containers.swap_in("a", &new).await.unwrap().unwrap();
+    assert!(retired.starts_with("agent-sandbox-a.retired-"), "{retired}");
     let names: std::collections::BTreeMap<String, String> = engine
         .containers()
         .into_iter()
         .map(|c| (c.id.clone(), c.name()))
         .collect();
     assert_eq!(names.get(&new).map(String::as_str), Some("agent-sandbox-a"));
+    assert_eq!(names.get(&current.id), Some(&retired));
     assert_eq!(
-        names.get(&current.id).map(String::as_str),
-        Some("agent-sandbox-a.retired")
-    );
-    assert!(
-        !names.contains_key(&leftover),
-        "the leftover is gone: {names:?}"
+        names.get(&leftover).map(String::as_str),
+        Some("agent-sandbox-a.retired"),
+        "the swap does not wait for the earlier one's removal: {names:?}"
     );
 }
 

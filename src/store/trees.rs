@@ -8,10 +8,11 @@
 //! refuse never lands here), into a temp directory that is synced and renamed into place: a tree
 //! under its final name is complete, and it is never written again (overlay never writes its
 //! lower directory; nothing else here opens it for writing). Temp directories left by a crash,
-//! trees that no snapshot, no volume and no kept delta refers to any more, and view directories whose volume is
-//! gone are removed by [`Store::collect_views_and_trees`], which the controller's garbage
-//! collection calls with what Docker holds; what was made or used after Docker was listed is
-//! left for the next pass. Which tree a view uses, and when, is the controller's business.
+//! trees that no snapshot, no volume and no kept delta refers to any more, and view directories
+//! whose volume is gone are removed by [`Store::collect_views_and_trees`], which the
+//! controller's garbage collection calls with what Docker holds; what was made or used after
+//! Docker was listed is left for the next pass. Which tree a view uses, and when, is the
+//! controller's business.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
