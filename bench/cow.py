@@ -6,6 +6,7 @@ as the floor. Standard library only (the reference runs under its own venv's Pyt
 
     python3 bench/cow.py target/release/agent-sandbox [--n 5] [--large-mib 1024]
         [--reference target/bench-venv/bin/python]
+    python3 bench/cow.py target/release/agent-sandbox --fan-out ROUNDS
 
 Our server is started twice on a fresh data directory, with `AGENT_SANDBOX_COPY_ON_WRITE=true`
 (views) and `=false` (the copy path); with `--reference`, the reference server (agent-sandbox
@@ -267,6 +268,65 @@ def template_claims(ours: Ours, sandbox: str, snap: str, n: int, results: dict) 
     ours.call("DELETE", f"{API}/sandboxtemplates/{template}")
 
 
+def fan_out(ours: Ours, snap: str, rounds: int, results: dict) -> None:
+    """A `Fork` resource of 10 replicas against one of 1, alternating, each timed from its
+    create until `status.readyReplicas` reaches its replicas (polled every 5 ms): cold, then
+    with a template pool of 11 on the snapshot, full before each Fork (every child checked,
+    untimed, to have claimed from it)."""
+    def one(replicas: int, tag: str, claimed) -> None:
+        name = f"cow-fan-{os.urandom(3).hex()}"
+        doc = {"apiVersion": "agent-sandbox.io/v1", "kind": "Fork", "metadata": {"name": name},
+               "spec": {"snapshot": snap, "replicas": replicas}}
+        start = time.perf_counter()
+        ours.call("POST", f"{API}/forks", doc)
+        while True:
+            status = ((ours.call("GET", f"{API}/forks/{name}") or {}).get("status") or {})
+            if status.get("readyReplicas", 0) >= replicas:
+                break
+            time.sleep(0.005)
+        results.setdefault(f"Fork of {replicas}{tag}", []).append((time.perf_counter() - start) * 1000.0)
+        if claimed:
+            for i in range(replicas):
+                got = ((ours.call("GET", f"{API}/sandboxes/{name}-{i}") or {}).get("status") or {})
+                if got.get("claimedFrom") != claimed:
+                    raise RuntimeError(f"{name}-{i} claimed from {got.get('claimedFrom')!r}")
+        ours.call("DELETE", f"{API}/forks/{name}")
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                ours.call("GET", f"{API}/forks/{name}", expect=(200,))
+            except RuntimeError:
+                break  # gone: 404
+            time.sleep(0.1)
+
+    for i in range(rounds):
+        for replicas in (1, 10) if i % 2 == 0 else (10, 1):
+            one(replicas, " (cold)", None)
+    template = f"cow-fan-t-{os.urandom(3).hex()}"
+    doc = {"apiVersion": "agent-sandbox.io/v1", "kind": "SandboxTemplate",
+           "metadata": {"name": template},
+           "spec": {"snapshot": snap, "readOnlyRootfs": True, "pool": {"size": 11}}}
+    ours.call("POST", f"{API}/sandboxtemplates", doc)
+    prefix = f"agent-sandbox-pool.T-{template}."
+
+    def filled() -> None:
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            names = subprocess.run(["docker", "ps", "--format", "{{.Names}}"],
+                                   capture_output=True, text=True).stdout.split()
+            if sum(1 for line in names if line.startswith(prefix)) >= 11:
+                time.sleep(2)
+                return
+            time.sleep(0.25)
+        raise RuntimeError(f"template {template}'s pool did not fill")
+
+    for i in range(rounds):
+        for replicas in (1, 10) if i % 2 == 0 else (10, 1):
+            filled()
+            one(replicas, " (template pool)", f"T-{template}")
+    ours.call("DELETE", f"{API}/sandboxtemplates/{template}")
+
+
 def chained(ours: Ours, snap: str, n: int, results: dict) -> int:
     """A fork of `snap` writes 1 MiB and is snapshotted ("snapshot of a fork", timed to its
     answer); then N forks of that snapshot, each timed ("fork of the fork's snapshot": with views,
@@ -342,11 +402,31 @@ def main() -> int:
     args.add_argument("binary")
     args.add_argument("--n", type=int, default=5)
     args.add_argument("--large-mib", type=int, default=1024)
+    args.add_argument("--fan-out", type=int, metavar="ROUNDS",
+                      help="only time Forks of 10 replicas against 1 (views, 10 MiB), ROUNDS each")
     args.add_argument("--reference", metavar="PYTHON",
                       help="also time the reference server's fork and rollback under this Python "
                            "(target/bench-venv/bin/python, which bench/run.sh makes)")
     a = args.parse_args()
     runtime = os.environ.get("AGENT_SANDBOX_TEST_RUNTIME", "runc")
+    if a.fan_out:
+        ours = Ours(a.binary, True, runtime)
+        try:
+            sb = ours.call("POST", "/v1/sandboxes", {})["id"]
+            ours.exec(sb, SMALL)
+            before = trees(ours)
+            snap = ours.call("POST", f"/v1/sandboxes/{sb}/snapshots", {"name": None})["id"]
+            wait_tree(ours, before)
+            os.sync()
+            results: dict = {}
+            fan_out(ours, snap, a.fan_out, results)
+        finally:
+            ours.stop()
+        print(f"\nruntime {runtime}, views, 10 MiB, {a.fan_out} rounds, ms\n")
+        print("| Fork | median | min | max |\n|---|---|---|---|")
+        for op, samples in results.items():
+            print(f"| {op} | {statistics.median(samples):.0f} | {min(samples):.0f} | {max(samples):.0f} |")
+        return 0
     table = {}
     disk = {}
     delta = {}

@@ -105,6 +105,9 @@ pub fn unpack<R: Read>(input: R, root: File, policy: &Policy) -> Result<Summary,
     Ok(summary)
 }
 
+/// Decides, from an entry's checked header, in-tree name and link target, whether it is written.
+pub type Keep<'a> = dyn FnMut(&tar::Header, &[u8], Option<&[u8]>) -> bool + 'a;
+
 /// [`unpack`], writing only the entries `keep` accepts (it sees each entry as the policy let it
 /// through: its checked header, in-tree name and link target). A skipped entry's data is read
 /// past; the rules still apply to it, so a refused archive is refused whatever `keep` says. How
@@ -113,7 +116,7 @@ pub fn unpack_filtered<R: Read>(
     input: R,
     root: File,
     policy: &Policy,
-    keep: &mut dyn FnMut(&tar::Header, &[u8], Option<&[u8]>) -> bool,
+    keep: &mut Keep<'_>,
 ) -> Result<Summary, ArchiveError> {
     let mut sink = unpack::HostSink::new(root);
     let summary = run(
@@ -131,7 +134,7 @@ pub fn unpack_filtered<R: Read>(
 /// A sink that passes on only what its filter keeps.
 struct Filtered<'a, S> {
     sink: &'a mut S,
-    keep: &'a mut dyn FnMut(&tar::Header, &[u8], Option<&[u8]>) -> bool,
+    keep: &'a mut Keep<'a>,
 }
 
 impl<S: Sink> Sink for Filtered<'_, S> {

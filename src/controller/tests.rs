@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::Controller;
 use crate::config::Settings;
 use crate::docker::fake::{FakeContainer, FakeEngine};
-use crate::docker::{Engine, EngineError};
+use crate::docker::{Engine, EngineError, LABEL_ID, LABEL_MANAGED, LABEL_SERVER, LABEL_UID};
 use crate::resource::{AnyResource, Kind, Sandbox, SandboxPool, SandboxPoolSpec, SandboxSpec};
 use crate::store::Store;
 
@@ -565,4 +565,51 @@ async fn a_container_whose_runtime_kept_its_task_is_replaced_on_the_same_workspa
     assert_ne!(after[0].id, old, "a new container");
     assert_eq!(after[0].state, "running");
     assert_eq!(after[0].plan.workspace_volume, volume, "the same workspace");
+}
+
+#[tokio::test]
+async fn a_rollbacks_background_cleanup_spares_a_workspace_made_after_it() {
+    let (_dir, engine, ctl) = setup();
+    declare(&ctl, "a");
+    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
+        .await
+        .unwrap();
+    let current = "agent-sandbox-a-workspace".to_string();
+    let labels = |uid: &str| {
+        std::collections::BTreeMap::from([
+            (LABEL_MANAGED.to_string(), "true".to_string()),
+            (LABEL_SERVER.to_string(), ctl.containers.server_id.clone()),
+            (LABEL_ID.to_string(), "a".to_string()),
+            (LABEL_UID.to_string(), uid.to_string()),
+        ])
+    };
+    // An attempt a crash interrupted: a stray of the rollback that completes now.
+    let stray = "agent-sandbox-a-workspace-0000dead";
+    engine
+        .create_marker_volume(stray, &labels("u1"))
+        .await
+        .unwrap();
+    let strays = ctl.containers.stray_volumes("a", &current).await;
+    assert_eq!(strays, [stray]);
+    // The next rollback's new workspace, made before the cleanup task runs.
+    let next = "agent-sandbox-a-workspace-0000beef";
+    engine
+        .create_marker_volume(next, &labels("u1"))
+        .await
+        .unwrap();
+    ctl.containers.remove_retired("a", Vec::new(), strays);
+    for _ in 0..200 {
+        if !engine.volumes().contains_key(stray) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        !engine.volumes().contains_key(stray),
+        "the stray is removed"
+    );
+    assert!(
+        engine.volumes().contains_key(next),
+        "the next rollback's workspace is left alone"
+    );
 }

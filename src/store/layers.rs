@@ -77,15 +77,15 @@ pub(super) fn read_changes(upper: &Path, layers: Vec<String>) -> Option<ViewChan
         ..ViewChanges::default()
     };
     let root = open_dir_at(None, upper.as_os_str().as_bytes()).ok()?;
-    walk_upper(&root, &mut Vec::new(), &mut changes).ok()?;
+    walk_upper(&root, &[], &mut changes).ok()?;
     Some(changes)
 }
 
-fn walk_upper(dir: &File, prefix: &mut Vec<u8>, changes: &mut ViewChanges) -> std::io::Result<()> {
+fn walk_upper(dir: &File, prefix: &[u8], changes: &mut ViewChanges) -> std::io::Result<()> {
     for entry in std::fs::read_dir(fd_path(dir))? {
         let entry = entry?;
         let leaf = entry.file_name();
-        let mut name = prefix.clone();
+        let mut name = prefix.to_vec();
         if !name.is_empty() {
             name.push(b'/');
         }
@@ -105,7 +105,7 @@ fn walk_upper(dir: &File, prefix: &mut Vec<u8>, changes: &mut ViewChanges) -> st
                 {
                     changes.hiding.insert(name.clone());
                 }
-                walk_upper(&child, &mut name, changes)?;
+                walk_upper(&child, &name, changes)?;
             }
             // Swapped for something else meanwhile: nothing below it is the layers'.
             Err(_) => {
@@ -169,7 +169,7 @@ pub(super) fn unpack_delta(
         .iter()
         .map(File::try_clone)
         .collect::<Result<_, _>>()?;
-    removed_below(&visible, &mut Vec::new(), &names, &dir_mtimes, &mut removed)?;
+    removed_below(&visible, &[], &names, &dir_mtimes, &mut removed)?;
     let top = archive::open_root(temp)?;
     let mut parents: BTreeMap<Vec<u8>, File> = BTreeMap::new();
     for (parent, leaf) in removed {
@@ -215,7 +215,7 @@ fn same_below(layers: &[File], name: &[u8], header: &tar::Header, target: Option
     let common = stat.st_mode & 0o7777 == mode & 0o7777
         && u64::from(stat.st_uid) == uid
         && u64::from(stat.st_gid) == gid
-        && i64::from(stat.st_mtime) == mtime as i64
+        && stat.st_mtime == mtime as i64
         && stat.st_mtime_nsec == 0;
     if !common {
         return false;
@@ -272,7 +272,7 @@ fn lookup(layers: &[File], name: &[u8]) -> Option<(File, libc::stat)> {
 /// goes down the directories both hold.
 fn removed_below(
     visible: &[File],
-    prefix: &mut Vec<u8>,
+    prefix: &[u8],
     names: &HashSet<Vec<u8>>,
     tar_dirs: &HashMap<Vec<u8>, u64>,
     removed: &mut Vec<(Vec<u8>, Vec<u8>)>,
@@ -296,13 +296,13 @@ fn removed_below(
     }
     for (leaf, kind) in shown {
         let Some(is_dir) = kind else { continue };
-        let mut name = prefix.clone();
+        let mut name = prefix.to_vec();
         if !name.is_empty() {
             name.push(b'/');
         }
         name.extend_from_slice(&leaf);
         if !names.contains(&name) {
-            removed.push((prefix.clone(), leaf));
+            removed.push((prefix.to_vec(), leaf));
             continue;
         }
         if !is_dir || !tar_dirs.contains_key(&name) {
@@ -317,7 +317,7 @@ fn removed_below(
                 Err(_) => break,
             }
         }
-        removed_below(&below, &mut name, names, tar_dirs, removed)?;
+        removed_below(&below, &name, names, tar_dirs, removed)?;
     }
     Ok(())
 }
