@@ -28,16 +28,8 @@ fn lower_dirs(name: &str) -> Vec<String> {
 }
 
 fn restore(server: &Server, from: &str, prefix: &str) -> String {
-    let name = unique(prefix);
-    create(
-        server,
-        "sandboxes",
-        "Sandbox",
-        &name,
-        json!({"image": TEST_IMAGE, "source": {"snapshot": from}}),
-    );
-    server.wait_running(&name);
-    name
+    let spec = json!({"image": TEST_IMAGE, "source": {"snapshot": from}});
+    running(server, prefix, spec)
 }
 
 fn uid(resource: &Value) -> String {

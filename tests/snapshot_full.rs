@@ -20,17 +20,6 @@ use serde_json::{json, Value};
 
 const LONG: Duration = Duration::from_secs(120);
 
-fn create(server: &Server, plural: &str, kind: &str, name: &str, spec: Value) {
-    let body = json!({
-        "apiVersion": "agent-sandbox.io/v1",
-        "kind": kind,
-        "metadata": {"name": name},
-        "spec": spec,
-    });
-    let (status, answer) = server.request("POST", &format!("{API}/{plural}"), Some(&body));
-    assert_eq!(status, 201, "{answer}");
-}
-
 fn delete(server: &Server, plural: &str, name: &str) {
     let (status, answer) = server.request("DELETE", &format!("{API}/{plural}/{name}"), None);
     assert!(status == 200 || status == 202, "{status} {answer}");

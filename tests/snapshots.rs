@@ -15,17 +15,6 @@ use sha2::{Digest, Sha256};
 
 const LONG: Duration = Duration::from_secs(90);
 
-fn create(server: &Server, plural: &str, kind: &str, name: &str, spec: Value) {
-    let body = json!({
-        "apiVersion": "agent-sandbox.io/v1",
-        "kind": kind,
-        "metadata": {"name": name},
-        "spec": spec,
-    });
-    let (status, answer) = server.request("POST", &format!("{API}/{plural}"), Some(&body));
-    assert_eq!(status, 201, "{answer}");
-}
-
 fn replace(server: &Server, plural: &str, kind: &str, name: &str, spec: Value) {
     let body = json!({
         "apiVersion": "agent-sandbox.io/v1",

@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::MAX_LAYERS;
@@ -193,11 +194,18 @@ const CHANGED: &[Entry] = &[
     Entry::File("new", b"new"),
 ];
 
-#[tokio::test]
-async fn a_delta_holds_only_the_changes_and_stacks_to_the_whole_tar() {
+/// A store on a new data directory, the tars of [`BASE`] and [`CHANGED`], and the whole tree
+/// of the first (`None` when not root: deltas are made as root, as views are).
+async fn setup() -> Option<(
+    tempfile::TempDir,
+    PathBuf,
+    Arc<Store>,
+    PathBuf,
+    Vec<PathBuf>,
+)> {
     if !root() {
         eprintln!("skipped: deltas are made as root, as views are");
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
@@ -209,6 +217,14 @@ async fn a_delta_holds_only_the_changes_and_stacks_to_the_whole_tar() {
         .ensure_tree("base.1000.1000", &base_tar, policy(), None)
         .await
         .unwrap();
+    Some((dir, data, store, changed_tar, base))
+}
+
+#[tokio::test]
+async fn a_delta_holds_only_the_changes_and_stacks_to_the_whole_tar() {
+    let Some((dir, data, store, changed_tar, base)) = setup().await else {
+        return;
+    };
     assert_eq!(base.len(), 1, "a tree of a plain workspace is whole");
 
     // The view's upper directory as overlay leaves it after those changes.
@@ -284,7 +300,6 @@ async fn a_delta_holds_only_the_changes_and_stacks_to_the_whole_tar() {
 
     // Collection keeps every layer a kept tree stands on, and nothing else.
     let listed = Instant::now();
-    let store = std::sync::Arc::new(store);
     store
         .collect_views_and_trees(listed, HashSet::new(), |key| key == "r0.1000.1000")
         .await;
@@ -308,20 +323,9 @@ async fn a_delta_holds_only_the_changes_and_stacks_to_the_whole_tar() {
 
 #[tokio::test]
 async fn a_delta_whose_layers_are_gone_is_made_again_whole() {
-    if !root() {
-        eprintln!("skipped: deltas are made as root, as views are");
+    let Some((dir, data, store, changed_tar, base)) = setup().await else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let store = Store::open(&data, &[]).unwrap();
-    let (base_tar, changed_tar) = (dir.path().join("base.tar"), dir.path().join("changed.tar"));
-    std::fs::write(&base_tar, tar_of(BASE, 1_600_000_000)).unwrap();
-    std::fs::write(&changed_tar, tar_of(CHANGED, 1_600_000_000)).unwrap();
-    let base = store
-        .ensure_tree("base.1000.1000", &base_tar, policy(), None)
-        .await
-        .unwrap();
+    };
     let upper = data.join("views/v1/upper");
     std::fs::create_dir_all(&upper).unwrap();
     std::fs::write(upper.join("new"), b"new").unwrap();

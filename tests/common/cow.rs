@@ -10,17 +10,6 @@ use super::*;
 
 pub const LONG: Duration = Duration::from_secs(120);
 
-pub fn create(server: &Server, plural: &str, kind: &str, name: &str, spec: Value) {
-    let body = json!({
-        "apiVersion": "agent-sandbox.io/v1",
-        "kind": kind,
-        "metadata": {"name": name},
-        "spec": spec,
-    });
-    let (status, answer) = server.request("POST", &format!("{API}/{plural}"), Some(&body));
-    assert_eq!(status, 201, "{answer}");
-}
-
 pub fn replace(server: &Server, name: &str, spec: Value) {
     let body = json!({
         "apiVersion": "agent-sandbox.io/v1",
@@ -119,17 +108,17 @@ pub fn entries(dir: &Path) -> Vec<String> {
     names
 }
 
+/// A new sandbox named after `prefix` with `spec`, once it runs.
+pub fn running(server: &Server, prefix: &str, spec: Value) -> String {
+    let name = unique(prefix);
+    create(server, "sandboxes", "Sandbox", &name, spec);
+    server.wait_running(&name);
+    name
+}
+
 /// A base sandbox holding [`BASE`], its snapshot and the listing of it.
 pub fn base(server: &Server, prefix: &str) -> (String, String, String) {
-    let name = unique(prefix);
-    create(
-        server,
-        "sandboxes",
-        "Sandbox",
-        &name,
-        json!({"image": TEST_IMAGE}),
-    );
-    server.wait_running(&name);
+    let name = running(server, prefix, json!({"image": TEST_IMAGE}));
     exec(&name, BASE);
     let listing = exec(&name, LISTING);
     let snap = unique("s");

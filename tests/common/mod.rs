@@ -783,3 +783,15 @@ pub fn benign_then_setuid_tar() -> Vec<u8> {
         .unwrap();
     builder.into_inner().unwrap()
 }
+
+/// Creates a resource of `kind` through the resource API and expects 201.
+pub fn create(server: &Server, plural: &str, kind: &str, name: &str, spec: Value) {
+    let body = serde_json::json!({
+        "apiVersion": "agent-sandbox.io/v1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": spec,
+    });
+    let (status, answer) = server.request("POST", &format!("{API}/{plural}"), Some(&body));
+    assert_eq!(status, 201, "{answer}");
+}
