@@ -171,23 +171,23 @@ pub(super) fn unpack_delta(
         .collect::<Result<_, _>>()?;
     removed_below(&visible, &[], &names, &dir_mtimes, &mut removed)?;
     let top = archive::open_root(temp)?;
-    let mut parents: BTreeMap<Vec<u8>, File> = BTreeMap::new();
+    // One directory open at a time, each with all its whiteouts, then its mtime set back to the
+    // tar's (the whiteouts moved it).
+    let mut by_parent: BTreeMap<Vec<u8>, Vec<Vec<u8>>> = BTreeMap::new();
     for (parent, leaf) in removed {
-        if !parents.contains_key(&parent) {
-            let dir = walk_dirs(&top, &parent)?;
-            parents.insert(parent.clone(), dir);
-        }
-        let dir = &parents[&parent];
-        let leaf = c_name(&leaf)?;
-        // SAFETY: plain system call on a descriptor owned here.
-        let made = unsafe { libc::mknodat(dir.as_raw_fd(), leaf.as_ptr(), libc::S_IFCHR, 0) };
-        if made != 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
+        by_parent.entry(parent).or_default().push(leaf);
     }
-    // The whiteouts moved their directories' mtimes: set them back to the tar's.
-    for (parent, dir) in &parents {
-        if let Some(mtime) = dir_mtimes.get(parent) {
+    for (parent, leaves) in by_parent {
+        let dir = walk_dirs(&top, &parent)?;
+        for leaf in leaves {
+            let leaf = c_name(&leaf)?;
+            // SAFETY: plain system call on a descriptor owned here.
+            let made = unsafe { libc::mknodat(dir.as_raw_fd(), leaf.as_ptr(), libc::S_IFCHR, 0) };
+            if made != 0 {
+                return Err(std::io::Error::last_os_error().into());
+            }
+        }
+        if let Some(mtime) = dir_mtimes.get(&parent) {
             let at = libc::timespec {
                 tv_sec: libc::time_t::try_from(*mtime).unwrap_or(libc::time_t::MAX),
                 tv_nsec: 0,
