@@ -1,8 +1,9 @@
 //! Snapshots of copy-on-write workspaces against the real Docker daemon (runc, or runsc with
-//! `AGENT_SANDBOX_TEST_RUNTIME=runsc`): such a snapshot's tree holds only what the workspace
-//! changed over the trees it was a view of, and its restores stack it on them; a chain is
-//! flattened into a whole tree past its bound; deleting the snapshots below keeps what the
-//! deltas need; a kill -9 while a snapshot's tree is being made converges with nothing left.
+//! `AGENT_SANDBOX_TEST_RUNTIME=runsc`): such a snapshot's tree, of a running or of a stopped
+//! sandbox, holds only what the workspace changed over the trees it was a view of, and its
+//! restores stack it on them; a chain is flattened into a whole tree past its bound; deleting
+//! the snapshots below keeps what the deltas need; a kill -9 while a snapshot's tree is being
+//! made converges with nothing left.
 
 mod common;
 
@@ -150,6 +151,37 @@ fn a_snapshot_of_a_view_is_a_delta_and_its_chain_is_flattened_past_the_bound() {
     server.wait_gone("sandboxes", &grandchild);
     server.wait_gone("sandboxes", &top);
     wait_until("no tree left", LONG, || tree_files(&server).is_empty());
+}
+
+#[test]
+fn a_snapshot_of_a_stopped_view_is_a_delta_too() {
+    let server = Server::start();
+    let (_, first, _) = base(&server, "stopped-base");
+    let child = restore(&server, &first, "stopped-child");
+    exec(&child, CHANGE);
+    let changed = exec(&child, LISTING);
+    // Stopped, the workspace is mounted nowhere: what it stacks is read from its volume.
+    let (status, body) = server.request(
+        "POST",
+        &format!("{API}/sandboxes/{child}/pause"),
+        Some(&json!({"mode": "Stopped"})),
+    );
+    assert_eq!(status, 200, "{body}");
+    server
+        .wait_for("sandboxes", &child, "Stopped", LONG, |r| {
+            r.is_some_and(|r| r["status"]["phase"] == "Stopped")
+        })
+        .unwrap();
+    let second = unique("s");
+    let taken = snapshot(&server, &second, &child);
+    let (key, depth) = made_tree(&server, &taken);
+    assert_eq!(depth, 2, "a delta over the base's tree");
+    assert!(
+        disk_bytes(&server.data_dir.join("trees").join(&key)) < 200_000,
+        "the delta holds the changes only, not the 2 MB blob"
+    );
+    let restored = restore(&server, &second, "stopped-r");
+    assert_eq!(exec(&restored, LISTING), changed);
 }
 
 /// Waits until snapshot `taken`'s tree is made, and returns its name in the trees directory and

@@ -310,12 +310,14 @@ fn overlays_at<'t>(
 /// What the workspace of the container `details` describes has written over its trees, when it
 /// is a view of this host (its overlay at the workspace's directory, with this store's
 /// directories). Read while the container is frozen (or not running), for a snapshot to be a
-/// delta.
+/// delta. A stopped container's workspace is mounted nowhere: its layers are then read from
+/// its volume, `volume`, which nothing can write meanwhile.
 pub(super) async fn changes_of(
     store: &Store,
     settings: &Settings,
     engine: &dyn Engine,
     details: &ContainerDetails,
+    volume: Option<&str>,
 ) -> Option<ViewChanges> {
     if !enabled(settings, engine) {
         return None;
@@ -323,12 +325,22 @@ pub(super) async fn changes_of(
     let source = details.workspace_source.as_ref()?;
     let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let mut overlays = overlays_at(&table, source);
-    let (lower, upper) = overlays.next()?;
-    if overlays.next().is_some() {
+    match (overlays.next(), overlays.next()) {
+        (Some((lower, upper)), None) => store.view_changes(&lower, &upper).await,
         // Stacked mounts: which one the container sees is not clear here.
-        return None;
+        (Some(_), Some(_)) => None,
+        (None, _) if !details.running => {
+            let volume = volume?;
+            let view = engine.view_of_volume(volume).await.ok()??;
+            // The store names a view's directories after its volume.
+            let named = view.upper.parent()?.file_name()? == volume;
+            if !named {
+                return None;
+            }
+            store.view_changes(&view.lower, &view.upper).await
+        }
+        (None, _) => None,
     }
-    store.view_changes(&lower, &upper).await
 }
 
 async fn discard(ctl: &ViewContext<'_>, id: &str, volume: &str) {

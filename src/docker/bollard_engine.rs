@@ -374,6 +374,22 @@ impl Engine for BollardEngine {
         .await
     }
 
+    async fn view_of_volume(&self, name: &str) -> EngineResult<Option<ViewPaths>> {
+        let volume = match self.docker.inspect_volume(name).await {
+            Ok(volume) => volume,
+            Err(e) if is_status(&e, 404) => return Ok(None),
+            Err(e) => return Err(map_err("inspect", &format!("volume {name}"))(e)),
+        };
+        let options = &volume.options;
+        let overlay = volume.driver == "local"
+            && options.get("type").map(String::as_str) == Some("overlay")
+            && options.get("device").map(String::as_str) == Some("overlay");
+        Ok(overlay
+            .then(|| options.get("o"))
+            .flatten()
+            .and_then(|o| ViewPaths::from_overlay_options(o)))
+    }
+
     async fn create_bind_volume(
         &self,
         name: &str,

@@ -58,6 +58,8 @@ impl FakeContainer {
 struct State {
     containers: BTreeMap<String, FakeContainer>,
     volumes: BTreeMap<String, BTreeMap<String, String>>,
+    /// What each view volume was made as ([`Engine::create_view_volume`]).
+    views: BTreeMap<String, ViewPaths>,
     networks: BTreeSet<String>,
     /// `None`: every image exists.
     images: Option<BTreeSet<String>>,
@@ -355,7 +357,7 @@ impl Engine for FakeEngine {
         &self,
         name: &str,
         labels: &BTreeMap<String, String>,
-        _view: &ViewPaths,
+        view: &ViewPaths,
     ) -> EngineResult<()> {
         let mut state = self.enter("create_view_volume", name)?;
         if state.volumes.contains_key(name) {
@@ -364,7 +366,14 @@ impl Engine for FakeEngine {
             });
         }
         state.volumes.insert(name.to_string(), labels.clone());
+        state.views.insert(name.to_string(), view.clone());
         Ok(())
+    }
+
+    async fn view_of_volume(&self, name: &str) -> EngineResult<Option<ViewPaths>> {
+        let state = self.enter("view_of_volume", name)?;
+        let present = state.volumes.contains_key(name);
+        Ok(state.views.get(name).filter(|_| present).cloned())
     }
 
     async fn create_bind_volume(
@@ -416,6 +425,7 @@ impl Engine for FakeEngine {
             });
         }
         state.volumes.remove(name);
+        state.views.remove(name);
         state.helper_volumes.remove(name);
         Ok(())
     }

@@ -152,6 +152,25 @@ impl ViewPaths {
             text(&self.work)?
         ))
     }
+
+    /// The view that overlay mount options `options` (as [`ViewPaths::overlay_options`] writes
+    /// them) describe; `None` when they lack a lower, upper or work directory.
+    pub fn from_overlay_options(options: &str) -> Option<ViewPaths> {
+        let option = |name: &str| {
+            options
+                .split(',')
+                .find_map(|o| o.strip_prefix(name)?.strip_prefix('='))
+                .filter(|value| !value.is_empty())
+        };
+        Some(ViewPaths {
+            lower: option("lowerdir")?
+                .split(':')
+                .map(std::path::PathBuf::from)
+                .collect(),
+            upper: option("upperdir")?.into(),
+            work: option("workdir")?.into(),
+        })
+    }
 }
 
 /// What an engine can do beyond creating, starting, removing and running commands in
@@ -451,6 +470,10 @@ pub trait Engine: Send + Sync + 'static {
         labels: &BTreeMap<String, String>,
         view: &ViewPaths,
     ) -> EngineResult<()>;
+    /// The view volume `name` is, as [`Engine::create_view_volume`] made it; `None` for a
+    /// missing volume or one of any other kind. What a workspace stacks can be read here while
+    /// no container mounts it (the host's mount table then shows nothing).
+    async fn view_of_volume(&self, name: &str) -> EngineResult<Option<ViewPaths>>;
     /// Creates volume `name` carrying `labels` as a bind of the daemon host's directory
     /// `source` (a workspace with a disk limit: the directory is the root of its own file
     /// system, see [`crate::disk`]). Docker's `local` driver binds it when a container mounts the
@@ -633,3 +656,29 @@ pub fn helper_content_digest(binary: &[u8]) -> String {
 }
 /// Value of [`LABEL_ROLE`] on the helper volume.
 pub const ROLE_HELPER: &str = "helper";
+
+#[cfg(test)]
+mod tests {
+    use super::ViewPaths;
+
+    #[test]
+    fn a_views_overlay_options_read_back_as_the_same_view() {
+        let view = ViewPaths {
+            lower: vec!["/data/trees/b".into(), "/data/trees/a".into()],
+            upper: "/data/views/v/upper".into(),
+            work: "/data/views/v/work".into(),
+        };
+        let options = view.overlay_options().unwrap();
+        assert_eq!(ViewPaths::from_overlay_options(&options), Some(view));
+        assert_eq!(
+            ViewPaths::from_overlay_options("upperdir=/u,workdir=/w"),
+            None,
+            "no lower directory"
+        );
+        assert_eq!(
+            ViewPaths::from_overlay_options("lowerdir=,upperdir=/u,workdir=/w"),
+            None
+        );
+        assert_eq!(ViewPaths::from_overlay_options("size=10m"), None);
+    }
+}

@@ -105,6 +105,11 @@ impl Engine for ObservedEngine {
         .await
     }
 
+    async fn view_of_volume(&self, name: &str) -> EngineResult<Option<super::ViewPaths>> {
+        self.timed("view_of_volume", self.inner.view_of_volume(name))
+            .await
+    }
+
     async fn create_bind_volume(
         &self,
         name: &str,

@@ -256,8 +256,10 @@ async fn take(
         // the snapshot's own tree is then a delta. Not read from a container that runs on.
         let changes = match &exported {
             Ok(_) if freeze || !details.running || details.paused => {
-                super::views::changes_of(ctl.store, ctl.settings, ctl.engine.as_ref(), &details)
-                    .await
+                let volume = sandbox.status.as_ref();
+                let volume = volume.and_then(|s| s.workspace_volume.as_deref());
+                let engine = ctl.engine.as_ref();
+                super::views::changes_of(ctl.store, ctl.settings, engine, &details, volume).await
             }
             _ => None,
         };
