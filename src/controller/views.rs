@@ -71,21 +71,23 @@ pub(super) fn snapshot_of_tree(key: &str) -> &str {
     key.split('.').next().unwrap_or(key)
 }
 
-/// Unpacks snapshot `uid`'s data at `path` into its tree ahead of its first restore: a delta
-/// over the trees of the workspace it was taken of when that was a view (`changes`), else whole.
-/// A failure is only logged (the restore tries again, or copies).
-pub(super) async fn prepare_tree(
-    store: &Store,
-    settings: &Settings,
-    uid: &str,
-    path: &Path,
-    changes: Option<ViewChanges>,
-) {
+/// Says that snapshot `uid`'s tree is to be a delta over the trees of the view it was taken of,
+/// which had written `changes` (see [`Store::expect_delta`]).
+pub(super) fn expect_delta(store: &Store, settings: &Settings, uid: &str, changes: ViewChanges) {
+    if let Ok(owner) = settings.sandbox_uid_gid() {
+        store.expect_delta(&tree_key(uid, owner), changes);
+    }
+}
+
+/// Unpacks snapshot `uid`'s data at `path` into its tree ahead of its first restore (a delta
+/// when [`expect_delta`] said so, else whole). A failure is only logged (the restore tries
+/// again, or copies).
+pub(super) async fn prepare_tree(store: &Store, settings: &Settings, uid: &str, path: &Path) {
     let prepared = async {
         let owner = settings.sandbox_uid_gid()?;
         let policy = restore_policy(settings)?;
         store
-            .ensure_tree(&tree_key(uid, owner), path, policy, changes)
+            .ensure_tree(&tree_key(uid, owner), path, policy, None)
             .await
             .map_err(|e| ReconcileError::HostWrite(e.to_string()))
     };

@@ -354,3 +354,44 @@ async fn a_delta_whose_layers_are_gone_is_made_again_whole() {
         .unwrap();
     assert_eq!(listing(&again[0]), listing(&whole[0]));
 }
+
+#[tokio::test]
+async fn an_unpack_that_comes_before_the_snapshots_own_makes_the_expected_delta() {
+    let Some((dir, data, store, changed_tar, base)) = setup().await else {
+        return;
+    };
+    // The view's upper directory after the changes from BASE to CHANGED.
+    let upper = data.join("views/v1/upper");
+    std::fs::create_dir_all(upper.join("dir")).unwrap();
+    std::fs::write(upper.join("rewritten"), b"bbbb").unwrap();
+    std::fs::write(upper.join("new"), b"new").unwrap();
+    whiteout(&upper.join("removed"));
+    whiteout(&upper.join("dir/gone"));
+    let changes = store.view_changes(&base, &upper).await.unwrap();
+    store.expect_delta("delta.1000.1000", changes);
+
+    // A restore's unpack, which knows nothing of the view the snapshot was taken of.
+    let layers = store
+        .ensure_tree("delta.1000.1000", &changed_tar, policy(), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        layers,
+        [data.join("trees/delta.1000.1000"), base[0].clone()]
+    );
+    let whole = store
+        .ensure_tree("whole.1000.1000", &changed_tar, policy(), None)
+        .await
+        .unwrap();
+    assert_eq!(whole.len(), 1, "only the tree said to be a delta is one");
+    let merged = Overlay::mount(&layers, &dir.path().join("mnt"));
+    assert_eq!(listing(&merged.0), listing(&whole[0]));
+    drop(merged);
+
+    // The snapshot's own unpack, after it, finds the tree made.
+    let again = store
+        .ensure_tree("delta.1000.1000", &changed_tar, policy(), None)
+        .await
+        .unwrap();
+    assert_eq!(again, layers);
+}

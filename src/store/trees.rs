@@ -62,6 +62,9 @@ pub(super) struct Touched {
     views: Mutex<HashMap<String, Instant>>,
     /// Trees are unpacked one at a time: ten forks of one snapshot unpack it once.
     unpacking: tokio::sync::Mutex<()>,
+    /// What the trees of new snapshots of views are to be deltas over (see
+    /// [`Store::expect_delta`]), until one unpack of each takes it.
+    deltas: Mutex<HashMap<String, ViewChanges>>,
 }
 
 fn touch(map: &Mutex<HashMap<String, Instant>>, key: &str) {
@@ -109,6 +112,7 @@ impl Store {
     /// copy-on-write workspace had changed when the snapshot was taken), the tree is made as a
     /// delta over that workspace's trees if the chain stays within [`MAX_LAYERS`]; otherwise, or
     /// should the delta fail, as a full tree. A tree whose layers are gone is made again, full.
+    /// Without `over`, what [`Store::expect_delta`] left for `key` is used.
     pub async fn ensure_tree(
         &self,
         key: &str,
@@ -119,6 +123,8 @@ impl Store {
         if !plain(key) {
             return Err(StoreError::Invalid(format!("tree key {key:?}")).into());
         }
+        let expected = self.expected_delta(key);
+        let over = over.or(expected);
         let touch_all = || {
             touch(&self.cow_touched.trees, key);
             for below in over.iter().flat_map(|o| &o.layers) {
@@ -146,6 +152,25 @@ impl Store {
         }
         let dir = self.trees_dir();
         Ok(keys.iter().map(|k| dir.join(k)).collect())
+    }
+
+    /// Says that tree `key`, not made yet, is to be a delta with `changes`, whichever unpack of
+    /// it comes first: the snapshot's own preparation or a restore that got there before it.
+    /// Said before the snapshot is Ready, so that no restore of it can miss it.
+    pub fn expect_delta(&self, key: &str, changes: ViewChanges) {
+        self.cow_touched
+            .deltas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_string(), changes);
+    }
+
+    fn expected_delta(&self, key: &str) -> Option<ViewChanges> {
+        self.cow_touched
+            .deltas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key)
     }
 
     /// What the copy-on-write workspace whose overlay stacks `lowers` (top first) under `upper`

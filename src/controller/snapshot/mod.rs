@@ -395,19 +395,22 @@ async fn take(
         &message,
         generation,
     );
+    // Restores of it will be copy-on-write views of its tree: only what changed, when the
+    // sandbox's workspace is itself a view. Said before it is Ready: a restore may come first.
+    let views = super::views::enabled(ctl.settings, ctl.engine.as_ref());
+    let uid = snapshot.metadata.uid.clone().filter(|_| views);
+    if let (Some(uid), Some(changes)) = (&uid, changes) {
+        super::views::expect_delta(ctl.store, ctl.settings, uid, changes);
+    }
     write_status(ctl.store, ctl.events, snapshot, &status).await?;
-    // Restores of it will be copy-on-write views of its tree: unpacked now, in the background,
-    // so the first restore does not wait for it (only what changed, when the sandbox's
-    // workspace is itself a view).
-    if let Some(uid) = snapshot.metadata.uid.clone() {
-        if super::views::enabled(ctl.settings, ctl.engine.as_ref()) {
-            let store = Arc::clone(ctl.store);
-            let settings = Arc::clone(ctl.settings);
-            let path = store.snapshot_path(name);
-            tokio::spawn(async move {
-                super::views::prepare_tree(&store, &settings, &uid, &path, changes).await;
-            });
-        }
+    // The tree is unpacked now, in the background, so the first restore does not wait for it.
+    if let Some(uid) = uid {
+        let store = Arc::clone(ctl.store);
+        let settings = Arc::clone(ctl.settings);
+        let path = store.snapshot_path(name);
+        tokio::spawn(async move {
+            super::views::prepare_tree(&store, &settings, &uid, &path).await;
+        });
     }
     Ok(Outcome::done())
 }
