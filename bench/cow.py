@@ -12,7 +12,10 @@ Our server is started twice on a fresh data directory, with `AGENT_SANDBOX_COPY_
 (views) and `=false` (the copy path); with `--reference`, the reference server (agent-sandbox
 0.2.1, installed into that venv by bench/run.sh) is timed on the same cold forks and rollbacks.
 Everything any of them made is removed at the end. `AGENT_SANDBOX_TEST_RUNTIME` picks our
-runtime (default runc). The table goes to stdout.
+runtime (default runc). The table goes to stdout. `--fan-out` also times Docker alone renaming
+one running container and ten at once, the floor of a pooled Fork's claims. For a trace of a
+run, `AGENT_SANDBOX_LOG` (a log filter) is passed to our server and `BENCH_KEEP_LOG=FILE` keeps
+its log.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import socket
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -71,6 +75,8 @@ class Server:
             "AGENT_SANDBOX_MAX_SNAPSHOT_BYTES": str(4 << 30),
             **extra_env,
         }
+        if os.environ.get("AGENT_SANDBOX_LOG"):
+            env["AGENT_SANDBOX_LOG"] = os.environ["AGENT_SANDBOX_LOG"]  # a trace of the run, kept with BENCH_KEEP_LOG
         self.log = open(self.tmp / "server.log", "wb")
         self.proc = subprocess.Popen(command, env=env, stdout=self.log, stderr=self.log)
         deadline = time.time() + 120
@@ -147,6 +153,8 @@ class Ours(Server):
             for obj in ids.stdout.split():
                 rm = ["rm", "-f"] if kind[0] == "ps" else ["volume", "rm", "-f"]
                 subprocess.run(["docker", *rm, obj], capture_output=True)
+        if os.environ.get("BENCH_KEEP_LOG"):
+            shutil.copy(self.tmp / "server.log", os.environ["BENCH_KEEP_LOG"])
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -397,6 +405,54 @@ def docker_floor(n: int, runtime: str) -> list:
     return samples
 
 
+class _DockerSocket(http.client.HTTPConnection):
+    """The Engine API on the local socket (the CLI would add its own start-up to each call)."""
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect("/var/run/docker.sock")
+
+
+def docker_renames(rounds: int, runtime: str, results: dict) -> None:
+    """Docker alone: what a pooled fork's claims cost the daemon. A claim renames a running pool
+    member to the child's container name; here one rename, and ten at once (one thread each, as
+    the server's workers claim), of running containers of the bench image, alternating, ROUNDS
+    each, timed until the last rename has answered."""
+    names = [f"cow-bench-rename-{os.getpid()}-{i}" for i in range(10)]
+    for name in names:
+        subprocess.run(["docker", "run", "-d", "--name", name, "--runtime", runtime,
+                        "--network", "none", IMAGE, "sleep", "3600"],
+                       check=True, capture_output=True)
+
+    def rename(old: str, new: str) -> None:
+        conn = _DockerSocket("localhost", timeout=60)
+        conn.request("POST", f"/containers/{old}/rename?name={new}")
+        answer = conn.getresponse()
+        answer.read()
+        conn.close()
+        if answer.status != 204:
+            raise RuntimeError(f"rename {old} -> {new}: {answer.status}")
+
+    def timed(batch: list, tag: str) -> None:
+        threads = [threading.Thread(target=rename, args=(n, n + "-x")) for n in batch]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        results.setdefault(tag, []).append((time.perf_counter() - start) * 1000.0)
+        for n in batch:
+            rename(n + "-x", n)
+
+    try:
+        for i in range(rounds):
+            for size in (1, 10) if i % 2 == 0 else (10, 1):
+                timed(names[:size], f"Docker alone: {size} rename{'s at once' if size > 1 else ''}")
+    finally:
+        for name in names:
+            subprocess.run(["docker", "rm", "-f", name, name + "-x"], capture_output=True)
+
+
 def main() -> int:
     args = argparse.ArgumentParser()
     args.add_argument("binary")
@@ -420,6 +476,7 @@ def main() -> int:
             os.sync()
             results: dict = {}
             fan_out(ours, snap, a.fan_out, results)
+            docker_renames(a.fan_out, runtime, results)
         finally:
             ours.stop()
         print(f"\nruntime {runtime}, views, 10 MiB, {a.fan_out} rounds, ms\n")
