@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::MAX_LAYERS;
+use super::{ViewChanges, MAX_LAYERS};
 use crate::archive::{Limits, Policy};
 use crate::store::Store;
 
@@ -220,6 +220,18 @@ async fn setup() -> Option<(
     Some((dir, data, store, changed_tar, base))
 }
 
+/// What a view of `base` wrote when its workspace went from [`BASE`] to [`CHANGED`]: its upper
+/// directory as overlay leaves it after those changes.
+async fn changed_view(data: &Path, store: &Store, base: &[PathBuf]) -> ViewChanges {
+    let upper = data.join("views/v1/upper");
+    std::fs::create_dir_all(upper.join("dir")).unwrap();
+    std::fs::write(upper.join("rewritten"), b"bbbb").unwrap();
+    std::fs::write(upper.join("new"), b"new").unwrap();
+    whiteout(&upper.join("removed"));
+    whiteout(&upper.join("dir/gone"));
+    store.view_changes(base, &upper).await.unwrap()
+}
+
 #[tokio::test]
 async fn a_delta_holds_only_the_changes_and_stacks_to_the_whole_tar() {
     let Some((dir, data, store, changed_tar, base)) = setup().await else {
@@ -227,14 +239,7 @@ async fn a_delta_holds_only_the_changes_and_stacks_to_the_whole_tar() {
     };
     assert_eq!(base.len(), 1, "a tree of a plain workspace is whole");
 
-    // The view's upper directory as overlay leaves it after those changes.
-    let upper = data.join("views/v1/upper");
-    std::fs::create_dir_all(upper.join("dir")).unwrap();
-    std::fs::write(upper.join("rewritten"), b"bbbb").unwrap();
-    std::fs::write(upper.join("new"), b"new").unwrap();
-    whiteout(&upper.join("removed"));
-    whiteout(&upper.join("dir/gone"));
-    let changes = store.view_changes(&base, &upper).await.unwrap();
+    let changes = changed_view(&data, &store, &base).await;
 
     let layers = store
         .ensure_tree("delta.1000.1000", &changed_tar, policy(), Some(changes))
@@ -360,14 +365,7 @@ async fn an_unpack_that_comes_before_the_snapshots_own_makes_the_expected_delta(
     let Some((dir, data, store, changed_tar, base)) = setup().await else {
         return;
     };
-    // The view's upper directory after the changes from BASE to CHANGED.
-    let upper = data.join("views/v1/upper");
-    std::fs::create_dir_all(upper.join("dir")).unwrap();
-    std::fs::write(upper.join("rewritten"), b"bbbb").unwrap();
-    std::fs::write(upper.join("new"), b"new").unwrap();
-    whiteout(&upper.join("removed"));
-    whiteout(&upper.join("dir/gone"));
-    let changes = store.view_changes(&base, &upper).await.unwrap();
+    let changes = changed_view(&data, &store, &base).await;
     store.expect_delta("delta.1000.1000", changes);
 
     // A restore's unpack, which knows nothing of the view the snapshot was taken of.
