@@ -123,18 +123,20 @@ impl Store {
         if !plain(key) {
             return Err(StoreError::Invalid(format!("tree key {key:?}")).into());
         }
-        let expected = self.expected_delta(key);
-        let over = over.or(expected);
-        let touch_all = || {
+        let touch_all = |over: &Option<ViewChanges>| {
             touch(&self.cow_touched.trees, key);
             for below in over.iter().flat_map(|o| &o.layers) {
                 touch(&self.cow_touched.trees, below);
             }
         };
-        touch_all();
+        touch_all(&over);
         let _one_at_a_time = self.cow_touched.unpacking.lock().await;
+        // Taken only now: the unpack whose turn comes first is the one that makes the tree, so
+        // it is the one that needs the expectation.
+        let expected = self.expected_delta(key);
+        let over = over.or(expected);
         // Again once it is this unpack's turn: a collection listed meanwhile spares them.
-        touch_all();
+        touch_all(&over);
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let temp = self.trees_dir().join(format!(
             "{TEMP_PREFIX}{key}-{}-{}",
