@@ -188,13 +188,21 @@ fn a_fork_bomb_is_bounded_by_the_limit_and_the_timeout() {
         create_v1(&server, TEST_IMAGE),
         create_v1(&server, TEST_IMAGE),
     );
-    // busybox's shell refuses `:` as a function name; this is the same bomb.
-    fork_bomb(&server, &id, &calm, "f(){ f|f& };f; sleep 30");
+    // busybox's shell refuses `:` as a function name; this is the same bomb. What keeps the
+    // command going until its timeout is forked before the bomb, and waited for by a builtin:
+    // once the bomb has used the sandbox's processes up, the shell can fork nothing more (a
+    // `sleep` after the bomb would fail and end the command at once).
+    fork_bomb(&server, &id, &calm, "sleep 30 & f(){ f|f& };f; wait");
 
     // The classic spelling, in an image with bash.
     if python_image("the bash fork bomb") {
         let bash = create_v1(&server, PYTHON_IMAGE);
-        fork_bomb(&server, &bash, &calm, "bash -c ':(){ :|:& };:; sleep 30'");
+        fork_bomb(
+            &server,
+            &bash,
+            &calm,
+            "bash -c 'sleep 30 & :(){ :|:& };:; wait'",
+        );
     }
 }
 
