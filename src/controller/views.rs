@@ -28,7 +28,7 @@
 //! the delta on them.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::container::Containers;
 use super::content::{restore_policy, Validated};
@@ -280,15 +280,12 @@ async fn verify(
 /// Whether mount table `table` (`/proc/self/mountinfo`) has an overlay at `at` whose upper
 /// directory is `upper`.
 fn overlay_mounted(table: &str, at: &Path, upper: &Path) -> bool {
-    overlays_at(table, at).any(|(_, mounted)| mounted == upper)
+    overlays_at(table, at).any(|mounted| mounted.upper == upper)
 }
 
-/// The overlays mount table `table` shows at `at`: their lower directories (top first) and
-/// upper directory.
-fn overlays_at<'t>(
-    table: &'t str,
-    at: &Path,
-) -> impl Iterator<Item = (Vec<PathBuf>, PathBuf)> + 't {
+/// The overlays mount table `table` shows at `at`, read as views (the kernel shows their
+/// options as they were given).
+fn overlays_at<'t>(table: &'t str, at: &Path) -> impl Iterator<Item = ViewPaths> + 't {
     let at = at.to_str().map(str::to_string);
     table.lines().filter_map(move |line| {
         let mut halves = line.splitn(2, " - ");
@@ -299,13 +296,7 @@ fn overlays_at<'t>(
         if at.is_none() || mount.split(' ').nth(4) != at.as_deref() || fs_type != Some("overlay") {
             return None;
         }
-        let option = |name: &str| {
-            options
-                .split(',')
-                .find_map(|o| o.strip_prefix(name)?.strip_prefix('='))
-        };
-        let lower = option("lowerdir")?.split(':').map(PathBuf::from).collect();
-        Some((lower, PathBuf::from(option("upperdir")?)))
+        ViewPaths::from_overlay_options(options)
     })
 }
 
@@ -328,7 +319,7 @@ pub(super) async fn changes_of(
     let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let mut overlays = overlays_at(&table, source);
     match (overlays.next(), overlays.next()) {
-        (Some((lower, upper)), None) => store.view_changes(&lower, &upper).await,
+        (Some(view), None) => store.view_changes(&view.lower, &view.upper).await,
         // Stacked mounts: which one the container sees is not clear here.
         (Some(_), Some(_)) => None,
         (None, _) if !details.running => {

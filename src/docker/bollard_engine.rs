@@ -146,6 +146,15 @@ impl BollardEngine {
             .collect())
     }
 
+    /// Docker's inspection of volume `name`; `None` when there is none.
+    async fn volume(&self, name: &str) -> EngineResult<Option<bollard::models::Volume>> {
+        match self.docker.inspect_volume(name).await {
+            Ok(volume) => Ok(Some(volume)),
+            Err(e) if is_status(&e, 404) => Ok(None),
+            Err(e) => Err(map_err("inspect", &format!("volume {name}"))(e)),
+        }
+    }
+
     /// Thaws the container if it is paused, by Docker or by a freeze of this host's (a missing
     /// container is left to the caller).
     async fn thaw_if_paused(&self, id: &str) -> EngineResult<()> {
@@ -317,14 +326,10 @@ impl Engine for BollardEngine {
     }
 
     async fn inspect_volume(&self, name: &str) -> EngineResult<Option<ManagedVolume>> {
-        match self.docker.inspect_volume(name).await {
-            Ok(volume) => Ok(Some(ManagedVolume {
-                name: volume.name,
-                labels: volume.labels.into_iter().collect(),
-            })),
-            Err(e) if is_status(&e, 404) => Ok(None),
-            Err(e) => Err(map_err("inspect", &format!("volume {name}"))(e)),
-        }
+        Ok(self.volume(name).await?.map(|volume| ManagedVolume {
+            name: volume.name,
+            labels: volume.labels.into_iter().collect(),
+        }))
     }
 
     async fn remove_volume(&self, name: &str) -> EngineResult<()> {
@@ -375,10 +380,8 @@ impl Engine for BollardEngine {
     }
 
     async fn view_of_volume(&self, name: &str) -> EngineResult<Option<ViewPaths>> {
-        let volume = match self.docker.inspect_volume(name).await {
-            Ok(volume) => volume,
-            Err(e) if is_status(&e, 404) => return Ok(None),
-            Err(e) => return Err(map_err("inspect", &format!("volume {name}"))(e)),
+        let Some(volume) = self.volume(name).await? else {
+            return Ok(None);
         };
         let options = &volume.options;
         let overlay = volume.driver == "local"
