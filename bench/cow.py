@@ -434,13 +434,24 @@ def docker_renames(rounds: int, runtime: str, results: dict) -> None:
             raise RuntimeError(f"rename {old} -> {new}: {answer.status}")
 
     def timed(batch: list, tag: str) -> None:
-        threads = [threading.Thread(target=rename, args=(n, n + "-x")) for n in batch]
+        failed: list = []
+
+        def one(name: str) -> None:
+            try:
+                rename(name, name + "-x")
+            except Exception as error:  # a thread's exception would only be printed
+                failed.append(error)
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in batch]
         start = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        results.setdefault(tag, []).append((time.perf_counter() - start) * 1000.0)
+        elapsed = (time.perf_counter() - start) * 1000.0
+        if failed:
+            raise RuntimeError(f"{len(failed)} of {len(batch)} renames failed: {failed[0]}")
+        results.setdefault(tag, []).append(elapsed)
         for n in batch:
             rename(n + "-x", n)
 
