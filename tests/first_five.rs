@@ -122,17 +122,20 @@ fn doctor_passes_on_a_ready_machine_and_names_each_fix() {
 struct FirstServer {
     child: Child,
     ready_line: String,
+    /// The address the ready line names (the kernel chose the port).
+    url: String,
     log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl FirstServer {
-    fn start(cwd: &Path, port: u16, image: &str) -> FirstServer {
-        let port = port.to_string();
+    fn start(cwd: &Path, image: &str) -> FirstServer {
+        // Port 0: a port picked here could be taken by another test's server before this one
+        // binds it.
         let mut child = agent_sandbox(
             cwd,
             &["serve"],
             &[
-                ("AGENT_SANDBOX_PORT", port.as_str()),
+                ("AGENT_SANDBOX_PORT", "0"),
                 ("AGENT_SANDBOX_DEFAULT_IMAGE", image),
             ],
         )
@@ -156,9 +159,19 @@ impl FirstServer {
             "no ready line:\n{}",
             log.lock().unwrap()
         );
+        let url = ready_line
+            .split_once("ready at ")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in {ready_line}"))
+            .to_string();
+        assert!(
+            url.starts_with("http://127.0.0.1:") && !url.ends_with(":0"),
+            "the bound address: {ready_line}"
+        );
         FirstServer {
             child,
             ready_line: ready_line.trim_end().to_string(),
+            url,
             log,
         }
     }
@@ -181,11 +194,9 @@ impl Drop for FirstServer {
 #[test]
 fn serve_on_its_defaults_prints_a_ready_line_whose_command_creates_a_sandbox() {
     let tmp = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let server = FirstServer::start(tmp.path(), port, TEST_IMAGE);
+    let server = FirstServer::start(tmp.path(), TEST_IMAGE);
     let line = &server.ready_line;
-    let url = format!("http://127.0.0.1:{port}");
-    assert!(line.contains(&format!("ready at {url}")), "{line}");
+    let url = server.url.clone();
     assert!(line.contains("API key in ./data/api-key"), "{line}");
     let key = std::fs::read_to_string(tmp.path().join("data/api-key")).unwrap();
 
@@ -226,9 +237,8 @@ fn serve_on_its_defaults_prints_a_ready_line_whose_command_creates_a_sandbox() {
 #[test]
 fn a_missing_default_image_is_explained_at_start_and_in_the_first_answer() {
     let tmp = tempfile::tempdir().unwrap();
-    let port = free_port();
     let missing = "agent-sandbox-test/missing:1";
-    let server = FirstServer::start(tmp.path(), port, missing);
+    let server = FirstServer::start(tmp.path(), missing);
     let log = server.wait_for_log("FAIL  image");
     let logged = log.lines().find(|l| l.contains("FAIL  image")).unwrap();
     assert!(logged.contains("ERROR"), "{logged}");
@@ -237,7 +247,7 @@ fn a_missing_default_image_is_explained_at_start_and_in_the_first_answer() {
     let key = std::fs::read_to_string(tmp.path().join("data/api-key")).unwrap();
     let (status, body) = http(
         "POST",
-        &format!("http://127.0.0.1:{port}/v1/sandboxes"),
+        &format!("{}/v1/sandboxes", server.url),
         Some(key.trim()),
         Some("{}".into()),
         "application/json",

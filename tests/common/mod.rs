@@ -57,16 +57,18 @@ impl Server {
         let data_dir = tmp.path().join("data");
         let watch_dir = tmp.path().join("gitops");
         std::fs::create_dir_all(&watch_dir).unwrap();
-        let port = free_port();
         let mut server = Server {
             child: None,
-            url: format!("http://127.0.0.1:{port}"),
+            url: String::new(),
             key: format!("test-key-{:032x}", rand::random::<u128>()),
             data_dir,
             watch_dir,
             log_path: tmp.path().join("server.log"),
             _tmp: tmp,
-            port,
+            // The kernel's choice on the first start, read back from the ready line: a port picked
+            // here and passed on could be taken by another test's server in between, whose
+            // answers would then look like this one's (401 to this server's key).
+            port: 0,
             extra_env: env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -77,6 +79,7 @@ impl Server {
     }
 
     fn spawn(&mut self) {
+        let log_start = std::fs::metadata(&self.log_path).map_or(0, |m| m.len());
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -103,7 +106,41 @@ impl Server {
             cmd.env(k, v);
         }
         self.child = Some(cmd.spawn().expect("start agent-sandbox"));
+        if self.port == 0 {
+            self.port = self.bound_port(log_start, Duration::from_secs(30));
+            self.url = format!("http://127.0.0.1:{}", self.port);
+        }
         self.wait_healthy(Duration::from_secs(30));
+    }
+
+    /// The port in the ready line this start printed (the log past `log_start`).
+    fn bound_port(&mut self, log_start: u64, limit: Duration) -> u16 {
+        const READY: &str = " ready at http://127.0.0.1:";
+        let deadline = Instant::now() + limit;
+        loop {
+            let log = std::fs::read(&self.log_path).unwrap_or_default();
+            let new = String::from_utf8_lossy(log.get(log_start as usize..).unwrap_or_default());
+            if let Some(at) = new.find(READY) {
+                let digits: String = new[at + READY.len()..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                if let Ok(port) = digits.parse() {
+                    return port;
+                }
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("server exited with {status}:\n{}", self.log());
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no ready line in time:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn wait_healthy(&mut self, limit: Duration) {

@@ -6,6 +6,7 @@ back, a network interface that is there or not)."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -846,10 +847,11 @@ class OwnServer:
         self.env = env or {}
         self.data = tempfile.mkdtemp(prefix="agent-sandbox-e2b-own.")
         self.key = uuid.uuid4().hex
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        # The kernel's choice on the first start, read back from the ready line (a port picked
+        # here could be taken by another suite's server before this one binds it); restarts keep
+        # it.
+        self.port = 0
+        self.url = None
         self.process = None
         self.made = set()
 
@@ -875,13 +877,24 @@ class OwnServer:
         if os.environ.get("E2B_TEST_RUNTIME"):
             env["AGENT_SANDBOX_DOCKER_RUNTIME"] = os.environ["E2B_TEST_RUNTIME"]
         env.update(self.env)
-        log = open(os.path.join(self.data, "server.log"), "ab")
+        log_path = os.path.join(self.data, "server.log")
+        log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
+        log = open(log_path, "ab")
         self.process = subprocess.Popen(
             [os.environ["E2B_TEST_BINARY"], "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
         )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert self.process.poll() is None, "the server exited before it answered /healthz"
+            if not self.port:
+                with open(log_path, errors="replace") as f:
+                    f.seek(log_start)
+                    ready = re.search(r" ready at http://127\.0\.0\.1:(\d+)", f.read())
+                if not ready:
+                    time.sleep(0.05)
+                    continue
+                self.port = int(ready.group(1))
+                self.url = f"http://127.0.0.1:{self.port}"
             try:
                 with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as r:
                     if r.status == 200:

@@ -45,7 +45,6 @@ cargo build --locked --bin agent-sandbox
 bin="${CARGO_TARGET_DIR:-$TARGET_DIR}/debug/agent-sandbox"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/agent-sandbox-fuzz.XXXXXX")
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 key=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
 server_pid=
 
@@ -85,17 +84,19 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-AGENT_SANDBOX_PORT=$port AGENT_SANDBOX_DATA_DIR="$work/data" AGENT_SANDBOX_API_KEYS="$key" \
+# Port 0: the server names the port the kernel gave it in its ready line (a port picked here could
+# be taken by another suite's server before this one binds it).
+AGENT_SANDBOX_PORT=0 AGENT_SANDBOX_DATA_DIR="$work/data" AGENT_SANDBOX_API_KEYS="$key" \
   AGENT_SANDBOX_DEFAULT_IMAGE=$IMAGE AGENT_SANDBOX_ALLOWED_IMAGES=$IMAGE \
   AGENT_SANDBOX_DOCKER_RUNTIME="${AGENT_SANDBOX_TEST_RUNTIME:-}" \
   AGENT_SANDBOX_MAX_CPUS="$(nproc)" AGENT_SANDBOX_MAX_SANDBOXES=8 AGENT_SANDBOX_MAX_EXEC_TIMEOUT_SECONDS=10 \
   AGENT_SANDBOX_DEFAULT_EXEC_TIMEOUT_SECONDS=5 \
   "$bin" serve >"$work/server.log" 2>&1 &
 server_pid=$!
-for _ in $(seq 1 200); do
-  curl -fsS "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
-  sleep 0.1
-done
+if ! port=$(python3 tests/lib/await-server.py "$server_pid" "$work/server.log"); then
+  tail -n 50 "$work/server.log" >&2 || true
+  exit 1
+fi
 
 say "schemathesis against http://127.0.0.1:$port (max $MAX_EXAMPLES examples per operation)"
 "$venv/bin/schemathesis" --config-file tests/fuzz/schemathesis.toml run "http://127.0.0.1:$port/openapi.json" \

@@ -112,11 +112,10 @@ suite_cleanup() {
 # AGENT_SANDBOX_* or E2B_* variables reach it or the tests), and waits for /healthz. Sets port
 # and key.
 suite_serve() {
-  port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   key=$("$PYTHON" -c 'import secrets; print(secrets.token_hex(16))')
   local server_env=(
     AGENT_SANDBOX_HOST=127.0.0.1
-    AGENT_SANDBOX_PORT="$port"
+    AGENT_SANDBOX_PORT=0
     AGENT_SANDBOX_DATA_DIR="$work/data"
     AGENT_SANDBOX_API_KEYS="$key"
     AGENT_SANDBOX_DEFAULT_IMAGE="$IMAGE"
@@ -132,31 +131,17 @@ suite_serve() {
   for name in $(compgen -e); do
     case "$name" in AGENT_SANDBOX_* | E2B_*) unset_env+=(-u "$name") ;; esac
   done
-  say "starting the server on 127.0.0.1:$port"
+  say "starting the server"
   env "${unset_env[@]}" "${server_env[@]}" "$BINARY" serve >"$server_log" 2>&1 &
   server_pid=$!
-  if ! "$PYTHON" - "$port" "$server_pid" <<'PY'; then
-import os, sys, time, urllib.request
-port, pid = sys.argv[1], int(sys.argv[2])
-deadline = time.monotonic() + 120
-while time.monotonic() < deadline:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        sys.exit("the server exited before it answered /healthz")
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-            if r.status == 200:
-                sys.exit(0)
-    except OSError:
-        pass
-    time.sleep(0.2)
-sys.exit("the server did not answer /healthz within 120 s")
-PY
+  # Port 0: the server names the port the kernel gave it in its ready line. A port picked here
+  # could be taken by another suite's server before this one binds it.
+  if ! port=$("$PYTHON" tests/lib/await-server.py "$server_pid" "$server_log"); then
     say "server log:"
     tail -n 50 "$server_log" >&2 || true
     exit 1
   fi
+  say "the server listens on 127.0.0.1:$port"
 }
 
 # Runs pytest on tests/$SUITE with the given variables; exits with its status (collecting no

@@ -148,7 +148,14 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# Ours is told port 0 and names its port in its ready line; the reference server gets a port picked
+# here, which tests/lib/await-server.py then checks the server itself holds.
+port=0
+port_arg=()
+if [ "$mode" = reference ]; then
+  port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port_arg=("$port")
+fi
 key=$("$PYTHON" -c 'import secrets; print(secrets.token_hex(16))')
 
 # The server sees only the settings chosen here, not whatever AGENT_SANDBOX_* the caller has set.
@@ -171,32 +178,16 @@ for name in $(compgen -e); do
   case "$name" in AGENT_SANDBOX_*) unset_env+=(-u "$name") ;; esac
 done
 
-say "starting the $mode server on 127.0.0.1:$port"
+say "starting the $mode server"
 env "${unset_env[@]}" "${server_env[@]}" "${server_cmd[@]}" >"$server_log" 2>&1 &
 server_pid=$!
 
-if ! "$PYTHON" - "$port" "$server_pid" <<'EOF'; then
-import os, sys, time, urllib.request
-port, pid = sys.argv[1], int(sys.argv[2])
-deadline = time.monotonic() + 120
-while time.monotonic() < deadline:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        sys.exit("the server exited before it answered /healthz")
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-            if r.status == 200:
-                sys.exit(0)
-    except OSError:
-        pass
-    time.sleep(0.2)
-sys.exit("the server did not answer /healthz within 120 s")
-EOF
+if ! port=$("$PYTHON" tests/lib/await-server.py "$server_pid" "$server_log" "${port_arg[@]}"); then
   say "server log:"
   tail -n 50 "$server_log" >&2 || true
   exit 1
 fi
+say "the $mode server listens on 127.0.0.1:$port"
 
 set +e
 env "${unset_env[@]}" \
