@@ -245,8 +245,9 @@ pub struct Settings {
     /// roots (when it opens HTTPS to a Secret's host).
     #[arg(long = "egress-extra-ca", env = "AGENT_SANDBOX_EGRESS_EXTRA_CA")]
     pub egress_extra_ca: Option<PathBuf>,
-    /// How many reconciles may run at once.
-    #[arg(long, env = "AGENT_SANDBOX_RECONCILE_WORKERS", default_value_t = 8)]
+    /// How many reconciles may run at once. Reconciles mostly wait on Docker and the disk; 16
+    /// lets the children of a `Fork` of up to 15 replicas claim warm members all at once.
+    #[arg(long, env = "AGENT_SANDBOX_RECONCILE_WORKERS", default_value_t = 16)]
     pub reconcile_workers: usize,
 }
 

@@ -2,6 +2,13 @@
 //! member that no other claim takes ([`HandedOut`]), renaming it to the name the sandbox wants
 //! and giving it the sandbox's limits. The pool's own reconcile (`pool.rs`) makes and
 //! counts members; this module only hands them out.
+//!
+//! A new sandbox's claim is recorded before its rename ([`ClaimName::Own`]): Docker renames one
+//! container at a time (each rename commits its network store with fsyncs under one lock), so
+//! ten children of a `Fork` renamed before they report would wait for each other. Their status
+//! names the member first, and the member takes the sandbox's name once that status is written
+//! (`naming.rs`). Meanwhile nothing hands the member out again: [`Pools::members`] leaves out
+//! every member a claim took or a sandbox's status names.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,10 +19,25 @@ use chrono::Utc;
 use super::container::{limits_for, Containers};
 use super::error::ReconcileError;
 use super::names::{self, container_name, member_prefix};
+use super::naming::Naming;
 use super::queue::{Key, WorkQueue};
 use crate::docker::{EngineError, ManagedContainer, LABEL_SPEC_HASH};
 use crate::resource::{AppliedLimits, EffectiveSandbox, Kind, SandboxPool, SandboxStatus};
 use crate::store::Store;
+
+/// The name a claimed member runs under.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum ClaimName<'a> {
+    /// This name, given by the claim itself: a rollback's or a replacement's staging name, or a
+    /// member whose workspace is filled before the status records it (whose content is the
+    /// sandbox's from then on, so it must not look like a member after a crash).
+    Now(&'a str),
+    /// The sandbox's own container name, once its status records the claim (see the module's
+    /// documentation). A claim that must change the member's limits, or whose sandbox is
+    /// policed by the egress gateway (which tells sandboxes apart by container name), renames
+    /// at once instead.
+    Own,
+}
 
 /// A claimed member, as the sandbox reconcile records it.
 pub(super) struct Claimed {
@@ -114,6 +136,11 @@ impl HandedOut {
         self.lock().taken.remove(id);
     }
 
+    /// Whether a claim took member `id` lately.
+    fn is_taken(&self, id: &str) -> bool {
+        self.lock().taken.contains_key(id)
+    }
+
     /// How long `pool` should wait before starting new members, if at all.
     pub(super) fn refill_wait(&self, pool: &str) -> Option<Duration> {
         let mut state = self.lock();
@@ -165,6 +192,8 @@ pub(super) struct Pools {
     queue: Arc<WorkQueue<Key>>,
     /// Pool members handed out lately, so that no member is handed out twice.
     pub(super) handed_out: HandedOut,
+    /// Claims recorded before their rename.
+    pub(super) naming: Arc<Naming>,
 }
 
 impl Pools {
@@ -174,6 +203,7 @@ impl Pools {
         queue: Arc<WorkQueue<Key>>,
     ) -> Pools {
         Pools {
+            naming: Arc::new(Naming::new(Arc::clone(&containers), Arc::clone(&queue))),
             store,
             containers,
             queue,
@@ -198,32 +228,44 @@ impl Pools {
         )
     }
 
-    /// Unclaimed members of `pool` (still under their pool name), running or not.
+    /// Unclaimed members of `pool`, running or not: those still under their pool name that no
+    /// claim took and no sandbox's status names (a claim recorded before its rename).
     pub(super) async fn members(
         &self,
         pool: &str,
     ) -> Result<Vec<ManagedContainer>, ReconcileError> {
         let prefix = member_prefix(pool);
-        Ok(self
-            .containers
-            .engine
-            .list_containers()
-            .await?
+        let listed = self.containers.engine.list_containers().await?;
+        let recorded: std::collections::HashSet<String> = self
+            .store
+            .list(Kind::Sandbox)
+            .into_iter()
+            .filter_map(|e| {
+                e.resource
+                    .as_sandbox()?
+                    .status
+                    .as_ref()?
+                    .container_id
+                    .clone()
+            })
+            .collect();
+        Ok(listed
             .into_iter()
             .filter(|c| self.containers.is_ours(&c.labels))
             .filter(|c| c.sandbox().is_some_and(|id| id.starts_with(&prefix)))
             .filter(|c| c.sandbox().is_some_and(|id| c.name == container_name(id)))
+            .filter(|c| !recorded.contains(&c.id) && !self.handed_out.is_taken(&c.id))
             .collect())
     }
 
-    /// Claims a running member of a pool matching `effective` for sandbox `name`, if there is one,
-    /// renaming it to the sandbox's container name.
+    /// Claims a running member of a pool matching `effective` for new sandbox `name`, if there is
+    /// one, to run under the sandbox's container name ([`ClaimName::Own`]).
     pub(super) async fn claim(
         &self,
         name: &str,
         effective: &EffectiveSandbox,
     ) -> Result<Option<Claimed>, ReconcileError> {
-        self.claim_as(name, effective, &container_name(name)).await
+        self.claim_as(name, effective, ClaimName::Own).await
     }
 
     /// Claims a running member for sandbox `name` under the container name `as_name`. Whatever
@@ -232,7 +274,7 @@ impl Pools {
         &self,
         name: &str,
         effective: &EffectiveSandbox,
-        as_name: &str,
+        as_name: ClaimName<'_>,
     ) -> Result<Option<Claimed>, ReconcileError> {
         // A claim is a rename: an engine that cannot rename has nothing to claim from.
         if !self.containers.engine.capabilities().rename {
@@ -287,7 +329,7 @@ impl Pools {
         key: Option<&str>,
         name: &str,
         effective: &EffectiveSandbox,
-        as_name: &str,
+        as_name: ClaimName<'_>,
     ) -> Result<Option<Claimed>, ReconcileError> {
         if !self.containers.engine.capabilities().rename {
             return Ok(None);
@@ -300,6 +342,12 @@ impl Pools {
         if crate::docker::is_gvisor(&runtime) && !default_limits {
             return Ok(None);
         }
+        let own = container_name(name);
+        let rename_now = match as_name {
+            ClaimName::Now(as_name) => Some(as_name),
+            ClaimName::Own if !default_limits || effective.egress => Some(own.as_str()),
+            ClaimName::Own => None,
+        };
         let pool_name = pool_name.to_string();
         // The members the pool's last reconcile saw, when it has seen any, spare each claim a
         // listing; a member gone since fails its rename, and the claim then asks Docker.
@@ -326,9 +374,24 @@ impl Pools {
                 self.queue.add((Kind::SandboxPool, pool_name));
                 return Ok(None);
             };
-            match self.containers.take_name(&member.id, as_name).await {
+            // Renamed now, or only seen to run: either way a member gone since the listing
+            // sends the claim to Docker's own list.
+            let taken = match rename_now {
+                Some(as_name) => self.containers.take_name(&member.id, as_name).await,
+                None => match self.containers.engine.inspect_container(&member.id).await {
+                    Ok(Some(details)) if details.running && !details.paused => Ok(()),
+                    Ok(_) => Err(EngineError::NotFound {
+                        what: format!("running container {}", member.id),
+                    }),
+                    Err(error) => Err(error),
+                },
+            };
+            match taken {
                 Ok(()) => break member,
-                Err(error) if error.is_not_found() && attempts < 3 => listed = true,
+                Err(error) if error.is_not_found() && attempts < 3 => {
+                    self.handed_out.release(&member.id);
+                    listed = true;
+                }
                 Err(error) => {
                     // Still under its pool name, as far as anyone knows: a later claim may try.
                     self.handed_out.release(&member.id);
@@ -359,11 +422,16 @@ impl Pools {
                 return Ok(None);
             }
         }
+        let volume = names::member_volume(&member_id);
+        if rename_now.is_none() {
+            self.naming
+                .await_name(name, member.id.clone(), volume.clone());
+        }
         tracing::info!(sandbox = name, pool = %pool_name, container = %member.id, "claimed a warm container");
         Ok(Some(Claimed {
             pool: pool_name,
             container_id: member.id,
-            volume: names::member_volume(&member_id),
+            volume,
             limits,
         }))
     }

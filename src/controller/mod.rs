@@ -34,7 +34,8 @@
 //!
 //! - `names.rs`: every Docker name a container, volume or pool member gets.
 //! - `container.rs`: container plans, the swap of a container into a sandbox's name, removals.
-//! - `claims.rs`: claiming a warm pool member for a sandbox.
+//! - `claims.rs`: claiming a warm pool member for a sandbox. `naming.rs`: the claimed member taking
+//!   the sandbox's name once its status records the claim.
 //! - `workspace.rs`: making a `/workspace` ready, on this host or through Docker.
 //! - `content.rs`: validated snapshot content, the input of every restore.
 //! - `status.rs`: status and conditions, and the one status write.
@@ -51,6 +52,7 @@ mod context;
 mod error;
 mod events;
 mod names;
+mod naming;
 mod policy;
 mod status;
 mod termination;

@@ -4,8 +4,9 @@
 //! A pool member is an ordinary hardened container and workspace volume whose `io.agent-sandbox.id`
 //! is `pool.<pool>.<random>` (a dot never occurs in a sandbox name, so members and sandboxes cannot
 //! collide). It is created with the server's default limits and started, its workspace already
-//! owned by the sandbox user. A sandbox whose immutable properties match claims a member by
-//! renaming it to its own container name, then gets its limits applied live. Claims run in
+//! owned by the sandbox user. A sandbox whose immutable properties match claims a member: the
+//! member takes the sandbox's container name (once the sandbox's status records it, for a new
+//! sandbox; see `claims.rs`) and gets the sandbox's limits applied live. Claims run in
 //! parallel; `HandedOut` (in `claims.rs`) makes sure no two take the same member. The pool refills in the
 //! background, once claims have paused for a moment (at most a second), so that starting new
 //! members does not slow down the operations that just claimed.

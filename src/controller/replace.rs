@@ -5,6 +5,7 @@
 //! (`sandbox.rs`) decides when a container is replaced; rollbacks (`restore.rs`) replace the
 //! workspace as well.
 
+use super::claims::ClaimName;
 use super::container::Replaced;
 use super::context::SandboxContext;
 use super::error::ReconcileError;
@@ -85,7 +86,11 @@ pub(super) async fn from_pool(
         }
     };
     let staging = staging_container_name(name);
-    let Some(claimed) = ctl.pools.claim_as(name, effective, &staging).await? else {
+    let Some(claimed) = ctl
+        .pools
+        .claim_as(name, effective, ClaimName::Now(&staging))
+        .await?
+    else {
         return Ok(None);
     };
     let carried = async {

@@ -16,7 +16,7 @@
 
 use chrono::Utc;
 
-use super::claims::Claimed;
+use super::claims::{ClaimName, Claimed};
 use super::container::limits_of;
 use super::container::Replaced;
 use super::content::{self, Validated};
@@ -141,7 +141,7 @@ pub(super) async fn ensure_source(
             &snapshot.name,
             name,
             effective,
-            &container_name(name),
+            ClaimName::Own,
         )
         .await?;
         if let Some(claimed) = claimed {
@@ -236,8 +236,14 @@ pub(super) async fn ensure_rollback(
     // a plain pool's member runs the plain image and is filled here. Neither has a disk limit.
     let claimed = if effective.disk_mb > 0 {
         None
-    } else if let Some(claimed) =
-        super::template_pool::claim_holding(ctl, &snapshot.name, name, effective, &staging).await?
+    } else if let Some(claimed) = super::template_pool::claim_holding(
+        ctl,
+        &snapshot.name,
+        name,
+        effective,
+        ClaimName::Now(&staging),
+    )
+    .await?
     {
         Some(claimed)
     } else if rootfs.is_some() {
@@ -297,7 +303,11 @@ async fn claim_filled(
         return Ok(None);
     }
     let name = &sandbox.metadata.key();
-    let Some(claimed) = ctl.pools.claim_as(name, effective, as_name).await? else {
+    let Some(claimed) = ctl
+        .pools
+        .claim_as(name, effective, ClaimName::Now(as_name))
+        .await?
+    else {
         return Ok(None);
     };
     let filled = ctl

@@ -139,6 +139,13 @@ pub(super) async fn reconcile(
         status.message.clear();
     }
 
+    // A claim an earlier pass recorded but could not rename takes the sandbox's name now (one
+    // never recorded goes): everything below looks for the container by that name.
+    ctl.pools
+        .naming
+        .name_claimed(name, status.container_id.as_deref())
+        .await?;
+
     // Paused or stopped as the spec asks, on the container it already has: nothing else to do
     // (a pending rollback or a container to rebuild goes the long way below).
     let was = status.phase;
@@ -193,7 +200,11 @@ pub(super) async fn reconcile(
         }
     }
     if desired != SandboxState::Running && rollback_error.is_none() {
-        // Made or rebuilt just now: held as the spec asks from the start.
+        // Made or rebuilt just now: held as the spec asks from the start, under its own name.
+        ctl.pools
+            .naming
+            .name_claimed(name, status.container_id.as_deref())
+            .await?;
         match power::hold(ctl, &sandbox, &effective, &status, desired).await {
             Ok(true) => {
                 let outcome = held(ctl, &sandbox, status, desired, expires_at).await?;
@@ -289,6 +300,11 @@ pub(super) async fn reconcile(
         );
     }
     write_status(ctl.store, ctl.events, &sandbox, &status).await?;
+    // A member claimed just now takes the sandbox's name only now that the status records it,
+    // without holding this worker (the next reconcile of the sandbox waits for it).
+    ctl.pools
+        .naming
+        .name_in_background(name, status.container_id.as_deref());
     let strays = match current_volume.filter(|_| rolled_back) {
         Some(current) => ctl.containers.stray_volumes(name, &current).await,
         None => Vec::new(),
@@ -430,7 +446,15 @@ async fn ensure_running(
 
     let limits = limits_for(effective);
     let current = container_name(name);
-    let existing = ctl.engine.inspect_container(&current).await?;
+    let mut existing = ctl.engine.inspect_container(&current).await?;
+    if existing.is_none() && status.claimed_from.is_some() {
+        // Recorded by a server that stopped before it renamed the claimed member.
+        if let Some(recorded) = status.container_id.as_deref() {
+            if ctl.pools.naming.adopt(name, recorded).await? {
+                existing = ctl.engine.inspect_container(&current).await?;
+            }
+        }
+    }
     let occupant = existing.clone();
     let reusable = existing.filter(|c| power::is_current(c, status, &uid, &hash));
     let details = match reusable {
@@ -680,6 +704,15 @@ async fn delete(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Result<Outcome, 
     ctl.services.release(name);
     let uid = sandbox.metadata.uid.clone().unwrap_or_default();
     ctl.containers.unpolice(name);
+    // A claimed member still under its member name (its rename failed, or a server stopped
+    // before it) must not go back to its pool: it takes the sandbox's name to be retired with it.
+    ctl.pools
+        .naming
+        .name_claimed(name, status.container_id.as_deref())
+        .await?;
+    if let (Some(_), Some(recorded)) = (&status.claimed_from, status.container_id.as_deref()) {
+        ctl.pools.naming.adopt(name, recorded).await?;
+    }
     let retired = ctl.containers.retire_deleted(name, &uid).await?;
     let recorded = sandbox
         .status

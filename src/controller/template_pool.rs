@@ -13,7 +13,7 @@
 
 use futures::future::join_all;
 
-use super::claims::Claimed;
+use super::claims::{ClaimName, Claimed};
 use super::container::limits_for;
 use super::content;
 use super::context::{PoolContext, SandboxContext};
@@ -264,7 +264,7 @@ pub(super) async fn claim_holding(
     snapshot: &str,
     name: &str,
     effective: &EffectiveSandbox,
-    as_name: &str,
+    as_name: ClaimName<'_>,
 ) -> Result<Option<Claimed>, ReconcileError> {
     for pool in pools_holding(ctl.store, snapshot) {
         let Some(template) = template_of(&pool).and_then(|t| pooled_template(ctl.store, t)) else {
@@ -303,7 +303,7 @@ pub(super) async fn claim(
         return Ok(None);
     }
     let name = &sandbox.metadata.key();
-    claim_member(ctl, &template, name, effective, &container_name(name)).await
+    claim_member(ctl, &template, name, effective, ClaimName::Own).await
 }
 
 /// Claims a member of `template`'s pool for sandbox `name` under the container name `as_name`,
@@ -315,7 +315,7 @@ async fn claim_member(
     template: &SandboxTemplate,
     name: &str,
     effective: &EffectiveSandbox,
-    as_name: &str,
+    as_name: ClaimName<'_>,
 ) -> Result<Option<Claimed>, ReconcileError> {
     let members_are = effective_of(&ctl.containers.defaults(), template);
     if members_are.container_hash() != effective.container_hash() {

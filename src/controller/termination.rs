@@ -169,6 +169,7 @@ mod tests {
     fn details(exit: i64, helper: bool) -> ContainerDetails {
         ContainerDetails {
             id: "c1".into(),
+            name: "agent-sandbox-s".into(),
             state: "exited".into(),
             running: false,
             paused: false,

@@ -613,3 +613,123 @@ async fn a_rollbacks_background_cleanup_spares_a_workspace_made_after_it() {
         "the next rollback's workspace is left alone"
     );
 }
+
+fn status_of(ctl: &Controller, name: &str) -> crate::resource::SandboxStatus {
+    let entry = ctl.store.get(Kind::Sandbox, name).unwrap();
+    entry.resource.as_sandbox().unwrap().status.clone().unwrap()
+}
+
+fn named(engine: &FakeEngine, sandbox: &str) -> Option<FakeContainer> {
+    let name = crate::docker::container_name(sandbox);
+    engine.containers().into_iter().find(|c| c.name() == name)
+}
+
+/// A server started afresh on the same data and daemon: what it knew only in memory is gone.
+fn restarted(
+    dir: &tempfile::TempDir,
+    engine: &Arc<FakeEngine>,
+    ctl: &Controller,
+) -> Arc<Controller> {
+    let settings = Arc::new(Settings::for_tests(dir.path().to_path_buf()));
+    Controller::new(
+        Arc::clone(&ctl.store),
+        ctl.store.recorder(),
+        engine.clone(),
+        settings,
+        "test-server".into(),
+        None,
+        Default::default(),
+    )
+}
+
+/// Sandbox `a` claims a member of pool `p`, but the rename that follows its status write fails:
+/// the status names a member still under its pool name. Returns that member's ID.
+async fn claim_left_unnamed(engine: &FakeEngine, ctl: &Controller) -> String {
+    fill_pool_of_two(ctl).await;
+    declare(ctl, "a");
+    engine.fail_next("rename_container");
+    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
+        .await
+        .unwrap();
+    // The rename follows the status write, on a task of its own; here it fails.
+    ctl.pools.naming.settled().await;
+    assert_eq!(engine.call_count("rename_container"), 1);
+    let a = status_of(ctl, "a");
+    assert_eq!(a.phase, crate::resource::SandboxPhase::Running, "{a:?}");
+    assert_eq!(a.claimed_from.as_deref(), Some("p"), "{a:?}");
+    let claimed = a.container_id.expect("recorded");
+    assert!(
+        pool_members(engine).iter().any(|c| c.id == claimed),
+        "still under its member name"
+    );
+    assert!(named(engine, "a").is_none());
+    claimed
+}
+
+/// Nothing hands a recorded claim out again, or drains it, before it carries its sandbox's name.
+async fn never_handed_out(engine: &FakeEngine, ctl: &Controller, claimed: &str) {
+    super::pool::reconcile(&ctl.pool_context(), "p")
+        .await
+        .unwrap();
+    assert!(
+        engine.containers().iter().any(|c| c.id == claimed),
+        "the pool kept it"
+    );
+    declare(ctl, "b");
+    super::sandbox::reconcile(&ctl.sandbox_context(), "b")
+        .await
+        .unwrap();
+    let b = status_of(ctl, "b");
+    assert!(b.container_id.is_some());
+    assert_ne!(b.container_id.as_deref(), Some(claimed), "{b:?}");
+}
+
+#[tokio::test]
+async fn a_claim_is_named_after_its_status_and_a_failed_rename_on_the_next_pass() {
+    let (_dir, engine, ctl) = setup();
+    let claimed = claim_left_unnamed(&engine, &ctl).await;
+    never_handed_out(&engine, &ctl, &claimed).await;
+    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
+        .await
+        .unwrap();
+    assert_eq!(named(&engine, "a").map(|c| c.id), Some(claimed.clone()));
+    assert_eq!(status_of(&ctl, "a").container_id, Some(claimed));
+}
+
+#[tokio::test]
+async fn a_claim_recorded_before_a_restart_is_named_by_the_next_server_and_kept_from_its_pool() {
+    let (dir, engine, ctl) = setup();
+    let claimed = claim_left_unnamed(&engine, &ctl).await;
+    let ctl = restarted(&dir, &engine, &ctl);
+    never_handed_out(&engine, &ctl, &claimed).await;
+    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
+        .await
+        .unwrap();
+    assert_eq!(named(&engine, "a").map(|c| c.id), Some(claimed.clone()));
+    assert_eq!(status_of(&ctl, "a").container_id, Some(claimed));
+}
+
+#[tokio::test]
+async fn deleting_a_sandbox_whose_claim_was_never_named_retires_the_member_with_it() {
+    let (dir, engine, ctl) = setup();
+    let claimed = claim_left_unnamed(&engine, &ctl).await;
+    let ctl = restarted(&dir, &engine, &ctl);
+    ctl.store
+        .delete(Kind::Sandbox, "a", Default::default())
+        .unwrap();
+    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
+        .await
+        .unwrap();
+    assert!(ctl.store.get(Kind::Sandbox, "a").is_none(), "finalized");
+    assert!(
+        !pool_members(&engine).iter().any(|c| c.id == claimed),
+        "no longer a member of its pool: {:?}",
+        engine.containers()
+    );
+    // And no later claim gets it.
+    declare(&ctl, "c");
+    super::sandbox::reconcile(&ctl.sandbox_context(), "c")
+        .await
+        .unwrap();
+    assert_ne!(status_of(&ctl, "c").container_id, Some(claimed));
+}

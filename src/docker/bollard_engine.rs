@@ -537,6 +537,11 @@ impl Engine for BollardEngine {
             .map(std::path::PathBuf::from);
         Ok(Some(ContainerDetails {
             id: inspected.id.unwrap_or_default(),
+            name: inspected
+                .name
+                .as_deref()
+                .map(|n| n.trim_start_matches('/').to_string())
+                .unwrap_or_default(),
             state: match state.status {
                 _ if frozen_here => "paused".to_string(),
                 Some(status) => status.to_string(),

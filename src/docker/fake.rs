@@ -507,6 +507,7 @@ impl Engine for FakeEngine {
         let host = state.host_workspace.clone();
         Ok(state.containers.get(&key).map(|c| ContainerDetails {
             id: c.id.clone(),
+            name: c.docker_name.clone(),
             state: c.state.clone(),
             running: c.state == "running" || c.state == "paused",
             paused: c.state == "paused",

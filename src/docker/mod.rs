@@ -329,6 +329,8 @@ impl ManagedVolume {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ContainerDetails {
     pub id: String,
+    /// Its name, without Docker's leading `/`.
+    pub name: String,
     pub state: String,
     pub running: bool,
     pub paused: bool,
