@@ -696,12 +696,12 @@ fn a_template_pool_follows_its_snapshot_made_again_under_the_same_name() {
     );
 }
 
-#[test]
-fn forks_sources_and_rollbacks_of_a_templates_snapshot_take_its_members() {
-    let server = Server::start();
-    let source = unique("hsrc");
+/// A sandbox whose `/workspace/note` says "held", and a Ready snapshot of its workspace: their
+/// names, made unique from the prefixes.
+fn held_snapshot(server: &Server, source_prefix: &str, prefix: &str) -> (String, String) {
+    let source = unique(source_prefix);
     create(
-        &server,
+        server,
         "sandboxes",
         "Sandbox",
         &source,
@@ -710,9 +710,9 @@ fn forks_sources_and_rollbacks_of_a_templates_snapshot_take_its_members() {
     server.wait_running(&source);
     let (code, out) = server.exec(&source, "echo held > /workspace/note");
     assert_eq!(code, 0, "{out}");
-    let snapshot = unique("hsnap");
+    let snapshot = unique(prefix);
     create(
-        &server,
+        server,
         "snapshots",
         "Snapshot",
         &snapshot,
@@ -721,6 +721,13 @@ fn forks_sources_and_rollbacks_of_a_templates_snapshot_take_its_members() {
     server.wait_for("snapshots", &snapshot, "Ready", LONG, |s| {
         s.is_some_and(|s| s["status"]["phase"] == "Ready")
     });
+    (source, snapshot)
+}
+
+#[test]
+fn forks_sources_and_rollbacks_of_a_templates_snapshot_take_its_members() {
+    let server = Server::start();
+    let (source, snapshot) = held_snapshot(&server, "hsrc", "hsnap");
     let template = unique("holder");
     create(
         &server,
@@ -817,28 +824,7 @@ fn forks_sources_and_rollbacks_of_a_templates_snapshot_take_its_members() {
 #[test]
 fn a_kill_as_a_forks_children_report_running_leaves_each_its_member_and_none_to_the_pool() {
     let mut server = Server::start();
-    let source = unique("ksrc");
-    create(
-        &server,
-        "sandboxes",
-        "Sandbox",
-        &source,
-        json!({"image": TEST_IMAGE}),
-    );
-    server.wait_running(&source);
-    let (code, out) = server.exec(&source, "echo held > /workspace/note");
-    assert_eq!(code, 0, "{out}");
-    let snapshot = unique("ksnap");
-    create(
-        &server,
-        "snapshots",
-        "Snapshot",
-        &snapshot,
-        json!({"sandbox": source}),
-    );
-    server.wait_for("snapshots", &snapshot, "Ready", LONG, |s| {
-        s.is_some_and(|s| s["status"]["phase"] == "Ready")
-    });
+    let (_, snapshot) = held_snapshot(&server, "ksrc", "ksnap");
     let template = unique("kpool");
     let replicas = 6;
     create(

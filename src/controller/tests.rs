@@ -684,16 +684,21 @@ async fn never_handed_out(engine: &FakeEngine, ctl: &Controller, claimed: &str) 
     assert_ne!(b.container_id.as_deref(), Some(claimed), "{b:?}");
 }
 
+/// The next reconcile of `a` gives the member it recorded, `claimed`, its name.
+async fn named_on_the_next_pass(engine: &FakeEngine, ctl: &Controller, claimed: &str) {
+    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
+        .await
+        .unwrap();
+    assert_eq!(named(engine, "a").map(|c| c.id).as_deref(), Some(claimed));
+    assert_eq!(status_of(ctl, "a").container_id.as_deref(), Some(claimed));
+}
+
 #[tokio::test]
 async fn a_claim_is_named_after_its_status_and_a_failed_rename_on_the_next_pass() {
     let (_dir, engine, ctl) = setup();
     let claimed = claim_left_unnamed(&engine, &ctl).await;
     never_handed_out(&engine, &ctl, &claimed).await;
-    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
-        .await
-        .unwrap();
-    assert_eq!(named(&engine, "a").map(|c| c.id), Some(claimed.clone()));
-    assert_eq!(status_of(&ctl, "a").container_id, Some(claimed));
+    named_on_the_next_pass(&engine, &ctl, &claimed).await;
 }
 
 #[tokio::test]
@@ -702,11 +707,7 @@ async fn a_claim_recorded_before_a_restart_is_named_by_the_next_server_and_kept_
     let claimed = claim_left_unnamed(&engine, &ctl).await;
     let ctl = restarted(&dir, &engine, &ctl);
     never_handed_out(&engine, &ctl, &claimed).await;
-    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
-        .await
-        .unwrap();
-    assert_eq!(named(&engine, "a").map(|c| c.id), Some(claimed.clone()));
-    assert_eq!(status_of(&ctl, "a").container_id, Some(claimed));
+    named_on_the_next_pass(&engine, &ctl, &claimed).await;
 }
 
 #[tokio::test]
