@@ -76,10 +76,21 @@ fn limit_malloc_arenas() {
 
 /// Runs the server until `shutdown` completes.
 pub async fn run(
-    settings: Settings,
+    mut settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
     settings.validate()?;
+    // Bound first: with port 0 the kernel chooses the port, and what the server hands out
+    // (preview links, the ready line) must name the one it listens on.
+    let address = std::net::SocketAddr::new(settings.host, settings.port);
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| StartError::Listen {
+            address: address.to_string(),
+            source,
+        })?;
+    let bound = listener.local_addr().unwrap_or(address);
+    settings.port = bound.port();
     let settings = Arc::new(settings);
     let metrics = Metrics::new();
     // Every Docker call is timed for the metrics.
@@ -174,14 +185,6 @@ pub async fn run(
         egress: Some(egress),
     };
     let _history = AbortOnDrop(tokio::spawn(Arc::clone(&exporter).keep_history()));
-    let address = std::net::SocketAddr::new(settings.host, settings.port);
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
-        .map_err(|source| StartError::Listen {
-            address: address.to_string(),
-            source,
-        })?;
-    let bound = listener.local_addr().unwrap_or(address);
     tracing::info!(address = %bound, data_dir = %settings.data_dir.display(), "agent-sandbox listening");
     {
         use std::io::Write;
