@@ -46,6 +46,12 @@ pub(super) async fn reconcile(
     }
 
     let mut status = declared.status.clone().unwrap_or_default();
+    // A claim an earlier pass recorded but could not rename takes the sandbox's name now (one
+    // never recorded goes): everything below looks for the container by that name.
+    ctl.pools
+        .naming
+        .name_claimed(name, status.container_id.as_deref())
+        .await?;
     // From here on the sandbox is as it runs: with what its template gave it.
     let sandbox = match template::resolve(ctl.store, &declared, &mut status) {
         Ok(sandbox) => sandbox,
@@ -138,13 +144,6 @@ pub(super) async fn reconcile(
             .retain(|c| c.type_ != quota::QUOTA_EXCEEDED);
         status.message.clear();
     }
-
-    // A claim an earlier pass recorded but could not rename takes the sandbox's name now (one
-    // never recorded goes): everything below looks for the container by that name.
-    ctl.pools
-        .naming
-        .name_claimed(name, status.container_id.as_deref())
-        .await?;
 
     // Paused or stopped as the spec asks, on the container it already has: nothing else to do
     // (a pending rollback or a container to rebuild goes the long way below).
@@ -660,6 +659,11 @@ async fn expire(
         "folder-owned sandbox expired; removing its container until its document changes"
     );
     ctl.services.release(name);
+    // A claimed member a stopped server left under its member name goes with the sandbox's
+    // containers, not back to its pool.
+    if let (Some(_), Some(recorded)) = (&status.claimed_from, status.container_id.as_deref()) {
+        ctl.pools.naming.adopt(name, recorded).await?;
+    }
     ctl.containers.remove_all_of(name).await?;
     let generation = generation(&sandbox.metadata);
     status.phase = SandboxPhase::Expired;
