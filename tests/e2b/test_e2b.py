@@ -857,7 +857,8 @@ class OwnServer:
 
     def params(self, key=None):
         """What points the SDK at this server instead of the suite's (with its admin key, or
-        `key`)."""
+        `key`). Only once started: its port is the one its first start got."""
+        assert self.url, "params() of a server not started yet"
         return {
             "api_key": key or self.key,
             "api_url": f"{self.url}/e2b",
@@ -978,9 +979,9 @@ def test_scoped_keys_act_in_their_own_namespaces():
             digest = hashlib.sha256(key.encode()).hexdigest()
             f.write(f"- name: {team}\n  sha256: {digest}\n  namespaces: [{team}]\n  role: edit\n")
     server = OwnServer(env={"AGENT_SANDBOX_KEYS_FILE": keys_file})
-    a, b = (server.params(keys[team]) for team in ("team-a", "team-b"))
     try:
         server.start()
+        a, b = (server.params(keys[team]) for team in ("team-a", "team-b"))
         mine = Sandbox.create(timeout=300, metadata={"who": "a"}, idempotency_key="same-key", **a)
         server.made.add(f"team-a.{mine.sandbox_id}")
         # A plain ID, in the key's namespace; commands and files reach it by its access token.
