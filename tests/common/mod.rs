@@ -129,18 +129,19 @@ impl Server {
                     return port;
                 }
             }
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("server exited with {status}:\n{}", self.log());
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no ready line in time:\n{}",
-                self.log()
-            );
+            self.still_starting(deadline, "no ready line");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Panics with the log when the server exited, or when `deadline` passed with `what`.
+    fn still_starting(&mut self, deadline: Instant, what: &str) {
+        if let Some(child) = self.child.as_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("server exited with {status}:\n{}", self.log());
+            }
+        }
+        assert!(Instant::now() < deadline, "{what} in time:\n{}", self.log());
     }
 
     pub fn wait_healthy(&mut self, limit: Duration) {
@@ -151,16 +152,7 @@ impl Server {
                     return;
                 }
             }
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("server exited with {status}:\n{}", self.log());
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "server not healthy in time:\n{}",
-                self.log()
-            );
+            self.still_starting(deadline, "server not healthy");
             std::thread::sleep(Duration::from_millis(50));
         }
     }
