@@ -13,6 +13,7 @@
 mod direct;
 pub mod preview;
 pub mod proxy;
+mod sock_diag;
 mod tunnel;
 
 use std::collections::HashMap;
@@ -21,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-pub use direct::{read_net_table, DirectError};
+pub use direct::{listening_ports, read_net_table, DirectError};
 pub use proxy::Forwarded;
 pub use tunnel::Tunnel;
 

@@ -1,6 +1,7 @@
-//! The TCP ports something listens on inside a sandbox, read from its `/proc/net/tcp` and
-//! `/proc/net/tcp6` (from this host for runc, without entering the container; otherwise by the
-//! helper's `read-file`, two short `docker exec`s; never in a frozen one), so a client can find
+//! The TCP ports something listens on inside a sandbox: for runc asked of the kernel from this
+//! host, without entering the container (its socket diagnostics, or its `/proc/net/tcp` and
+//! `tcp6` where those are missing); otherwise read from those files by the helper's
+//! `read-file`, two short `docker exec`s; never in a frozen one, so a client can find
 //! the dev server an agent started. Read only while someone reads the sandbox: every
 //! [`REFRESH`] for [`KEEP`] after the last time somebody asked, never for sandboxes nobody looks
 //! at.
@@ -13,7 +14,7 @@ use futures::StreamExt;
 
 use super::{lock, Running, Shared};
 use crate::docker::{is_gvisor, ExecOutput, ExecPlan, HELPER_BINARY, HELPER_MOUNT};
-use crate::ports::read_net_table;
+use crate::ports::{listening_ports, read_net_table};
 
 /// How often the ports of a sandbox someone reads are read again.
 const REFRESH: Duration = Duration::from_secs(3);
@@ -140,16 +141,22 @@ async fn read_ports(shared: &Shared, container: &str) -> Result<Vec<u16>, String
         return Err("the container is not running".into());
     }
     if details.runtime.as_deref().is_some_and(|r| !is_gvisor(r)) {
-        // runc: the namespace's socket tables are readable from this host, no exec needed.
+        // runc: the namespace's sockets can be asked for from this host, no exec needed; the
+        // kernel's socket diagnostics first, the socket tables' text where those are missing.
         let (pid, id) = (details.pid, details.id.clone());
         let host = tokio::task::spawn_blocking(move || {
+            match listening_ports(pid, &id) {
+                Ok(ports) => return Ok(ports),
+                Err(error) => tracing::debug!(%error, "no socket diagnostics, reading /proc"),
+            }
             let v4 = read_net_table(pid, &id, "tcp", MAX_BYTES)?;
-            Ok::<_, crate::ports::DirectError>((v4, read_net_table(pid, &id, "tcp6", MAX_BYTES)))
+            let mut ports = parse_proc_net_tcp(&v4);
+            let v6 = read_net_table(pid, &id, "tcp6", MAX_BYTES).unwrap_or_default();
+            ports.extend(parse_proc_net_tcp(&v6));
+            Ok::<_, crate::ports::DirectError>(ports)
         })
         .await;
-        if let Ok(Ok((v4, v6))) = host {
-            let mut ports = parse_proc_net_tcp(&v4);
-            ports.extend(parse_proc_net_tcp(&v6.unwrap_or_default()));
+        if let Ok(Ok(ports)) = host {
             return Ok(ports.into_iter().collect());
         }
     }
