@@ -19,9 +19,10 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
 }
 
 /// [`write_atomic`] of several files at once: every temp file is written before any is synced,
-/// and every rename made before any directory is synced, so that the waits overlap (on ext4 the
-/// first sync commits everything pending, and the others find nothing left to do). Each file
-/// ends up old or new; after a crash during the call, which of them are new is not defined.
+/// and every rename made before any directory is synced, the syncs of each step all at once
+/// ([`sync_all_at_once`]), so that the waits overlap (on ext4 the first sync commits everything
+/// pending, and the others find only the disk's cache flush left to do). Each file ends up old
+/// or new; after a crash during the call, which of them are new is not defined.
 pub fn write_all_atomic(files: &[(&Path, &[u8])]) -> std::io::Result<()> {
     let mut temps = Vec::with_capacity(files.len());
     let mut files_written = Vec::with_capacity(files.len());
@@ -38,10 +39,7 @@ pub fn write_all_atomic(files: &[(&Path, &[u8])]) -> std::io::Result<()> {
             file.write_all(contents)?;
             files_written.push(file);
         }
-        for file in &files_written {
-            file.sync_all()?;
-        }
-        Ok(())
+        sync_all_at_once(&files_written)
     })();
     if let Err(e) = written {
         for (_, tmp, _) in &temps {
@@ -57,14 +55,55 @@ pub fn write_all_atomic(files: &[(&Path, &[u8])]) -> std::io::Result<()> {
             return Err(e);
         }
     }
-    let mut synced: Vec<&Path> = Vec::with_capacity(temps.len());
+    let mut dirs: Vec<&Path> = Vec::with_capacity(temps.len());
     for (dir, _, _) in &temps {
-        if !synced.contains(&dir.as_path()) {
-            std::fs::File::open(dir)?.sync_all()?;
-            synced.push(dir);
+        if !dirs.contains(&dir.as_path()) {
+            dirs.push(dir);
         }
     }
-    Ok(())
+    let dirs = dirs
+        .into_iter()
+        .map(std::fs::File::open)
+        .collect::<std::io::Result<Vec<_>>>()?;
+    sync_all_at_once(&dirs)
+}
+
+/// The most threads one [`sync_all_at_once`] starts.
+const MAX_SYNC_THREADS: usize = 32;
+
+/// `fsync`s every one of `files`, all at once from threads of their own, not one after the
+/// other: each `fsync` ends with a cache flush of the disk even when an earlier one's journal
+/// commit already made its file durable, and flushes asked for at the same moment are merged
+/// into one, where one after the other each waits for the disk (a batch of twenty files took
+/// about 8 ms one by one on a virtual disk).
+fn sync_all_at_once(files: &[std::fs::File]) -> std::io::Result<()> {
+    let Some((first, rest)) = files.split_first() else {
+        return Ok(());
+    };
+    if rest.is_empty() {
+        return first.sync_all();
+    }
+    let per_thread = rest.len().div_ceil(MAX_SYNC_THREADS);
+    std::thread::scope(|scope| {
+        let sync_group = |group: &[std::fs::File]| group.iter().try_for_each(|f| f.sync_all());
+        let mut inline = Ok(());
+        let mut others = Vec::new();
+        for group in rest.chunks(per_thread) {
+            match std::thread::Builder::new().spawn_scoped(scope, move || sync_group(group)) {
+                Ok(thread) => others.push(thread),
+                // No thread to be had: this one does it, later.
+                Err(_) => inline = inline.and(sync_group(group)),
+            }
+        }
+        let mine = first.sync_all().and(inline);
+        others
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("fsync panicked")))
+            })
+            .fold(mine, |all, one| all.and(one))
+    })
 }
 
 /// The directory of `path` (made if missing) and a fresh temp file name in it.
@@ -125,6 +164,32 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["a.yaml"]);
+    }
+
+    #[test]
+    fn a_batch_larger_than_the_sync_threads_lands_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        // Over two directories, more files than threads: some threads sync several.
+        let paths: Vec<_> = (0..MAX_SYNC_THREADS * 2 + 3)
+            .map(|i| dir.path().join(format!("{}/f{i}", i % 2)))
+            .collect();
+        let contents: Vec<_> = (0..paths.len()).map(|i| format!("file {i}")).collect();
+        let files: Vec<_> = paths
+            .iter()
+            .zip(&contents)
+            .map(|(p, c)| (p.as_path(), c.as_bytes()))
+            .collect();
+        write_all_atomic(&files).unwrap();
+        for (path, content) in paths.iter().zip(&contents) {
+            assert_eq!(std::fs::read_to_string(path).unwrap(), *content);
+        }
+        for sub in ["0", "1"] {
+            assert_eq!(
+                remove_temp_files(&dir.path().join(sub)),
+                0,
+                "no temp file left"
+            );
+        }
     }
 
     #[test]
