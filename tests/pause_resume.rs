@@ -816,7 +816,9 @@ fn python_sandbox_serving(
     let name = unique(prefix);
     let mut extra = json!({ "image": PYTHON_IMAGE });
     if idle {
-        extra["idle"] = json!({ "afterSeconds": 2, "action": "Stop" });
+        // Three seconds: a stream's bytes count at most once a second, and under gVisor on a
+        // loaded machine a message's round trip can take most of another.
+        extra["idle"] = json!({ "afterSeconds": 3, "action": "Stop" });
     }
     if gvisor() {
         extra["pidsLimit"] = json!(4096);
