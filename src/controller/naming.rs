@@ -20,7 +20,7 @@ use super::error::ReconcileError;
 use super::names::{self, container_name};
 use super::queue::{Key, WorkQueue};
 use crate::docker::LABEL_ID;
-use crate::resource::Kind;
+use crate::resource::{Kind, SandboxStatus};
 
 /// A claimed member awaiting its rename: container ID and workspace volume. `None` once renamed
 /// (or discarded); the lock is held while that happens.
@@ -118,10 +118,19 @@ impl Naming {
         Ok(())
     }
 
-    /// Gives sandbox `name`'s recorded container `recorded` the sandbox's container name when it
-    /// still carries its member name: a claim recorded by a server that stopped before renaming
-    /// it. Whether it did so.
-    pub(super) async fn adopt(&self, name: &str, recorded: &str) -> Result<bool, ReconcileError> {
+    /// Gives the container sandbox `name`'s `status` records the sandbox's container name when
+    /// the status says it was claimed from a pool and it still carries its member name: a claim
+    /// recorded by a server that stopped before renaming it. Whether it did so; nothing to do,
+    /// and no Docker call, for a sandbox that claimed nothing.
+    pub(super) async fn adopt(
+        &self,
+        name: &str,
+        status: &SandboxStatus,
+    ) -> Result<bool, ReconcileError> {
+        let (Some(_), Some(recorded)) = (&status.claimed_from, status.container_id.as_deref())
+        else {
+            return Ok(false);
+        };
         let engine = &self.containers.engine;
         let Some(details) = engine.inspect_container(recorded).await? else {
             return Ok(false);

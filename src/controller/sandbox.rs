@@ -446,13 +446,9 @@ async fn ensure_running(
     let limits = limits_for(effective);
     let current = container_name(name);
     let mut existing = ctl.engine.inspect_container(&current).await?;
-    if existing.is_none() && status.claimed_from.is_some() {
-        // Recorded by a server that stopped before it renamed the claimed member.
-        if let Some(recorded) = status.container_id.as_deref() {
-            if ctl.pools.naming.adopt(name, recorded).await? {
-                existing = ctl.engine.inspect_container(&current).await?;
-            }
-        }
+    // A claim recorded by a server that stopped before it renamed the claimed member.
+    if existing.is_none() && ctl.pools.naming.adopt(name, status).await? {
+        existing = ctl.engine.inspect_container(&current).await?;
     }
     let occupant = existing.clone();
     let reusable = existing.filter(|c| power::is_current(c, status, &uid, &hash));
@@ -661,9 +657,7 @@ async fn expire(
     ctl.services.release(name);
     // A claimed member a stopped server left under its member name goes with the sandbox's
     // containers, not back to its pool.
-    if let (Some(_), Some(recorded)) = (&status.claimed_from, status.container_id.as_deref()) {
-        ctl.pools.naming.adopt(name, recorded).await?;
-    }
+    ctl.pools.naming.adopt(name, &status).await?;
     ctl.containers.remove_all_of(name).await?;
     let generation = generation(&sandbox.metadata);
     status.phase = SandboxPhase::Expired;
@@ -714,9 +708,7 @@ async fn delete(ctl: &SandboxContext<'_>, sandbox: &Sandbox) -> Result<Outcome, 
         .naming
         .name_claimed(name, status.container_id.as_deref())
         .await?;
-    if let (Some(_), Some(recorded)) = (&status.claimed_from, status.container_id.as_deref()) {
-        ctl.pools.naming.adopt(name, recorded).await?;
-    }
+    ctl.pools.naming.adopt(name, &status).await?;
     let retired = ctl.containers.retire_deleted(name, &uid).await?;
     let recorded = sandbox
         .status
