@@ -36,11 +36,6 @@ pub enum DirectError {
 /// `container_id`'s first process. Blocks for at most [`CONNECT_TIMEOUT`]; call it off the async
 /// runtime's threads.
 pub fn connect(pid: i64, container_id: &str, port: u16) -> Result<TcpStream, DirectError> {
-    if pid <= 0 || container_id.len() < 12 {
-        return Err(DirectError::Unavailable(
-            "the container has no process".into(),
-        ));
-    }
     in_namespace(pid, container_id, "port-connect", move || {
         let address = SocketAddr::from(([127, 0, 0, 1], port));
         match TcpStream::connect_timeout(&address, CONNECT_TIMEOUT) {
@@ -56,11 +51,6 @@ pub fn connect(pid: i64, container_id: &str, port: u16) -> Result<TcpStream, Dir
 /// namespace (see [`super::sock_diag`] for why not `/proc/net/tcp`). Proven the container's as
 /// [`connect`] does. Blocks briefly; call it off the async runtime's threads.
 pub fn listening_ports(pid: i64, container_id: &str) -> Result<BTreeSet<u16>, DirectError> {
-    if pid <= 0 || container_id.len() < 12 {
-        return Err(DirectError::Unavailable(
-            "the container has no process".into(),
-        ));
-    }
     in_namespace(pid, container_id, "port-listeners", || {
         super::sock_diag::listening_ports().map_err(|e| unavailable("sock_diag", e))
     })
@@ -71,13 +61,19 @@ fn unavailable(what: &str, e: io::Error) -> DirectError {
 }
 
 /// Runs `work` on a thread of its own that joined the network namespace of `pid` once `pid` is
-/// proven a process of container `container_id`. A failed join is `Unavailable("setns: …")`.
+/// proven a process of container `container_id` (no process at all is `Unavailable` at once).
+/// A failed join is `Unavailable("setns: …")`.
 fn in_namespace<T: Send + 'static>(
     pid: i64,
     container_id: &str,
     thread: &str,
     work: impl FnOnce() -> Result<T, DirectError> + Send + 'static,
 ) -> Result<T, DirectError> {
+    if pid <= 0 || container_id.len() < 12 {
+        return Err(DirectError::Unavailable(
+            "the container has no process".into(),
+        ));
+    }
     // The namespace first, then the proof that the process was the container's: a PID reused
     // between the two fails the proof, and the open file keeps the namespace it names.
     let namespace =

@@ -15,7 +15,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// `SOCK_DIAG_BY_FAMILY` (linux/sock_diag.h).
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
-/// `TCP_LISTEN` (the kernel's TCP states), and the state mask that asks for it alone.
+/// `TCP_LISTEN` (the kernel's TCP states); `1 << TCP_LISTEN` is the state mask that asks for it
+/// alone.
 const TCP_LISTEN: u8 = 10;
 /// Size of `struct nlmsghdr`.
 const HEADER: usize = 16;
