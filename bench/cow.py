@@ -15,7 +15,7 @@ Everything any of them made is removed at the end. `AGENT_SANDBOX_TEST_RUNTIME` 
 runtime (default runc). The table goes to stdout. `--fan-out` also times Docker alone renaming
 one running container and ten at once, the floor of a pooled Fork's claims. For a trace of a
 run, `AGENT_SANDBOX_LOG` (a log filter) is passed to our server and `BENCH_KEEP_LOG=FILE` keeps
-its log.
+its log (`FILE.views` and `FILE.copy`, one per server).
 """
 from __future__ import annotations
 
@@ -154,7 +154,8 @@ class Ours(Server):
                 rm = ["rm", "-f"] if kind[0] == "ps" else ["volume", "rm", "-f"]
                 subprocess.run(["docker", *rm, obj], capture_output=True)
         if os.environ.get("BENCH_KEEP_LOG"):
-            shutil.copy(self.tmp / "server.log", os.environ["BENCH_KEEP_LOG"])
+            kept = os.environ["BENCH_KEEP_LOG"] + (".views" if self.cow else ".copy")
+            shutil.copy(self.tmp / "server.log", kept)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 

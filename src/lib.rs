@@ -51,6 +51,8 @@
 //!   `ResourceQuota`s.
 //! - [`audit`]: which requests the audit trail records, and its lines (kept by the store).
 //! - [`activity`]: which sandboxes are in use (API calls, running commands), for idle policies.
+//! - [`view_mount`]: a snapshot's copy-on-write view mounted into a container that already runs
+//!   (a warm pool member), and over its volume's directory on this host.
 //! - [`config`]: settings; [`server`]: wiring it all together for `agent-sandbox serve`;
 //!   [`doctor`]: the start-up checks `agent-sandbox doctor` prints and `serve` logs.
 //!
@@ -86,5 +88,6 @@ pub mod services;
 pub mod snapshot_archive;
 pub mod store;
 pub mod ui;
+pub mod view_mount;
 pub mod watches;
 pub mod webhooks;

@@ -287,6 +287,98 @@ fn a_kill_during_forks_and_rollbacks_converges_without_leaks() {
 }
 
 #[test]
+fn a_kill_while_pool_members_take_views_converges_without_leaks() {
+    let mut server = Server::start_with(&[("AGENT_SANDBOX_RESYNC_SECONDS", "1")]);
+    let big = unique("cow-kbig");
+    create(
+        &server,
+        "sandboxes",
+        "Sandbox",
+        &big,
+        json!({"image": TEST_IMAGE}),
+    );
+    server.wait_running(&big);
+    exec(
+        &big,
+        "head -c 70000000 /dev/urandom > /workspace/big.bin && mkdir d && echo x > d/f",
+    );
+    let sum = exec(&big, "md5sum < /workspace/big.bin");
+    let snap = unique("s");
+    snapshot(&server, &snap, &big);
+    delete(&server, "sandboxes", &big);
+    server.wait_gone("sandboxes", &big);
+    let pool = unique("cow-kpool");
+    create(
+        &server,
+        "sandboxpools",
+        "SandboxPool",
+        &pool,
+        json!({"image": TEST_IMAGE, "size": 3}),
+    );
+    wait_until("three members", LONG, || {
+        docker(&["ps", "--format", "{{.Names}}"])
+            .lines()
+            .filter(|n| n.starts_with(&format!("agent-sandbox-pool.{pool}.")))
+            .count()
+            == 3
+    });
+    let fork = unique("cow-kpf");
+    create(
+        &server,
+        "forks",
+        "Fork",
+        &fork,
+        json!({"snapshot": snap, "replicas": 3}),
+    );
+    std::thread::sleep(Duration::from_millis(250));
+    server.kill9();
+    server.restart();
+    let children: Vec<String> = (0..3).map(|i| format!("{fork}-{i}")).collect();
+    for child in &children {
+        server.wait_for("sandboxes", child, "Running", LONG, |r| {
+            r.is_some_and(|r| r["status"]["phase"] == "Running")
+        });
+        assert_eq!(exec(child, "md5sum < /workspace/big.bin"), sum);
+        assert_eq!(exec(child, "cat /workspace/d/f"), "x\n");
+    }
+    let member_view_prefix = format!("views/agent-sandbox-pool.{pool}.");
+    if !gvisor() {
+        // Under runc the members took views (under gVisor new containers mount them).
+        let claimed = children
+            .iter()
+            .filter(|c| {
+                server.get("sandboxes", c).unwrap()["status"]["claimedFrom"] == pool.as_str()
+            })
+            .count();
+        assert!(claimed > 0, "no child took a member");
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(
+            table.contains(&member_view_prefix),
+            "no member view is mounted"
+        );
+    }
+    delete(&server, "forks", &fork);
+    delete(&server, "sandboxpools", &pool);
+    delete(&server, "snapshots", &snap);
+    for child in &children {
+        server.wait_gone("sandboxes", child);
+    }
+    server.wait_gone("sandboxpools", &pool);
+    wait_until("no tree, view, mount or volume left", LONG, || {
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mounted = table.contains(&member_view_prefix);
+        let members = docker(&["volume", "ls", "-q"])
+            .lines()
+            .any(|v| v.contains(&pool));
+        entries(&server.data_dir.join("views")).is_empty()
+            && entries(&server.data_dir.join("trees")).is_empty()
+            && !mounted
+            && !members
+            && children.iter().all(|c| volumes_of(c).is_empty())
+    });
+}
+
+#[test]
 fn hostile_snapshot_content_is_refused_before_any_view_is_mounted() {
     let server = Server::start();
     let (_, snap, _) = base(&server, "cow-evil");
@@ -342,8 +434,8 @@ fn ready_pool(server: &Server, prefix: &str) -> String {
 }
 
 #[test]
-fn a_large_snapshot_restores_onto_a_view_while_a_small_one_takes_the_ready_member() {
-    let server = Server::start();
+fn a_large_snapshot_restores_onto_a_view_in_the_ready_member_or_a_new_container() {
+    let server = Server::start_with(&[("AGENT_SANDBOX_RESYNC_SECONDS", "1")]);
     // The bases and their snapshots first: a sandbox of the pool's image would claim its member.
     let (_, small, small_listing) = base(&server, "cow-small");
     let big = unique("cow-big");
@@ -369,7 +461,8 @@ fn a_large_snapshot_restores_onto_a_view_while_a_small_one_takes_the_ready_membe
     );
     let pool = ready_pool(&server, "cow-pool");
 
-    // Small: the ready member is filled by copying, as before.
+    // Small: the ready member takes a view of it under runc, and is filled by copying under
+    // gVisor.
     let child = unique("cow-small-child");
     create(
         &server,
@@ -385,8 +478,13 @@ fn a_large_snapshot_restores_onto_a_view_while_a_small_one_takes_the_ready_membe
         "{running:#}"
     );
     assert_eq!(exec(&child, LISTING), small_listing);
+    if !gvisor() {
+        assert_member_view(&server, &child);
+    }
 
-    // Large: a view on a new container, while the member that refilled meanwhile stays ready.
+    // Large: under runc the member that refilled meanwhile takes a view of the snapshot while it
+    // runs; under gVisor (whose gofer keeps the directory it opened) a new container mounts one
+    // and the member stays ready.
     ready_again(&pool);
     let target = unique("cow-big-child");
     create(
@@ -398,6 +496,7 @@ fn a_large_snapshot_restores_onto_a_view_while_a_small_one_takes_the_ready_membe
     );
     let from_source = server.wait_running(&target);
     // A rollback of the small child to the large snapshot.
+    ready_again(&pool);
     replace(
         &server,
         &child,
@@ -412,30 +511,153 @@ fn a_large_snapshot_restores_onto_a_view_while_a_small_one_takes_the_ready_membe
             })
         })
         .unwrap();
+    let mut member_views = Vec::new();
     for (restore, name) in [(&from_source, &target), (&rolled_back, &child)] {
-        assert!(
-            restore["status"]["claimedFrom"].is_null(),
-            "{name} took a pool member: {restore:#}"
-        );
-        assert_view(&server, name);
+        if gvisor() {
+            assert!(
+                restore["status"]["claimedFrom"].is_null(),
+                "{name} took a pool member: {restore:#}"
+            );
+            assert_view(&server, name);
+        } else {
+            assert_eq!(
+                restore["status"]["claimedFrom"],
+                pool.as_str(),
+                "{name} did not take the ready member: {restore:#}"
+            );
+            member_views.push(assert_member_view(&server, name));
+        }
         assert_eq!(exec(name, "md5sum < /workspace/big.bin"), sum);
         assert_eq!(exec(name, "cat /workspace/note"), "kept\n");
+        // The default working directory is the view too, for `docker exec` and for the helper
+        // channel a waiting member had open before it took the view.
+        assert_eq!(exec(name, "echo mine > own && ls"), "big.bin\nnote\nown\n");
+        assert_eq!(
+            server.exec(name, "pwd && ls && cat own"),
+            (0, "/workspace\nbig.bin\nnote\nown\nmine\n".to_string())
+        );
     }
-    // The member they left alone was there all along: the next small restore takes it.
-    let after = unique("cow-small-after");
-    create(
+    if gvisor() {
+        // The member they left alone was there all along: the next small restore takes it.
+        let after = unique("cow-small-after");
+        create(
+            &server,
+            "sandboxes",
+            "Sandbox",
+            &after,
+            json!({"image": TEST_IMAGE, "source": {"snapshot": small}}),
+        );
+        let running = server.wait_running(&after);
+        assert_eq!(
+            running["status"]["claimedFrom"],
+            pool.as_str(),
+            "{running:#}"
+        );
+        return;
+    }
+    // What a member's view writes lands in its own upper directory only.
+    let (volume, _) = &member_views[0];
+    let upper = server.data_dir.join("views").join(volume).join("upper");
+    assert_eq!(entries(&upper), ["own"], "only the write is the view's own");
+    // The tree outlives its snapshot while views stack it, and a stop and start binds the
+    // volume's directory again, the view on it; a view whose mount the host lost while its
+    // sandbox was stopped (as a reboot loses it) is mounted again before the start.
+    delete(&server, "snapshots", &big_snap);
+    server.wait_gone("snapshots", &big_snap);
+    std::thread::sleep(Duration::from_secs(3));
+    for lose_the_mount in [false, true] {
+        let (status, body) = server.request(
+            "POST",
+            &format!("{API}/sandboxes/{target}/pause"),
+            Some(&json!({"mode": "Stopped"})),
+        );
+        assert_eq!(status, 200, "{body}");
+        if lose_the_mount {
+            let mountpoint = &member_views[0].1;
+            let unmounted = std::process::Command::new("umount")
+                .args(["-l", mountpoint])
+                .status()
+                .unwrap();
+            assert!(unmounted.success());
+            let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+            assert!(!table.contains(mountpoint.as_str()));
+        }
+        let (status, body) =
+            server.request("POST", &format!("{API}/sandboxes/{target}/resume"), None);
+        assert_eq!(status, 200, "{body}");
+        server.wait_running(&target);
+        assert_eq!(exec(&target, "md5sum < /workspace/big.bin"), sum);
+        assert_eq!(exec(&target, "cat /workspace/own"), "mine\n");
+        assert_eq!(
+            server.log().contains("mounting a pool member's view again"),
+            lose_the_mount
+        );
+    }
+    assert_member_view(&server, &target);
+    // A snapshot of a member's view is whole, and restores.
+    let again = unique("s");
+    let taken = snapshot(&server, &again, &target);
+    assert!(
+        taken["status"]["sizeBytes"].as_u64().unwrap() > 64 << 20,
+        "{taken}"
+    );
+    let copy = common::cow::running(
         &server,
-        "sandboxes",
-        "Sandbox",
-        &after,
-        json!({"image": TEST_IMAGE, "source": {"snapshot": small}}),
+        "cow-again",
+        json!({"image": TEST_IMAGE, "source": {"snapshot": again}}),
     );
-    let running = server.wait_running(&after);
-    assert_eq!(
-        running["status"]["claimedFrom"],
-        pool.as_str(),
-        "{running:#}"
+    assert_eq!(exec(&copy, "md5sum < /workspace/big.bin"), sum);
+    assert_eq!(exec(&copy, "cat /workspace/own"), "mine\n");
+    // Deleted, the sandboxes take their mounts, volumes and view directories with them.
+    for name in [&target, &child, &copy] {
+        delete(&server, "sandboxes", name);
+    }
+    for name in [&target, &child, &copy] {
+        server.wait_gone("sandboxes", name);
+    }
+    for (volume, mountpoint) in &member_views {
+        wait_until("the member's view removed", LONG, || {
+            let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+            !table.contains(mountpoint.as_str())
+                && inspect(&["--type", "volume", volume]).is_none()
+                && !entries(&server.data_dir.join("views")).contains(volume)
+        });
+    }
+}
+
+/// Checks that `name`'s workspace is a plain volume (a pool member's) carrying a view mounted
+/// over its directory on this host: an overlay of the store's tree and the view's own upper
+/// directory. Returns the volume and its directory.
+fn assert_member_view(server: &Server, name: &str) -> (String, String) {
+    let (volume, options) = workspace_volume(name);
+    assert!(options.get("type").is_none(), "{volume}: {options}");
+    let inspected = inspect(&["--type", "volume", &volume]).unwrap();
+    let mountpoint = inspected["Mountpoint"].as_str().unwrap().to_string();
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = table
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(mountpoint.as_str()))
+        .unwrap_or_else(|| panic!("nothing mounted at {mountpoint}"));
+    let trees = format!("lowerdir={}", server.data_dir.join("trees").display());
+    let upper = format!(
+        "upperdir={}",
+        server
+            .data_dir
+            .join("views")
+            .join(&volume)
+            .join("upper")
+            .display()
     );
+    let mount_options = line.split(' ').nth(5).unwrap();
+    assert!(
+        line.contains(" - overlay ") && line.contains(&trees) && line.contains(&upper),
+        "{line}"
+    );
+    assert!(
+        mount_options.contains("nosuid") && mount_options.contains("nodev"),
+        "{line}"
+    );
+    (volume, mountpoint)
 }
 
 /// Waits until `pool` has an unclaimed member running (one still under its pool name: a claim

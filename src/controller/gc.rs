@@ -11,8 +11,9 @@
 //! progress, names another workspace (the volume was replaced and its removal was interrupted).
 //!
 //! Copy-on-write views (see `views.rs`): the store then removes the directories of views whose
-//! volume Docker no longer lists, and snapshot trees that neither a snapshot (by uid) nor a
-//! volume's [`LABEL_TREE`] refers to, sparing what was made after Docker was listed.
+//! volume Docker no longer lists, and snapshot trees that neither a snapshot (by uid), a
+//! volume's [`LABEL_TREE`] nor a remaining view's directory refers to (a pool member's view has
+//! no label: see `member_views.rs`), sparing what was made after Docker was listed.
 //!
 //! Images of Full snapshots (see `snapshot/rootfs.rs`) go when their snapshot is gone, no
 //! sandbox's status names them and no container uses them, and they are older than

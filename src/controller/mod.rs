@@ -36,7 +36,8 @@
 //! - `container.rs`: container plans, the swap of a container into a sandbox's name, removals.
 //! - `claims.rs`: claiming a warm pool member for a sandbox. `naming.rs`: the claimed member taking
 //!   the sandbox's name once its status records the claim.
-//! - `workspace.rs`: making a `/workspace` ready, on this host or through Docker.
+//! - `workspace.rs`: making a `/workspace` ready, on this host or through Docker. `views.rs`:
+//!   copy-on-write views of a snapshot; `member_views.rs`: a running pool member taking one.
 //! - `content.rs`: validated snapshot content, the input of every restore.
 //! - `status.rs`: status and conditions, and the one status write.
 //! - `events.rs`: what a status change means as events, recorded by that write.
@@ -51,6 +52,7 @@ mod content;
 mod context;
 mod error;
 mod events;
+mod member_views;
 mod names;
 mod naming;
 mod policy;

@@ -288,9 +288,13 @@ pub(super) async fn ensure_rollback(
     }))
 }
 
-/// Claims a warm pool member as `as_name` and fills its (running) workspace with the snapshot.
-/// `None` when no pool has a member ready, or when the snapshot is better served by a view (see
-/// [`super::views::outgrows_pool`]). On a failed fill the member is removed again.
+/// Claims a warm pool member as `as_name` and gives its (running) workspace the snapshot: a
+/// copy-on-write view mounted into it where members can take one (`member_views.rs`: runc, on
+/// this host), which costs the same whatever the snapshot holds; else a copy, unless the
+/// snapshot is better served by a view on a new container (see
+/// [`super::views::outgrows_pool`]). `None` when no pool has a member ready, or the snapshot is
+/// to go onto a new container (a member claimed for a view that could not be mounted is
+/// removed again). On a failed fill the member is removed again.
 async fn claim_filled(
     ctl: &SandboxContext<'_>,
     sandbox: &Sandbox,
@@ -299,7 +303,9 @@ async fn claim_filled(
     snapshot: &Validated,
 ) -> Result<Option<Claimed>, ReconcileError> {
     let runtime = ctl.settings.docker_runtime.clone();
-    if super::views::outgrows_pool(&ctl.views(), snapshot, &runtime) {
+    let views = ctl.views();
+    let as_view = snapshot.uid.is_some() && super::member_views::possible(&views, &runtime);
+    if !as_view && super::views::outgrows_pool(&views, snapshot, &runtime) {
         return Ok(None);
     }
     let name = &sandbox.metadata.key();
@@ -310,15 +316,26 @@ async fn claim_filled(
     else {
         return Ok(None);
     };
-    let filled = ctl
-        .workspaces
-        .make_ready(
-            &claimed.container_id,
-            &runtime,
-            Prepare::AlreadyDone,
-            Some(snapshot),
-        )
-        .await;
+    let filled = if as_view {
+        let (id, volume) = (&claimed.container_id, &claimed.volume);
+        match super::member_views::mount(&views, id, volume, &runtime, snapshot).await {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                ctl.containers.discard(id, volume).await;
+                return Ok(None);
+            }
+            Err(error) => Err(error),
+        }
+    } else {
+        ctl.workspaces
+            .make_ready(
+                &claimed.container_id,
+                &runtime,
+                Prepare::AlreadyDone,
+                Some(snapshot),
+            )
+            .await
+    };
     if let Err(error) = filled {
         ctl.containers
             .discard(&claimed.container_id, &claimed.volume)

@@ -442,6 +442,8 @@ async fn ensure_running(
     // A disk limit's file system is mounted (again, after a reboot) and grown to a raised limit
     // before anything uses the workspace.
     workspace_disk::keep(ctl, &volume, effective).await?;
+    // So is a pool member's copy-on-write view (see `member_views.rs`).
+    super::member_views::keep(&ctl.views(), &volume).await?;
 
     let limits = limits_for(effective);
     let current = container_name(name);

@@ -1,5 +1,6 @@
-//! Copy-on-write workspaces: a restore (a sandbox's `source`, a fork's child, a rollback that no
-//! warm pool member serves) mounts a view of the snapshot instead of copying its bytes. The
+//! Copy-on-write workspaces: a restore (a sandbox's `source`, a fork's child, a rollback) mounts
+//! a view of the snapshot instead of copying its bytes: on a new container here, or over the
+//! workspace of a warm pool member that runs already (`member_views.rs`). The
 //! snapshot's content is unpacked once into a tree of the data directory (by the store, under the
 //! same rules every restore is checked against, so refused content never becomes a tree), and
 //! each workspace is a Docker `local` volume of type overlay: the tree as its read-only lower
@@ -28,7 +29,7 @@
 //! the delta on them.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::container::Containers;
 use super::content::{restore_policy, Validated};
@@ -100,18 +101,19 @@ pub(super) async fn prepare_tree(store: &Store, settings: &Settings, uid: &str, 
 /// are part of the host path: not where it has failed for this runtime (and each view proves it
 /// again, see `verify`). gVisor never shows the container's `/workspace` to the host, so its
 /// views stand on the mount table alone.
-fn usable(ctl: &ViewContext<'_>, runtime: &str) -> bool {
+pub(super) fn usable(ctl: &ViewContext<'_>, runtime: &str) -> bool {
     let host_path = is_gvisor(runtime) || ctl.workspaces.may_use_host(runtime);
     enabled(&ctl.containers.settings, ctl.engine)
         && host_path
         && ctl.workspaces.view_access.get(runtime) != Some(false)
 }
 
-/// Snapshots whose tar is larger than this restore onto a view even when a warm pool member is
-/// ready. A member's workspace is mounted already, so it can only be filled by copying, which
-/// grows with the content (a 1 GiB fill took 1.5 to 3 s in docs/benchmarks.md), while a view
-/// costs a container's create and start whatever the snapshot holds (a few hundred ms); below
-/// this size the member's copy is the faster of the two.
+/// Where a warm pool member cannot take a view while it runs (gVisor, see `member_views.rs`),
+/// snapshots whose tar is larger than this restore onto a view on a new container even when a
+/// member is ready. Such a member's workspace can only be filled by copying, which grows with
+/// the content (a 1 GiB fill took 1.5 to 3 s in docs/benchmarks.md), while a view costs a
+/// container's create and start whatever the snapshot holds (a few hundred ms); below this size
+/// the member's copy is the faster of the two.
 pub(super) const POOL_FILL_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Whether a restore of `snapshot` onto a container of `runtime` should leave warm pool members
@@ -119,6 +121,36 @@ pub(super) const POOL_FILL_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
 /// be tried here (should the view fail after all, the restore copies onto a new container).
 pub(super) fn outgrows_pool(ctl: &ViewContext<'_>, snapshot: &Validated, runtime: &str) -> bool {
     snapshot.size_bytes > POOL_FILL_LIMIT_BYTES && snapshot.uid.is_some() && usable(ctl, runtime)
+}
+
+/// The key, owner and layers (top first) of `snapshot`'s tree, made now unless it is there.
+/// `None` when it cannot be made here (the restore copies instead); refused content is an
+/// error.
+pub(super) async fn tree_of(
+    ctl: &ViewContext<'_>,
+    snapshot: &Validated,
+) -> Result<Option<(String, (u32, u32), Vec<PathBuf>)>, ReconcileError> {
+    let Some(uid) = snapshot.uid.as_deref() else {
+        return Ok(None);
+    };
+    let owner = ctl.containers.settings.sandbox_uid_gid()?;
+    let key = tree_key(uid, owner);
+    let policy = restore_policy(&ctl.containers.settings)?;
+    match ctl
+        .store
+        .ensure_tree(&key, &snapshot.path, policy, None)
+        .await
+    {
+        Ok(lower) => Ok(Some((key, owner, lower))),
+        Err(TreeError::Refused(error)) => Err(ReconcileError::Refused {
+            name: snapshot.name.clone(),
+            error,
+        }),
+        Err(error) => {
+            tracing::warn!(%error, "the snapshot's tree cannot be made; copying it instead");
+            Ok(None)
+        }
+    }
 }
 
 /// Makes `plan.workspace_volume` (which must not exist) a view of `snapshot`, mounted by a newly
@@ -133,28 +165,8 @@ pub(super) async fn populate_view(
     if !usable(ctl, &runtime) {
         return Ok(None);
     }
-    let Some(uid) = snapshot.uid.as_deref() else {
+    let Some((key, owner, lower)) = tree_of(ctl, snapshot).await? else {
         return Ok(None);
-    };
-    let owner = ctl.containers.settings.sandbox_uid_gid()?;
-    let key = tree_key(uid, owner);
-    let policy = restore_policy(&ctl.containers.settings)?;
-    let lower = match ctl
-        .store
-        .ensure_tree(&key, &snapshot.path, policy, None)
-        .await
-    {
-        Ok(lower) => lower,
-        Err(TreeError::Refused(error)) => {
-            return Err(ReconcileError::Refused {
-                name: snapshot.name.clone(),
-                error,
-            })
-        }
-        Err(error) => {
-            tracing::warn!(%error, "the snapshot's tree cannot be made; copying it instead");
-            return Ok(None);
-        }
     };
     let volume = plan.workspace_volume.as_str();
     let dirs = match ctl.store.create_view(volume, &key, owner).await {
@@ -240,7 +252,7 @@ fn view_labels(
 /// the host no `/workspace`) and that this directory is the overlay whose upper directory is
 /// `upper`, as this host's mount table shows it: the daemon that started the container mounted
 /// this very view here, and Docker binds a volume's directory at its destination.
-async fn verify(
+pub(super) async fn verify(
     ctl: &ViewContext<'_>,
     id: &str,
     runtime: &str,

@@ -164,6 +164,8 @@ pub(super) struct Workspaces {
     pub(super) host_access: HostAccess,
     /// Whether copy-on-write views work on this host, as learned so far (see `views.rs`).
     pub(super) view_access: HostAccess,
+    /// Whether views can be mounted into running pool members here (see `member_views.rs`).
+    pub(super) mount_access: HostAccess,
 }
 
 impl Workspaces {
@@ -173,6 +175,7 @@ impl Workspaces {
             settings,
             host_access: HostAccess::default(),
             view_access: HostAccess::default(),
+            mount_access: HostAccess::default(),
         }
     }
 

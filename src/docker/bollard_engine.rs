@@ -33,6 +33,7 @@ mod pull;
 pub use daemon::DaemonReport;
 pub use plan::{gvisor_pids_limit, RUNSC_PIDS_HEADROOM};
 mod tarball;
+mod twins;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -333,6 +334,7 @@ impl Engine for BollardEngine {
     }
 
     async fn remove_volume(&self, name: &str) -> EngineResult<()> {
+        self.unmount_twin(name).await?;
         match self
             .docker
             .remove_volume(name, None::<RemoveVolumeOptions>)
@@ -391,6 +393,14 @@ impl Engine for BollardEngine {
             .then(|| options.get("o"))
             .flatten()
             .and_then(|o| ViewPaths::from_overlay_options(o)))
+    }
+
+    async fn volume_directory(&self, name: &str) -> EngineResult<Option<std::path::PathBuf>> {
+        Ok(self
+            .volume(name)
+            .await?
+            .map(|volume| volume.mountpoint.into())
+            .filter(|path: &std::path::PathBuf| path.is_absolute()))
     }
 
     async fn create_bind_volume(

@@ -375,6 +375,13 @@ impl Engine for FakeEngine {
         Ok(state.views.get(name).cloned())
     }
 
+    async fn volume_directory(&self, name: &str) -> EngineResult<Option<std::path::PathBuf>> {
+        let state = self.enter("volume_directory", name)?;
+        // The fake keeps no files: its volumes have no directory anywhere.
+        let _ = state.volumes.get(name);
+        Ok(None)
+    }
+
     async fn create_bind_volume(
         &self,
         name: &str,

@@ -476,6 +476,9 @@ pub trait Engine: Send + Sync + 'static {
     /// missing volume or one of any other kind. What a workspace stacks can be read here while
     /// no container mounts it (the host's mount table then shows nothing).
     async fn view_of_volume(&self, name: &str) -> EngineResult<Option<ViewPaths>>;
+    /// Where the daemon keeps volume `name`'s files (its `Mountpoint`); `None` for a missing
+    /// volume.
+    async fn volume_directory(&self, name: &str) -> EngineResult<Option<std::path::PathBuf>>;
     /// Creates volume `name` carrying `labels` as a bind of the daemon host's directory
     /// `source` (a workspace with a disk limit: the directory is the root of its own file
     /// system, see [`crate::disk`]). Docker's `local` driver binds it when a container mounts the

@@ -110,6 +110,11 @@ impl Engine for ObservedEngine {
             .await
     }
 
+    async fn volume_directory(&self, name: &str) -> EngineResult<Option<std::path::PathBuf>> {
+        self.timed("volume_directory", self.inner.volume_directory(name))
+            .await
+    }
+
     async fn create_bind_volume(
         &self,
         name: &str,

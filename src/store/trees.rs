@@ -30,6 +30,8 @@ use crate::archive::{self, ArchiveError, Policy};
 
 /// Prefix of a tree being unpacked, in the trees directory.
 const TEMP_PREFIX: &str = ".tmp-";
+/// The file in a view's directory that names the tree it stacks.
+const VIEW_TREE_FILE: &str = "tree";
 
 /// The directories of one copy-on-write view, as an overlay mount takes them.
 #[derive(Clone, Debug)]
@@ -101,8 +103,53 @@ impl Store {
         self.data_dir().join("trees")
     }
 
+    /// The key of the tree at `path`, when it is one of this store's trees.
+    pub fn tree_key_of(&self, path: &Path) -> Option<String> {
+        let key = path.file_name()?.to_str()?;
+        (path.parent() == Some(self.trees_dir().as_path()) && plain(key)).then(|| key.to_string())
+    }
+
     fn views_dir(&self) -> PathBuf {
         self.data_dir().join("views")
+    }
+
+    /// The directories of the view volume `volume` is (or will be), over tree `key`.
+    pub fn view_dirs(&self, volume: &str, key: &str) -> ViewDirs {
+        let root = self.views_dir().join(volume);
+        ViewDirs {
+            lower: self.trees_dir().join(key),
+            upper: root.join("upper"),
+            work: root.join("work"),
+        }
+    }
+
+    /// The tree view `volume` was made over, as [`Store::create_view`] recorded it.
+    pub async fn view_tree(&self, volume: &str) -> Option<String> {
+        if !plain(volume) {
+            return None;
+        }
+        let record = self.views_dir().join(volume).join(VIEW_TREE_FILE);
+        let text = self
+            .offload(move || std::fs::read_to_string(record).ok())
+            .await
+            .ok()??;
+        plain(text.trim()).then(|| text.trim().to_string())
+    }
+
+    /// The paths of the layers a view of tree `key` stacks, top first; `None` when the tree or
+    /// a layer it needs is gone.
+    pub async fn tree_layers(&self, key: &str) -> Option<Vec<PathBuf>> {
+        if !plain(key) {
+            return None;
+        }
+        let dir = self.trees_dir();
+        let key = key.to_string();
+        self.offload(move || {
+            let keys = chain(&dir, &key)?;
+            Some(keys.iter().map(|k| dir.join(k)).collect())
+        })
+        .await
+        .ok()?
     }
 
     /// The tree named `key`, made from the snapshot tar at `tar` under `policy` unless it is
@@ -217,12 +264,9 @@ impl Store {
         touch(&self.cow_touched.views, volume);
         touch(&self.cow_touched.trees, key);
         let root = self.views_dir().join(volume);
-        let dirs = ViewDirs {
-            lower: self.trees_dir().join(key),
-            upper: root.join("upper"),
-            work: root.join("work"),
-        };
+        let dirs = self.view_dirs(volume, key);
         let made = dirs.clone();
+        let record = (root.join(VIEW_TREE_FILE), key.to_string());
         self.offload(move || {
             let io = |path: &Path| {
                 let path = path.to_path_buf();
@@ -244,6 +288,9 @@ impl Store {
             {
                 return Err(io(&made.upper)(std::io::Error::last_os_error()));
             }
+            // Which tree the view stacks: garbage collection keeps it while the view is there,
+            // and a view whose mount is gone (after a reboot) can be mounted again.
+            std::fs::write(&record.0, &record.1).map_err(io(&record.0))?;
             Ok(made)
         })
         .await?
@@ -283,8 +330,12 @@ impl Store {
             }
             let mut removed = 0;
             let touched = &store.cow_touched;
+            let mut viewed_trees = HashSet::new();
             for (name, path) in listing(&store.views_dir()) {
                 if volumes.contains(&name) || touched_since(&touched.views, &name, listed) {
+                    if let Ok(key) = std::fs::read_to_string(path.join(VIEW_TREE_FILE)) {
+                        viewed_trees.insert(key.trim().to_string());
+                    }
                     continue;
                 }
                 tracing::info!(
@@ -305,7 +356,11 @@ impl Store {
                 .iter()
                 .map(|(name, _)| name)
                 .filter(|name| !name.starts_with(TEMP_PREFIX))
-                .filter(|name| keep_tree(name) || touched_since(&touched.trees, name, listed))
+                .filter(|name| {
+                    keep_tree(name)
+                        || viewed_trees.contains(*name)
+                        || touched_since(&touched.trees, name, listed)
+                })
                 .cloned()
                 .collect();
             let below: Vec<String> = kept
