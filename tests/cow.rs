@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::cow::*;
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[test]
 fn ten_forks_of_one_snapshot_see_only_their_own_changes() {
@@ -289,22 +289,11 @@ fn a_kill_during_forks_and_rollbacks_converges_without_leaks() {
 #[test]
 fn a_kill_while_pool_members_take_views_converges_without_leaks() {
     let mut server = Server::start_with(&[("AGENT_SANDBOX_RESYNC_SECONDS", "1")]);
-    let big = unique("cow-kbig");
-    create(
+    let (big, snap, sum, _) = large_snapshot(
         &server,
-        "sandboxes",
-        "Sandbox",
-        &big,
-        json!({"image": TEST_IMAGE}),
-    );
-    server.wait_running(&big);
-    exec(
-        &big,
+        "cow-kbig",
         "head -c 70000000 /dev/urandom > /workspace/big.bin && mkdir d && echo x > d/f",
     );
-    let sum = exec(&big, "md5sum < /workspace/big.bin");
-    let snap = unique("s");
-    snapshot(&server, &snap, &big);
     delete(&server, "sandboxes", &big);
     server.wait_gone("sandboxes", &big);
     let pool = unique("cow-kpool");
@@ -419,6 +408,17 @@ fn hostile_snapshot_content_is_refused_before_any_view_is_mounted() {
     );
 }
 
+/// A sandbox named after `prefix` whose workspace `script` filled, and its snapshot: their
+/// names, the md5 sum of its `big.bin`, and the snapshot as it became Ready.
+fn large_snapshot(server: &Server, prefix: &str, script: &str) -> (String, String, String, Value) {
+    let name = common::cow::running(server, prefix, json!({"image": TEST_IMAGE}));
+    exec(&name, script);
+    let sum = exec(&name, "md5sum < /workspace/big.bin");
+    let snap = unique("s");
+    let done = snapshot(server, &snap, &name);
+    (name, snap, sum, done)
+}
+
 /// Creates a warm pool of one member of the test image and waits until it is ready.
 fn ready_pool(server: &Server, prefix: &str) -> String {
     let pool = unique(prefix);
@@ -438,23 +438,12 @@ fn a_large_snapshot_restores_onto_a_view_in_the_ready_member_or_a_new_container(
     let server = Server::start_with(&[("AGENT_SANDBOX_RESYNC_SECONDS", "1")]);
     // The bases and their snapshots first: a sandbox of the pool's image would claim its member.
     let (_, small, small_listing) = base(&server, "cow-small");
-    let big = unique("cow-big");
-    create(
-        &server,
-        "sandboxes",
-        "Sandbox",
-        &big,
-        json!({"image": TEST_IMAGE}),
-    );
-    server.wait_running(&big);
     // Past the 64 MiB limit: 80 MiB in the tar.
-    exec(
-        &big,
+    let (_, big_snap, sum, done) = large_snapshot(
+        &server,
+        "cow-big",
         "head -c 83886080 /dev/urandom > /workspace/big.bin && echo kept > /workspace/note",
     );
-    let sum = exec(&big, "md5sum < /workspace/big.bin");
-    let big_snap = unique("s");
-    let done = snapshot(&server, &big_snap, &big);
     assert!(
         done["status"]["sizeBytes"].as_u64().unwrap() > 64 << 20,
         "{done}"
