@@ -327,6 +327,43 @@ async fn a_delta_holds_only_the_changes_and_stacks_to_the_whole_tar() {
 }
 
 #[tokio::test]
+async fn a_view_keeps_the_tree_it_names_until_its_volume_is_gone() {
+    let Some((_dir, data, store, _, base)) = setup().await else {
+        return;
+    };
+    let dirs = store
+        .create_view("vol", "base.1000.1000", (1000, 1000))
+        .await
+        .unwrap();
+    assert_eq!(dirs.lower, base[0]);
+    assert_eq!(
+        store.view_tree("vol").await.as_deref(),
+        Some("base.1000.1000")
+    );
+    assert_eq!(
+        store.tree_layers("base.1000.1000").await,
+        Some(base.clone())
+    );
+    assert_eq!(store.view_tree("other").await, None);
+    // Listed after the view was made: only the view's own record keeps the tree (no snapshot,
+    // no label does).
+    let listed = Instant::now();
+    let volumes = HashSet::from(["vol".to_string()]);
+    store
+        .collect_views_and_trees(listed, volumes, |_| false)
+        .await;
+    assert!(base[0].is_dir(), "the view's tree stays");
+    assert!(data.join("views/vol/upper").is_dir());
+    // The volume gone, its view and then the tree nothing names any more go in one pass.
+    store
+        .collect_views_and_trees(Instant::now(), HashSet::new(), |_| false)
+        .await;
+    assert!(!data.join("views/vol").exists());
+    assert!(!base[0].exists(), "nothing needs the tree");
+    assert_eq!(store.tree_layers("base.1000.1000").await, None);
+}
+
+#[tokio::test]
 async fn a_delta_whose_layers_are_gone_is_made_again_whole() {
     let Some((dir, data, store, changed_tar, base)) = setup().await else {
         return;

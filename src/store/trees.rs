@@ -8,7 +8,8 @@
 //! refuse never lands here), into a temp directory that is synced and renamed into place: a tree
 //! under its final name is complete, and it is never written again (overlay never writes its
 //! lower directory; nothing else here opens it for writing). Temp directories left by a crash,
-//! trees that no snapshot, no volume and no kept delta refers to any more, and view directories
+//! trees that no snapshot, no volume, no view (each view's directory names its tree) and no
+//! kept delta refers to any more, and view directories
 //! whose volume is gone are removed by [`Store::collect_views_and_trees`], which the
 //! controller's garbage collection calls with what Docker holds; what was made or used after
 //! Docker was listed is left for the next pass. Which tree a view uses, and when, is the
@@ -101,12 +102,6 @@ fn io_at(path: &Path) -> impl FnOnce(std::io::Error) -> TreeError + '_ {
 impl Store {
     fn trees_dir(&self) -> PathBuf {
         self.data_dir().join("trees")
-    }
-
-    /// The key of the tree at `path`, when it is one of this store's trees.
-    pub fn tree_key_of(&self, path: &Path) -> Option<String> {
-        let key = path.file_name()?.to_str()?;
-        (path.parent() == Some(self.trees_dir().as_path()) && plain(key)).then(|| key.to_string())
     }
 
     fn views_dir(&self) -> PathBuf {
