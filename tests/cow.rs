@@ -570,6 +570,12 @@ fn a_large_snapshot_restores_onto_a_view_in_the_ready_member_or_a_new_container(
             assert!(unmounted.success());
             let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
             assert!(!table.contains(mountpoint.as_str()));
+            // A snapshot of the stopped sandbox reads the view, mounted again for it.
+            let stopped = snapshot(&server, &unique("s"), &target);
+            assert!(
+                stopped["status"]["sizeBytes"].as_u64().unwrap() > 64 << 20,
+                "{stopped}"
+            );
         }
         let (status, body) =
             server.request("POST", &format!("{API}/sandboxes/{target}/resume"), None);

@@ -22,7 +22,8 @@ use super::content::Validated;
 use super::error::ReconcileError;
 use super::views::{self, ViewContext};
 use super::workspace::WORKSPACE;
-use crate::docker::{is_gvisor, ViewPaths};
+use crate::docker::{is_gvisor, Engine, ViewPaths};
+use crate::store::Store;
 use crate::view_mount::{self, Overlay, ViewMountError};
 
 /// Whether a member of `runtime` may take a view here, as far as is known.
@@ -100,9 +101,14 @@ pub(super) async fn mount(
 
 /// Mounts the view of volume `volume` over its directory on this host again when it is a pool
 /// member's view (Docker knows it as a plain volume) and nothing is mounted there (after a
-/// reboot), so the container started next finds its workspace. Anything else is left alone.
-pub(super) async fn keep(ctl: &ViewContext<'_>, volume: &str) -> Result<(), ReconcileError> {
-    let Some(key) = ctl.store.view_tree(volume).await else {
+/// reboot), so the container started next, or a snapshot of the stopped sandbox, finds its
+/// workspace. Anything else is left alone.
+pub(super) async fn keep(
+    store: &Store,
+    engine: &dyn Engine,
+    volume: &str,
+) -> Result<(), ReconcileError> {
+    let Some(key) = store.view_tree(volume).await else {
         return Ok(());
     };
     let table = std::fs::read_to_string("/proc/self/mountinfo")
@@ -112,19 +118,18 @@ pub(super) async fn keep(ctl: &ViewContext<'_>, volume: &str) -> Result<(), Reco
         .lines()
         .filter_map(|line| line.split(' ').nth(4))
         .any(|at| at.ends_with(&suffix));
-    if mounted || ctl.engine.view_of_volume(volume).await?.is_some() {
+    if mounted || engine.view_of_volume(volume).await?.is_some() {
         return Ok(());
     }
-    let Some(dir) = ctl.engine.volume_directory(volume).await? else {
+    let Some(dir) = engine.volume_directory(volume).await? else {
         return Ok(());
     };
     let lost = |what: &str| ReconcileError::HostWrite(format!("view {volume}: {what}"));
-    let lower = ctl
-        .store
+    let lower = store
         .tree_layers(&key)
         .await
         .ok_or_else(|| lost("its tree is gone"))?;
-    let dirs = ctl.store.view_dirs(volume, &key);
+    let dirs = store.view_dirs(volume, &key);
     tracing::info!(volume, "mounting a pool member's view again");
     tokio::task::spawn_blocking(move || {
         let overlay = Overlay {

@@ -443,7 +443,7 @@ async fn ensure_running(
     // before anything uses the workspace.
     workspace_disk::keep(ctl, &volume, effective).await?;
     // So is a pool member's copy-on-write view (see `member_views.rs`).
-    super::member_views::keep(&ctl.views(), &volume).await?;
+    super::member_views::keep(ctl.store, ctl.engine.as_ref(), &volume).await?;
 
     let limits = limits_for(effective);
     let current = container_name(name);

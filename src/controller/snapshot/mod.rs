@@ -209,6 +209,17 @@ async fn take(
         rootfs::remove(ctl.engine.as_ref(), reference).await;
     }
 
+    // A stopped sandbox's workspace is read from its volume's directory: a pool member's view
+    // there is mounted again first if the host lost it (see `member_views.rs`).
+    if !details.running && !details.paused {
+        if let Some(volume) = sandbox
+            .status
+            .as_ref()
+            .and_then(|s| s.workspace_volume.as_ref())
+        {
+            super::member_views::keep(ctl.store, ctl.engine.as_ref(), volume).await?;
+        }
+    }
     let owner = ctl.settings.sandbox_uid_gid()?;
     let data = ctl.store.begin_snapshot(name);
 
