@@ -22,7 +22,7 @@ use super::content::Validated;
 use super::error::ReconcileError;
 use super::views::{self, ViewContext};
 use super::workspace::WORKSPACE;
-use crate::docker::{is_gvisor, Engine, ViewPaths};
+use crate::docker::{is_gvisor, volume_directory_mounted, Engine, ViewPaths};
 use crate::store::Store;
 use crate::view_mount::{self, Overlay, ViewMountError};
 
@@ -113,12 +113,7 @@ pub(super) async fn keep(
     };
     let table = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| ReconcileError::HostWrite(format!("the mount table: {e}")))?;
-    let suffix = format!("/volumes/{volume}/_data");
-    let mounted = table
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .any(|at| at.ends_with(&suffix));
-    if mounted || engine.view_of_volume(volume).await?.is_some() {
+    if volume_directory_mounted(&table, volume) || engine.view_of_volume(volume).await?.is_some() {
         return Ok(());
     }
     let Some(dir) = engine.volume_directory(volume).await? else {

@@ -60,6 +60,16 @@ pub fn is_gvisor(runtime: &str) -> bool {
     runtime == "runsc" || runtime.starts_with("runsc-")
 }
 
+/// Whether mount table `table` (`/proc/self/mountinfo`) shows something mounted at the directory
+/// Docker's `local` driver keeps volume `volume`'s files in (`…/volumes/<volume>/_data`).
+pub fn volume_directory_mounted(table: &str, volume: &str) -> bool {
+    let suffix = format!("/volumes/{volume}/_data");
+    table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .any(|at| at.ends_with(&suffix))
+}
+
 /// Docker's name for a sandbox's container.
 pub fn container_name(sandbox: &str) -> String {
     format!("agent-sandbox-{sandbox}")
@@ -664,7 +674,15 @@ pub const ROLE_HELPER: &str = "helper";
 
 #[cfg(test)]
 mod tests {
-    use super::ViewPaths;
+    use super::{volume_directory_mounted, ViewPaths};
+
+    #[test]
+    fn a_volumes_directory_is_found_mounted_by_its_whole_name() {
+        let table = "58 45 0:50 / /var/lib/docker/volumes/v-workspace/_data rw - overlay none rw\n";
+        assert!(volume_directory_mounted(table, "v-workspace"));
+        assert!(!volume_directory_mounted(table, "workspace"));
+        assert!(!volume_directory_mounted(table, "v-workspace-2"));
+    }
 
     #[test]
     fn a_views_overlay_options_read_back_as_the_same_view() {

@@ -21,12 +21,7 @@ impl BollardEngine {
         let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
             return Ok(());
         };
-        let suffix = format!("/volumes/{name}/_data");
-        let seen = table
-            .lines()
-            .filter_map(|line| line.split(' ').nth(4))
-            .any(|at| at.ends_with(&suffix));
-        if !seen {
+        if !crate::docker::volume_directory_mounted(&table, name) {
             return Ok(());
         }
         let Some(volume) = self.volume(name).await? else {
