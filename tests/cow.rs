@@ -304,12 +304,10 @@ fn a_kill_while_pool_members_take_views_converges_without_leaks() {
         &pool,
         json!({"image": TEST_IMAGE, "size": 3}),
     );
-    wait_until("three members", LONG, || {
-        docker(&["ps", "--format", "{{.Names}}"])
-            .lines()
-            .filter(|n| n.starts_with(&format!("agent-sandbox-pool.{pool}.")))
-            .count()
-            == 3
+    // Ready by the pool's own count: a member's container runs before the controller counts it
+    // ready, and a Fork that comes first goes to new containers (seen once in CI).
+    server.wait_for("sandboxpools", &pool, "three ready members", LONG, |p| {
+        p.is_some_and(|p| p["status"]["readyReplicas"] == 3)
     });
     let fork = unique("cow-kpf");
     create(
