@@ -18,8 +18,8 @@ const CLASS_IN: u16 = 1;
 const RCODE_FORMERR: u8 = 1;
 const RCODE_NXDOMAIN: u8 = 3;
 const RCODE_NOTIMP: u8 = 4;
-/// How long answers may be cached: short, so that a list edit applies soon to lookups too.
-const ANSWER_TTL: u32 = 5;
+/// How long answers may be cached (the gateway keeps its own lookups as long).
+const ANSWER_TTL: u32 = super::resolve::ANSWER_LIFETIME.as_secs() as u32;
 /// A TCP client gets this long for its whole query.
 const TCP_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 

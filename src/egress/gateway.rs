@@ -112,6 +112,8 @@ pub(super) struct Shared {
     settings: GatewaySettings,
     policies: RwLock<HashMap<String, Policy>>,
     members: tokio::sync::Mutex<Members>,
+    /// The host resolver's recent answers.
+    answers: RwLock<super::resolve::Answers>,
     /// The addresses the gateway listens on: the host's, so protected.
     pub(super) listening: RwLock<HashSet<IpAddr>>,
     log: mpsc::Sender<(String, Decision)>,
@@ -153,6 +155,7 @@ impl Gateway {
             settings,
             policies: RwLock::default(),
             members: Default::default(),
+            answers: RwLock::default(),
             listening: RwLock::default(),
             log,
             followers: broadcast::channel(1024).0,
@@ -371,7 +374,8 @@ impl Shared {
         }
     }
 
-    /// The addresses `name` resolves to: the hosts file first, then the host's resolver.
+    /// The addresses `name` resolves to: the hosts file first (read at each call, so edits apply
+    /// at once), then the host's resolver (its answers kept for [`super::resolve::ANSWER_LIFETIME`]).
     pub(super) async fn resolve(&self, name: &str) -> Vec<IpAddr> {
         if let Some(path) = &self.settings.hosts_file {
             match tokio::fs::read_to_string(path).await {
@@ -384,15 +388,20 @@ impl Shared {
                 Err(error) => tracing::warn!(%error, "egress: cannot read the hosts file"),
             }
         }
+        if let Some(kept) = read(&self.answers).get(name, Instant::now()) {
+            return kept;
+        }
         let lookup = tokio::net::lookup_host((name, 0));
-        match tokio::time::timeout(RESOLVE_TIMEOUT, lookup).await {
+        let addresses = match tokio::time::timeout(RESOLVE_TIMEOUT, lookup).await {
             Ok(Ok(found)) => {
                 let mut addresses: Vec<IpAddr> = found.map(|a| a.ip()).collect();
                 addresses.dedup();
                 addresses
             }
             _ => Vec::new(),
-        }
+        };
+        write(&self.answers).keep(name, &addresses, Instant::now());
+        addresses
     }
 
     /// Answers a lookup of `name` by the sandbox at `source`: its addresses, when the list allows
