@@ -336,6 +336,9 @@ impl Drop for Server {
             for c in docker(&["ps", "-aq", "--filter", &filter]).split_whitespace() {
                 let _ = docker_status(&["rm", "-f", c]);
             }
+            // Views the killed server mounted itself (a warm member's, over its volume's
+            // directory) are not Docker's to take away: Docker would fail to remove the volume.
+            unmount_views_of(&self.data_dir);
             for v in docker(&["volume", "ls", "-q", "--filter", &filter]).split_whitespace() {
                 let _ = docker_status(&["volume", "rm", "-f", v]);
             }
@@ -361,6 +364,18 @@ impl Drop for Server {
                     let _ = Command::new("umount").arg(entry.path()).status();
                 }
             }
+        }
+    }
+}
+
+/// Lazily unmounts every overlay whose layers live in `data_dir`'s `views/` (what is left
+/// mounted once the server is killed and its containers are gone).
+pub fn unmount_views_of(data_dir: &Path) {
+    let views = format!("{}/views/", data_dir.display());
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for line in table.lines().filter(|line| line.contains(&views)) {
+        if let Some(point) = line.split(' ').nth(4) {
+            let _ = Command::new("umount").args(["-l", point]).status();
         }
     }
 }
