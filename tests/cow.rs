@@ -305,7 +305,7 @@ fn a_kill_while_pool_members_take_views_converges_without_leaks() {
         json!({"image": TEST_IMAGE, "size": 3}),
     );
     // Ready by the pool's own count: a member's container runs before the controller counts it
-    // ready, and a Fork that comes first goes to new containers (seen once in CI).
+    // ready, and a Fork that comes first goes to new containers.
     server.wait_for("sandboxpools", &pool, "three ready members", LONG, |p| {
         p.is_some_and(|p| p["status"]["readyReplicas"] == 3)
     });
@@ -317,10 +317,16 @@ fn a_kill_while_pool_members_take_views_converges_without_leaks() {
         &fork,
         json!({"snapshot": snap, "replicas": 3}),
     );
-    std::thread::sleep(Duration::from_millis(250));
+    let children: Vec<String> = (0..3).map(|i| format!("{fork}-{i}")).collect();
+    let member_view_prefix = format!("views/agent-sandbox-pool.{pool}.");
+    if gvisor() {
+        // No member takes a view there (the children mount views on new containers).
+        std::thread::sleep(Duration::from_millis(250));
+    } else {
+        until_a_member_takes_a_view(&server, &children, &pool, &member_view_prefix);
+    }
     server.kill9();
     server.restart();
-    let children: Vec<String> = (0..3).map(|i| format!("{fork}-{i}")).collect();
     for child in &children {
         server.wait_for("sandboxes", child, "Running", LONG, |r| {
             r.is_some_and(|r| r["status"]["phase"] == "Running")
@@ -328,7 +334,6 @@ fn a_kill_while_pool_members_take_views_converges_without_leaks() {
         assert_eq!(exec(child, "md5sum < /workspace/big.bin"), sum);
         assert_eq!(exec(child, "cat /workspace/d/f"), "x\n");
     }
-    let member_view_prefix = format!("views/agent-sandbox-pool.{pool}.");
     if !gvisor() {
         // Under runc the members took views (under gVisor new containers mount them).
         let claimed = children
@@ -337,7 +342,16 @@ fn a_kill_while_pool_members_take_views_converges_without_leaks() {
                 server.get("sandboxes", c).unwrap()["status"]["claimedFrom"] == pool.as_str()
             })
             .count();
-        assert!(claimed > 0, "no child took a member");
+        let log = server.log();
+        let said: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("member") || l.contains("view"))
+            .collect();
+        assert!(
+            claimed > 0,
+            "no child took a member; the server said:\n{}",
+            said[said.len().saturating_sub(40)..].join("\n")
+        );
         let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         assert!(
             table.contains(&member_view_prefix),
@@ -363,6 +377,29 @@ fn a_kill_while_pool_members_take_views_converges_without_leaks() {
             && !members
             && children.iter().all(|c| volumes_of(c).is_empty())
     });
+}
+
+/// Returns as soon as a member takes a view for one of `children`: a claim recorded in its status,
+/// or a view mounted over a member's volume. A kill then comes while members take views, which a
+/// fixed delay did not promise (250 ms came before any claim in CI runs).
+fn until_a_member_takes_a_view(server: &Server, children: &[String], pool: &str, prefix: &str) {
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let claimed = children.iter().any(|c| {
+            server
+                .get("sandboxes", c)
+                .is_some_and(|r| r["status"]["claimedFrom"] == pool)
+        });
+        if claimed || table.contains(prefix) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no member took a view"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]
