@@ -487,18 +487,7 @@ fn claim_warm_member(server: &Server, prefix: &str, mode: &str) -> (String, Stri
     let id = created["id"].as_str().unwrap().to_string();
     let sandbox = server.get("sandboxes", &id).unwrap();
     assert_eq!(sandbox["status"]["claimedFrom"], pool.as_str());
-    // The claim is recorded first and the member takes the sandbox's name right after (see
-    // controller/naming.rs): on a loaded machine the name can follow the answer by a moment.
-    let mut named = None;
-    wait_until(
-        "the member named after the sandbox",
-        Duration::from_secs(10),
-        || {
-            named = container(&id);
-            named.is_some()
-        },
-    );
-    let container = named.unwrap()["Id"].as_str().unwrap().to_string();
+    let container = named_container(&id)["Id"].as_str().unwrap().to_string();
     (id, container)
 }
 

@@ -451,9 +451,25 @@ pub fn container(name: &str) -> Option<Value> {
     inspect(&["--type", "container", &format!("agent-sandbox-{name}")])
 }
 
+/// Sandbox `name`'s container, waited for up to 10 s: a claimed pool member takes the sandbox's
+/// name on a task of its own right after the claim is recorded (controller/naming.rs), so on a
+/// loaded machine an inspect right after the API's answer can come first.
+pub fn named_container(name: &str) -> Value {
+    let mut found = None;
+    wait_until(
+        "the container named after the sandbox",
+        Duration::from_secs(10),
+        || {
+            found = container(name);
+            found.is_some()
+        },
+    );
+    found.expect("the sandbox's container")
+}
+
 /// The docker volume mounted at sandbox `name`'s `/workspace`, and its driver options.
 pub fn workspace_volume(name: &str) -> (String, Value) {
-    let inspected = container(name).expect("the sandbox's container");
+    let inspected = named_container(name);
     let volume = inspected["Mounts"]
         .as_array()
         .and_then(|m| m.iter().find(|m| m["Destination"] == "/workspace"))
