@@ -17,8 +17,9 @@ const BUFFER: usize = 64 * 1024;
 /// What one `splice` call asks to move (the pipe is made this large when the kernel allows: 1 MiB
 /// is Linux's default `pipe-max-size`). In a large download the upstream is ahead of the gateway,
 /// so every call moves a full pipe: a 1 MiB pipe makes a quarter of the system calls and
-/// wake-ups of a 256 KiB one, and carried a 1 GiB download 10–20 % faster on two cores. The pipe holds
-/// references to the socket's pages, not copies: its size costs no memory while it is empty.
+/// wake-ups of a 256 KiB one, and carried a 1 GiB download 10–20 % faster on two cores. The pipe
+/// holds references to the socket's pages, not copies: its size costs no memory while it is
+/// empty.
 const PIPE: usize = 1024 * 1024;
 
 /// Copies both ways between `client` and `upstream` until both directions end; the bytes sent
