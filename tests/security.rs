@@ -430,18 +430,6 @@ fn memory_limit_without_swap_kills_the_allocation_not_the_service() {
     );
 }
 
-/// The container's host-side cgroup directory for `controller` (cgroup v1 or v2).
-fn cgroup_dir(id: &str, controller: &str) -> Option<std::path::PathBuf> {
-    [
-        format!("/sys/fs/cgroup/{controller}/docker/{id}"),
-        format!("/sys/fs/cgroup/system.slice/docker-{id}.scope"),
-        format!("/sys/fs/cgroup/docker/{id}"),
-    ]
-    .into_iter()
-    .map(std::path::PathBuf::from)
-    .find(|p| p.is_dir())
-}
-
 fn read_u64(path: &std::path::Path) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
@@ -511,7 +499,12 @@ fn pids_limit_contains_a_fork_bomb() {
 
     // Deleting the sandbox cleans the bomb up.
     let (status, _) = server.request("DELETE", &format!("{API}/sandboxes/{bomb}"), None);
-    assert_eq!(status, 200);
+    assert_eq!(
+        status,
+        200,
+        "the deletion did not finish within its minute; server log:\n{}",
+        server.log()
+    );
     server.wait_gone("sandboxes", &bomb);
     // The deletion answers once the bomb's container is killed and renamed away; its removal
     // finishes in the background.

@@ -855,3 +855,25 @@ pub fn create(server: &Server, plural: &str, kind: &str, name: &str, spec: Value
     let (status, answer) = server.request("POST", &format!("{API}/{plural}"), Some(&body));
     assert_eq!(status, 201, "{answer}");
 }
+
+/// The container's host-side cgroup directory for `controller` (cgroup v1 or v2).
+pub fn cgroup_dir(id: &str, controller: &str) -> Option<std::path::PathBuf> {
+    [
+        format!("/sys/fs/cgroup/{controller}/docker/{id}"),
+        format!("/sys/fs/cgroup/system.slice/docker-{id}.scope"),
+        format!("/sys/fs/cgroup/docker/{id}"),
+    ]
+    .into_iter()
+    .map(std::path::PathBuf::from)
+    .find(|p| p.is_dir())
+}
+
+/// Whether host process `pid` is dead (gone, or a zombie its parent has yet to reap).
+pub fn dead(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+    }
+}

@@ -1,18 +1,25 @@
 //! Killing a local container through its PID 1: the signal `docker kill` ends at, without the
-//! daemon's round trip through containerd and a `runc kill` process. Docker's kill of a sandbox
-//! answered after 40 to 110 ms on the machines measured (it waits until it has noticed the exit
-//! and cleaned up after it); this one is done in about 2 ms, and a deletion waits for it.
+//! daemon's round trip through containerd and a `runc kill` or `runsc kill` process. Docker's kill
+//! of a sandbox answered after 40 to 110 ms on the machines measured (it waits until it has noticed
+//! the exit and cleaned up after it); this one is done in about 2 ms under runc, and a deletion
+//! waits for it.
 //!
-//! Only for a running runc container of this host whose PID 1 can be proven to be the
-//! container's: the PID is held by a pidfd before anything is read, so it cannot name another
-//! process meanwhile, and its `/proc/<pid>/cgroup` must name the container's full ID. When PID 1
-//! of a PID namespace dies, the kernel kills every other process in it and waits for them before
-//! PID 1's exit is reported, so the pidfd turning readable means nothing of the sandbox runs any
-//! more (a `docker exec`'d process included). Docker notices the exit on its own a few tens of
-//! milliseconds later and reports the container stopped from then on. Anything else (gVisor,
-//! whose processes are its own kernel's; a daemon on another host; a frozen container) is
-//! reported as not done, and the caller asks Docker. Nothing is signalled that has not been
-//! proven to be the container's.
+//! Only for a running container of this host whose PID 1 can be proven to be the container's: the
+//! PID is held by a pidfd before anything is read, so it cannot name another process meanwhile, and
+//! its `/proc/<pid>/cgroup` must name the container's full ID. Under runc, when PID 1 of a PID
+//! namespace dies, the kernel kills every other process in it and waits for them before PID 1's
+//! exit is reported, so the pidfd turning readable means nothing of the sandbox runs any more (a
+//! `docker exec`'d process included). Under gVisor the PID Docker reports is runsc's sandbox
+//! process, the kernel every process of the sandbox runs on (an exec'd one too): once it is gone
+//! nothing of the sandbox can act (its stub processes die with it, and can make no call without
+//! it), and runsc's file server leaves when the sandbox's connections close. Docker's own kill goes
+//! through runsc's control channel into that kernel, which a fork bomb inside keeps busy: 0.5 to
+//! 1.7 s with two test suites running on two cores (and one deletion of such a sandbox waited past
+//! its minute on a loaded machine), against about 0.1 s here for the container's cgroup to empty.
+//! Docker notices the exit on its own a few tens of milliseconds later and reports the container
+//! stopped from then on. Anything else (another runtime, a daemon on another host, a paused or
+//! frozen container) is reported as not done, and the caller asks Docker. Nothing is signalled that
+//! has not been proven to be the container's.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
@@ -38,13 +45,7 @@ impl BollardEngine {
         if state.and_then(|s| s.running) == Some(false) {
             return true;
         }
-        // Frozen (by Docker or by this host's freezer): a SIGKILL would stay pending.
-        let Some(freezer) = super::freezer::of_inspected(&inspected) else {
-            return false;
-        };
-        if inspected.state.as_ref().and_then(|s| s.paused) == Some(true)
-            || freezer.is_frozen().unwrap_or(true)
-        {
+        if state.and_then(|s| s.paused) == Some(true) || !takes_the_signal_now(&inspected) {
             return false;
         }
         let (Some(full_id), Some(pid)) = (
@@ -68,6 +69,22 @@ impl BollardEngine {
             }
         }
     }
+}
+
+/// Whether the death of `inspected`'s PID 1 ends the whole container at once (see the module doc):
+/// a runc container this host's freezer has not frozen (a SIGKILL would stay pending), or a
+/// gVisor one.
+fn takes_the_signal_now(inspected: &bollard::models::ContainerInspectResponse) -> bool {
+    let runtime = inspected
+        .host_config
+        .as_ref()
+        .and_then(|config| config.runtime.as_deref())
+        .unwrap_or("");
+    if crate::docker::is_gvisor(runtime) {
+        return true;
+    }
+    super::freezer::of_inspected(inspected)
+        .is_some_and(|freezer| !freezer.is_frozen().unwrap_or(true))
 }
 
 /// Sends SIGKILL to `pid` when it is PID 1 of container `full_id` on this host, through a pidfd
