@@ -32,7 +32,7 @@ use super::processes::{parse_start, process_error, target};
 use super::resources::PREFIX;
 use super::AppState;
 use crate::activity::Toucher;
-use crate::processes::{OutputEvent, Processes, StartSpec, Stream, Target};
+use crate::processes::{OutputEvent, ProcessError, Processes, StartSpec, Stream, Target};
 
 pub const CHANNEL_STDIN: u8 = 0;
 pub const CHANNEL_STDOUT: u8 = 1;
@@ -313,6 +313,11 @@ fn status(exit_code: Option<i32>, signal: Option<&str>) -> Value {
     }
 }
 
+/// The status of a process that ended with its sandbox's container, without an exit of its own.
+fn lost(message: &str) -> Value {
+    json!({"metadata": {}, "status": "Failure", "reason": "Lost", "message": message})
+}
+
 fn framed(channel: u8, data: &[u8]) -> Message {
     let mut m = Vec::with_capacity(data.len() + 1);
     m.push(channel);
@@ -336,7 +341,13 @@ async fn run(
     {
         Ok(e) => e,
         Err(e) => {
-            let body = json!({"metadata": {}, "status": "Failure", "message": e.to_string()});
+            // The process was there when the attach was accepted: a sandbox that stopped
+            // running since (deleted, expired, replaced) took it along, as in the middle of a
+            // stream below.
+            let body = match e {
+                ProcessError::Unavailable(why) => lost(&why),
+                other => json!({"metadata": {}, "status": "Failure", "message": other.to_string()}),
+            };
             let _ = tx
                 .send(framed(CHANNEL_STATUS, body.to_string().as_bytes()))
                 .await;
@@ -372,8 +383,7 @@ async fn run(
             }
         }
         // The follow broke off without an exit: the container went away.
-        let body = json!({"metadata": {}, "status": "Failure", "reason": "Lost",
-            "message": "the sandbox's container went away"});
+        let body = lost("the sandbox's container went away");
         let _ = tx
             .send(framed(CHANNEL_STATUS, body.to_string().as_bytes()))
             .await;
