@@ -65,6 +65,9 @@ pub struct BollardEngine {
     removals: Mutex<()>,
     /// Containers this engine froze through their cgroup (see `freezer`), by full ID.
     frozen: std::sync::Mutex<HashMap<String, freezer::Freezer>>,
+    /// Containers this engine killed through their PID 1 (see `kill`), by full ID, until their
+    /// removal: Docker may not have recorded the exit yet.
+    killed_here: kill::KilledHere,
     /// The runtime the daemon uses when a container names none (`runc` unless configured).
     default_runtime: Option<String>,
 }
@@ -117,6 +120,7 @@ impl BollardEngine {
             networks: Mutex::new(()),
             removals: Mutex::new(()),
             frozen: Default::default(),
+            killed_here: Default::default(),
             default_runtime,
         })
     }
@@ -499,6 +503,9 @@ impl Engine for BollardEngine {
                 if let Err(error) = self.thaw_or_unpause(id).await {
                     tracing::debug!(container = id, %error, "cannot thaw before removal");
                 }
+            }
+            Ok(Some(details)) if self.killed_here.take(&details.id) && details.running => {
+                self.await_recorded_exit(id).await;
             }
             Ok(Some(_)) => {}
             Err(error) => tracing::debug!(container = id, %error, "cannot inspect before removal"),

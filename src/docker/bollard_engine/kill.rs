@@ -30,6 +30,10 @@ use super::BollardEngine;
 /// harmless: the container is then dead or dying already).
 const SETTLE: Duration = Duration::from_secs(2);
 
+/// How long a removal waits for Docker to record the exit of a container killed here (see
+/// [`BollardEngine::await_recorded_exit`]); it takes milliseconds.
+const RECORD: Duration = Duration::from_secs(20);
+
 impl BollardEngine {
     /// Kills container `id` locally when it can: `true` once nothing of it runs (killed here,
     /// or missing, or not running to begin with), `false` when it was not done here (see the
@@ -58,7 +62,10 @@ impl BollardEngine {
             return false;
         };
         match tokio::time::timeout(SETTLE, exited(pidfd)).await {
-            Ok(Ok(())) => true,
+            Ok(Ok(())) => {
+                self.killed_here.insert(full_id);
+                true
+            }
             Ok(Err(error)) => {
                 tracing::debug!(container = id, %error, "cannot wait for a local kill; asking Docker");
                 false
@@ -68,6 +75,58 @@ impl BollardEngine {
                 false
             }
         }
+    }
+
+    /// Waits, within [`RECORD`], until Docker reports container `id` (killed here) stopped. A
+    /// forced removal before that would send Docker's own kill to the container's containerd
+    /// shim, and containerd 1.6's runc shim holds the container's lock while it runs the kill
+    /// (`runsc kill`) and waits to reap it, while the exit of PID 1 it has reaped already waits
+    /// for that same lock; its reaper then gives every other process the container left (the
+    /// hundreds of gVisor stub processes a fork bomb leaves re-parented to the shim) a second
+    /// each before it reaps the kill. Seen under gVisor: Docker reporting the container running,
+    /// and its removal stalled, for minutes after the sandbox's kernel was dead. Without that
+    /// kill, the shim reaps them all at once and Docker records the exit within milliseconds.
+    pub(super) async fn await_recorded_exit(&self, id: &str) {
+        let deadline = tokio::time::Instant::now() + RECORD;
+        loop {
+            match self.docker.inspect_container(id, None).await {
+                Ok(inspected) if inspected.state.as_ref().and_then(|s| s.running) == Some(true) => {
+                }
+                Ok(_) | Err(_) => return,
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::info!(
+                    container = id,
+                    "Docker has not recorded the exit of a container killed here; removing it anyway"
+                );
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Full IDs of the containers this engine killed through their PID 1 and has not removed yet.
+/// Bounded: a container removed some other way leaves an entry behind, dropped with the rest
+/// once there are [`KilledHere::BOUND`].
+#[derive(Default)]
+pub(super) struct KilledHere(std::sync::Mutex<std::collections::HashSet<String>>);
+
+impl KilledHere {
+    const BOUND: usize = 1024;
+
+    fn insert(&self, full_id: String) {
+        let mut ids = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if ids.len() >= Self::BOUND {
+            ids.clear();
+        }
+        ids.insert(full_id);
+    }
+
+    /// Whether `full_id` was killed here; forgets it.
+    pub(super) fn take(&self, full_id: &str) -> bool {
+        let mut ids = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        ids.remove(full_id)
     }
 }
 
