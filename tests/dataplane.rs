@@ -251,6 +251,37 @@ fn timeouts_and_disconnects_kill_the_whole_tree() {
     wait_no_processes(&id, "sleep 100", Duration::from_secs(5));
 }
 
+/// Jobs killed just before their shell exits are still exiting when the shell's command ends:
+/// none of that may take the sandbox down. Under gVisor it did, about one command in five, while
+/// the command's shepherd was a child subreaper as it exited (gVisor then took the exiting job for
+/// the init of the sandbox's PID namespace and killed every process); the shepherd now gives that
+/// role up before it exits. Each job holds some memory, so that its exit takes a while.
+#[test]
+fn jobs_killed_as_their_shell_exits_leave_the_sandbox_running() {
+    let server = server();
+    let id = sandbox(&server, json!({}));
+    sh(&server, &id, "true");
+    let started_at = container(&id).expect("container")["State"]["StartedAt"].clone();
+    let script = "for i in 1 2 3 4 5 6; do \
+        awk 'BEGIN { s = \"x\"; while (length(s) < 20000000) s = s s; while (1) {} }' \
+        >/dev/null 2>&1 & done; sleep 1; echo done; kill $(jobs -p)";
+    for round in 0..15 {
+        let (status, answer) = server.request(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(&json!({"command": script, "timeout_seconds": 30})),
+        );
+        assert_eq!(status, 200, "round {round}: {answer}\n{}", server.log());
+        assert_eq!(answer["stdout"], "done\n", "round {round}: {answer}");
+    }
+    let now = container(&id).expect("container")["State"].clone();
+    assert_eq!(
+        now["StartedAt"], started_at,
+        "the container restarted: {now}"
+    );
+    assert_eq!(now["Running"], true, "{now}");
+}
+
 #[test]
 fn concurrent_execs_and_streams_do_not_wait_for_each_other() {
     let server = server();

@@ -408,8 +408,18 @@ impl Shepherd {
     }
 }
 
+/// Ends the shepherd. It gives up being a child subreaper first: gVisor hands the children of an
+/// exiting process to its nearest subreaper ancestor even while that ancestor is exiting too, and
+/// finding no live task there, takes the exiting process for its PID namespace's init and kills
+/// every process of the sandbox (seen with `kill $!` of a job just before its shell exits: the
+/// job, still exiting, had come to us as the shell died, and we had found no child left to
+/// wait for). Once we are no subreaper, an orphan goes past us to PID 1, as Linux sends it past a
+/// dying subreaper anyway.
 fn exit() -> ! {
-    unsafe { libc::_exit(0) }
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+        libc::_exit(0)
+    }
 }
 
 /// Error report from the command child to the shepherd, before exec: stage and errno.
