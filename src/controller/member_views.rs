@@ -56,6 +56,8 @@ pub(super) async fn mount(
             return Ok(false);
         }
     };
+    // The member's volume is there already.
+    ctl.store.view_volume_made(volume);
     let paths = ViewPaths {
         lower,
         upper: dirs.upper.clone(),
@@ -78,7 +80,9 @@ pub(super) async fn mount(
     .await
     .unwrap_or_else(|e| Err(ViewMountError::Failed(e.to_string())));
     let outcome = match mounted {
-        Ok(()) => views::verify(ctl, container_id, runtime, &dirs.upper).await,
+        Ok(()) => views::verify(ctl, container_id, runtime, &dirs.upper)
+            .await
+            .map_err(|unproven| unproven.reason),
         Err(ViewMountError::Unsupported(reason)) => {
             ctl.workspaces.mount_access.learn(runtime, false);
             Err(reason)

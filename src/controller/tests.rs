@@ -734,3 +734,44 @@ async fn deleting_a_sandbox_whose_claim_was_never_named_retires_the_member_with_
         .unwrap();
     assert_ne!(status_of(&ctl, "c").container_id, Some(claimed));
 }
+
+#[tokio::test]
+async fn a_view_not_seen_mounted_gives_views_up_only_while_its_container_runs() {
+    let (_dir, engine, ctl) = setup();
+    declare(&ctl, "a");
+    super::sandbox::reconcile(&ctl.sandbox_context(), "a")
+        .await
+        .unwrap();
+    drain(&ctl).await;
+    // Docker names a directory where nothing is mounted; under gVisor the host path's proof is
+    // not asked for, so only the mount table speaks.
+    let named = tempfile::tempdir().unwrap();
+    engine.set_host_workspace(named.path().to_path_buf(), i64::from(std::process::id()));
+    let id = engine.container_of("a").unwrap().id;
+    let views = super::views::ViewContext {
+        store: &ctl.store,
+        engine: engine.as_ref(),
+        containers: &ctl.containers,
+        workspaces: &ctl.workspaces,
+    };
+    let upper = named.path().join("upper");
+    let verify = |id: String| {
+        let (views, upper) = (&views, &upper);
+        async move { super::views::verify(views, &id, "runsc", upper).await }
+    };
+
+    let running = verify(id.clone()).await.unwrap_err();
+    assert!(running.lasting, "{running:?}");
+    assert!(
+        running.reason.contains("not this host's overlay"),
+        "{running:?}"
+    );
+    // The same container stopped meanwhile (Docker unmounts its volumes), or vanished: that
+    // says nothing of this host.
+    assert!(engine.set_state(&id, "exited"));
+    let stopped = verify(id.clone()).await.unwrap_err();
+    assert!(!stopped.lasting, "{stopped:?}");
+    assert!(engine.vanish_container(&id));
+    let vanished = verify(id).await.unwrap_err();
+    assert!(!vanished.lasting, "{vanished:?}");
+}

@@ -188,7 +188,7 @@ pub(super) async fn populate_view(
     }
     let labels = view_labels(ctl.containers, plan, &key);
     match ctl.engine.create_view_volume(volume, &labels, &paths).await {
-        Ok(()) => {}
+        Ok(()) => ctl.store.view_volume_made(volume),
         Err(EngineError::Docker { message, .. }) => {
             // The daemon has no overlay volumes to give.
             tracing::info!(%message, "copy-on-write volumes are refused; copying instead");
@@ -212,7 +212,7 @@ pub(super) async fn populate_view(
     let started = match ctl.engine.start_container(&id).await {
         Ok(()) => verify(ctl, &id, &runtime, &dirs.upper).await,
         // The mount is made at the start: a daemon that cannot make it refuses the start.
-        Err(EngineError::Docker { message, .. }) => Err(message),
+        Err(EngineError::Docker { message, .. }) => Err(Unproven::lasting(message)),
         Err(error) => {
             discard(ctl, &id, volume).await;
             return Err(error.into());
@@ -223,10 +223,16 @@ pub(super) async fn populate_view(
             ctl.workspaces.view_access.learn(&runtime, true);
             Ok(Some(id))
         }
-        Err(reason) => {
-            tracing::info!(%reason, "a copy-on-write workspace did not work here; copying instead");
+        Err(Unproven { reason, lasting }) => {
+            tracing::info!(
+                %reason,
+                lasting,
+                "a copy-on-write workspace did not work here; copying instead"
+            );
             discard(ctl, &id, volume).await;
-            ctl.workspaces.view_access.learn(&runtime, false);
+            if lasting {
+                ctl.workspaces.view_access.learn(&runtime, false);
+            }
             Ok(None)
         }
     }
@@ -247,6 +253,32 @@ fn view_labels(
     ])
 }
 
+/// Why a view did not prove itself, and whether that says something about this host (so views
+/// are given up for the runtime) rather than about a container that stopped or vanished
+/// meanwhile, or a Docker call that failed (that container's restore copies instead, and the
+/// next restore tries a view again).
+#[derive(Debug)]
+pub(super) struct Unproven {
+    pub(super) reason: String,
+    pub(super) lasting: bool,
+}
+
+impl Unproven {
+    fn lasting(reason: String) -> Self {
+        Unproven {
+            reason,
+            lasting: true,
+        }
+    }
+
+    fn passing(reason: String) -> Self {
+        Unproven {
+            reason,
+            lasting: false,
+        }
+    }
+}
+
 /// Checks that the running container `id`'s workspace is the volume's directory on this host
 /// (the host path's proof, learned for `runtime`; not under gVisor, whose sandbox process shows
 /// the host no `/workspace`) and that this directory is the overlay whose upper directory is
@@ -257,13 +289,13 @@ pub(super) async fn verify(
     id: &str,
     runtime: &str,
     upper: &Path,
-) -> Result<(), String> {
+) -> Result<(), Unproven> {
     let details = ctl
         .engine
         .inspect_container(id)
         .await
-        .map_err(|e| e.to_string())?
-        .ok_or("the container vanished while starting")?;
+        .map_err(|e| Unproven::passing(e.to_string()))?
+        .ok_or_else(|| Unproven::passing("the container vanished while starting".into()))?;
     if !is_gvisor(runtime) {
         match open_host_root(&details) {
             Ok(_) => ctl.workspaces.host_access.learn(runtime, true),
@@ -271,21 +303,30 @@ pub(super) async fn verify(
                 if error.lasting {
                     ctl.workspaces.host_access.learn(runtime, false);
                 }
-                return Err(error.to_string());
+                return Err(Unproven {
+                    reason: error.to_string(),
+                    lasting: error.lasting,
+                });
             }
         }
     }
     let source = details
         .workspace_source
-        .ok_or("Docker names no directory for the workspace")?;
-    let table = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+        .ok_or_else(|| Unproven::lasting("Docker names no directory for the workspace".into()))?;
+    let table = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| Unproven::lasting(format!("the mount table: {e}")))?;
     if overlay_mounted(&table, &source, upper) {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} is not this host's overlay of the view",
-            source.display()
-        ))
+        return Ok(());
+    }
+    let reason = format!(
+        "{} is not this host's overlay of the view",
+        source.display()
+    );
+    // Docker unmounts a stopped container's volumes: only a container that still runs shows
+    // something about this host.
+    match ctl.engine.inspect_container(id).await {
+        Ok(Some(now)) if now.running && now.pid == details.pid => Err(Unproven::lasting(reason)),
+        _ => Err(Unproven::passing(reason)),
     }
 }
 

@@ -345,6 +345,7 @@ async fn a_view_keeps_the_tree_it_names_until_its_volume_is_gone() {
         Some(base.clone())
     );
     assert_eq!(store.view_tree("other").await, None);
+    store.view_volume_made("vol");
     // Listed after the view was made: only the view's own record keeps the tree (no snapshot,
     // no label does).
     let listed = Instant::now();
@@ -361,6 +362,38 @@ async fn a_view_keeps_the_tree_it_names_until_its_volume_is_gone() {
     assert!(!data.join("views/vol").exists());
     assert!(!base[0].exists(), "nothing needs the tree");
     assert_eq!(store.tree_layers("base.1000.1000").await, None);
+}
+
+#[tokio::test]
+async fn a_view_in_the_making_is_spared_by_a_listing_that_shows_no_volume_yet() {
+    let Some((_dir, data, store, _, base)) = setup().await else {
+        return;
+    };
+    store
+        .create_view("vol", "base.1000.1000", (1000, 1000))
+        .await
+        .unwrap();
+    // Docker listed after the directories were made and before the volume was: no volume.
+    store
+        .collect_views_and_trees(Instant::now(), HashSet::new(), |_| false)
+        .await;
+    assert!(
+        data.join("views/vol/upper").is_dir(),
+        "a view in the making went"
+    );
+    assert!(base[0].is_dir(), "its tree went");
+    // The volume made after a listing that did not show it: still spared by that listing.
+    let listed = Instant::now();
+    store.view_volume_made("vol");
+    store
+        .collect_views_and_trees(listed, HashSet::new(), |_| false)
+        .await;
+    assert!(data.join("views/vol/upper").is_dir());
+    // A later listing without the volume: it is gone, and the view with it.
+    store
+        .collect_views_and_trees(Instant::now(), HashSet::new(), |_| false)
+        .await;
+    assert!(!data.join("views/vol").exists());
 }
 
 #[tokio::test]

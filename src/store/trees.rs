@@ -63,6 +63,10 @@ pub enum TreeError {
 pub(super) struct Touched {
     trees: Mutex<HashMap<String, Instant>>,
     views: Mutex<HashMap<String, Instant>>,
+    /// Views whose directories are made and whose volume may not be yet (see
+    /// [`Store::view_volume_made`]): a listing of Docker taken between the two shows no volume
+    /// for them, and they are spared whatever it says.
+    pending_views: Mutex<HashSet<String>>,
     /// Trees are unpacked one at a time: ten forks of one snapshot unpack it once.
     unpacking: tokio::sync::Mutex<()>,
     /// What the trees of new snapshots of views are to be deltas over (see
@@ -258,6 +262,7 @@ impl Store {
         }
         touch(&self.cow_touched.views, volume);
         touch(&self.cow_touched.trees, key);
+        self.pending_views(|pending| pending.insert(volume.to_string()));
         let root = self.views_dir().join(volume);
         let dirs = self.view_dirs(volume, key);
         let made = dirs.clone();
@@ -291,8 +296,26 @@ impl Store {
         .await?
     }
 
+    /// Says that view `volume`'s volume exists now: from here on collection spares the view
+    /// while a listing of Docker shows the volume (or was taken after this call).
+    pub fn view_volume_made(&self, volume: &str) {
+        touch(&self.cow_touched.views, volume);
+        self.pending_views(|pending| pending.remove(volume));
+    }
+
+    fn pending_views<T>(&self, change: impl FnOnce(&mut HashSet<String>) -> T) -> T {
+        change(
+            &mut self
+                .cow_touched
+                .pending_views
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        )
+    }
+
     /// Removes the directories of view `volume` (whose volume is gone); missing ones are no error.
     pub async fn remove_view(&self, volume: &str) {
+        self.pending_views(|pending| pending.remove(volume));
         if !plain(volume) {
             return;
         }
@@ -327,7 +350,15 @@ impl Store {
             let touched = &store.cow_touched;
             let mut viewed_trees = HashSet::new();
             for (name, path) in listing(&store.views_dir()) {
-                if volumes.contains(&name) || touched_since(&touched.views, &name, listed) {
+                let pending = touched
+                    .pending_views
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains(&name);
+                if volumes.contains(&name)
+                    || pending
+                    || touched_since(&touched.views, &name, listed)
+                {
                     if let Ok(key) = std::fs::read_to_string(path.join(VIEW_TREE_FILE)) {
                         viewed_trees.insert(key.trim().to_string());
                     }
