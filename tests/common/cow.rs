@@ -84,7 +84,12 @@ pub fn assert_view(server: &Server, name: &str) -> String {
         assert!(options.get("type").is_none(), "{volume}: {options}");
         return volume;
     }
-    assert_eq!(options["type"], "overlay", "{volume}: {options}");
+    assert_eq!(
+        options["type"],
+        "overlay",
+        "{volume}: {options}; what the server said of views and workspaces:\n{}",
+        views_said(server)
+    );
     let o = options["o"].as_str().unwrap();
     assert!(
         o.contains(&format!(
@@ -94,6 +99,16 @@ pub fn assert_view(server: &Server, name: &str) -> String {
         "{o}"
     );
     volume
+}
+
+/// The server's log lines about views, copies and what it learned of this host's workspaces.
+fn views_said(server: &Server) -> String {
+    server
+        .log()
+        .lines()
+        .filter(|l| l.contains("learned") || l.contains("instead") || l.contains("view"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 pub fn entries(dir: &Path) -> Vec<String> {
