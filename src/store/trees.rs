@@ -250,7 +250,8 @@ impl Store {
 
     /// Makes the upper and work directories of the view that volume `volume` will be, over tree
     /// `key`: empty, the upper one's root owned by `owner` (mode 0755, like every workspace
-    /// root). Whatever an interrupted attempt left under that name is removed first.
+    /// root). Whatever an interrupted attempt left under that name is removed first. The view
+    /// is pending until [`Store::view_volume_made`].
     pub async fn create_view(
         &self,
         volume: &str,
@@ -263,6 +264,20 @@ impl Store {
         touch(&self.cow_touched.views, volume);
         touch(&self.cow_touched.trees, key);
         self.pending_views(|pending| pending.insert(volume.to_string()));
+        let made = self.make_view_dirs(volume, key, owner).await;
+        if made.is_err() {
+            // No volume follows: what was made of the directories is a leftover.
+            self.pending_views(|pending| pending.remove(volume));
+        }
+        made
+    }
+
+    async fn make_view_dirs(
+        &self,
+        volume: &str,
+        key: &str,
+        owner: (u32, u32),
+    ) -> StoreResult<ViewDirs> {
         let root = self.views_dir().join(volume);
         let dirs = self.view_dirs(volume, key);
         let made = dirs.clone();
