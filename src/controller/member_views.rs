@@ -82,7 +82,7 @@ pub(super) async fn mount(
     let outcome = match mounted {
         Ok(()) => views::verify(ctl, container_id, runtime, &dirs.upper)
             .await
-            .map_err(|unproven| unproven.reason),
+            .map_err(|unavailable| unavailable.reason),
         Err(ViewMountError::Unsupported(reason)) => {
             ctl.workspaces.mount_access.learn(runtime, false);
             Err(reason)

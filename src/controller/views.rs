@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use super::container::Containers;
 use super::content::{restore_policy, Validated};
 use super::error::ReconcileError;
-use super::workspace::{open_host_root, Workspaces};
+use super::workspace::{open_host_root, HostUnavailable, Workspaces};
 use crate::config::Settings;
 use crate::docker::{
     is_gvisor, ContainerDetails, ContainerPlan, Engine, EngineError, ViewPaths, LABEL_ID,
@@ -212,7 +212,7 @@ pub(super) async fn populate_view(
     let started = match ctl.engine.start_container(&id).await {
         Ok(()) => verify(ctl, &id, &runtime, &dirs.upper).await,
         // The mount is made at the start: a daemon that cannot make it refuses the start.
-        Err(EngineError::Docker { message, .. }) => Err(Unproven::lasting(message)),
+        Err(EngineError::Docker { message, .. }) => Err(HostUnavailable::lasting(message)),
         Err(error) => {
             discard(ctl, &id, volume).await;
             return Err(error.into());
@@ -223,7 +223,7 @@ pub(super) async fn populate_view(
             ctl.workspaces.view_access.learn(&runtime, true);
             Ok(Some(id))
         }
-        Err(Unproven { reason, lasting }) => {
+        Err(HostUnavailable { reason, lasting }) => {
             tracing::info!(
                 %reason,
                 lasting,
@@ -253,49 +253,26 @@ fn view_labels(
     ])
 }
 
-/// Why a view did not prove itself, and whether that says something about this host (so views
-/// are given up for the runtime) rather than about a container that stopped or vanished
-/// meanwhile, or a Docker call that failed (that container's restore copies instead, and the
-/// next restore tries a view again).
-#[derive(Debug)]
-pub(super) struct Unproven {
-    pub(super) reason: String,
-    pub(super) lasting: bool,
-}
-
-impl Unproven {
-    fn lasting(reason: String) -> Self {
-        Unproven {
-            reason,
-            lasting: true,
-        }
-    }
-
-    fn passing(reason: String) -> Self {
-        Unproven {
-            reason,
-            lasting: false,
-        }
-    }
-}
-
 /// Checks that the running container `id`'s workspace is the volume's directory on this host
 /// (the host path's proof, learned for `runtime`; not under gVisor, whose sandbox process shows
 /// the host no `/workspace`) and that this directory is the overlay whose upper directory is
 /// `upper`, as this host's mount table shows it: the daemon that started the container mounted
-/// this very view here, and Docker binds a volume's directory at its destination.
+/// this very view here, and Docker binds a volume's directory at its destination. A failure is
+/// lasting when it says something about this host (views are then given up for the runtime),
+/// passing when the container stopped or vanished meanwhile or a Docker call failed (that
+/// restore copies instead, and the next one tries a view again).
 pub(super) async fn verify(
     ctl: &ViewContext<'_>,
     id: &str,
     runtime: &str,
     upper: &Path,
-) -> Result<(), Unproven> {
+) -> Result<(), HostUnavailable> {
     let details = ctl
         .engine
         .inspect_container(id)
         .await
-        .map_err(|e| Unproven::passing(e.to_string()))?
-        .ok_or_else(|| Unproven::passing("the container vanished while starting".into()))?;
+        .map_err(|e| HostUnavailable::passing(e.to_string()))?
+        .ok_or_else(|| HostUnavailable::passing("the container vanished while starting".into()))?;
     if !is_gvisor(runtime) {
         match open_host_root(&details) {
             Ok(_) => ctl.workspaces.host_access.learn(runtime, true),
@@ -303,18 +280,15 @@ pub(super) async fn verify(
                 if error.lasting {
                     ctl.workspaces.host_access.learn(runtime, false);
                 }
-                return Err(Unproven {
-                    reason: error.to_string(),
-                    lasting: error.lasting,
-                });
+                return Err(error);
             }
         }
     }
-    let source = details
-        .workspace_source
-        .ok_or_else(|| Unproven::lasting("Docker names no directory for the workspace".into()))?;
+    let source = details.workspace_source.ok_or_else(|| {
+        HostUnavailable::lasting("Docker names no directory for the workspace".into())
+    })?;
     let table = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| Unproven::lasting(format!("the mount table: {e}")))?;
+        .map_err(|e| HostUnavailable::lasting(format!("the mount table: {e}")))?;
     if overlay_mounted(&table, &source, upper) {
         return Ok(());
     }
@@ -325,8 +299,10 @@ pub(super) async fn verify(
     // Docker unmounts a stopped container's volumes: only a container that still runs shows
     // something about this host.
     match ctl.engine.inspect_container(id).await {
-        Ok(Some(now)) if now.running && now.pid == details.pid => Err(Unproven::lasting(reason)),
-        _ => Err(Unproven::passing(reason)),
+        Ok(Some(now)) if now.running && now.pid == details.pid => {
+            Err(HostUnavailable::lasting(reason))
+        }
+        _ => Err(HostUnavailable::passing(reason)),
     }
 }
 

@@ -86,10 +86,18 @@ pub(super) struct HostUnavailable {
 }
 
 impl HostUnavailable {
-    fn lasting(reason: String) -> HostUnavailable {
+    pub(super) fn lasting(reason: String) -> HostUnavailable {
         HostUnavailable {
             reason,
             lasting: true,
+        }
+    }
+
+    /// A reason about a container (stopped, vanished) or a failed Docker call, not this host.
+    pub(super) fn passing(reason: String) -> HostUnavailable {
+        HostUnavailable {
+            reason,
+            lasting: false,
         }
     }
 

@@ -365,13 +365,8 @@ impl Store {
             let touched = &store.cow_touched;
             let mut viewed_trees = HashSet::new();
             for (name, path) in listing(&store.views_dir()) {
-                let pending = touched
-                    .pending_views
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .contains(&name);
                 if volumes.contains(&name)
-                    || pending
+                    || store.pending_views(|pending| pending.contains(&name))
                     || touched_since(&touched.views, &name, listed)
                 {
                     if let Ok(key) = std::fs::read_to_string(path.join(VIEW_TREE_FILE)) {
