@@ -60,13 +60,6 @@ fn host_pids(id: &str) -> u64 {
         .unwrap_or_else(|_| panic!("docker stats of {id}: {out:?}"))
 }
 
-fn started_at(id: &str) -> String {
-    container(id).expect("container")["State"]["StartedAt"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// After an attack: the server and the neighbour answer, and the sandbox answers again once what
 /// the attack left running is gone (background processes outlive an exec by design, so a storm
 /// keeps the sandbox at its limit until its `sleep`s end), in the same container: nothing died

@@ -877,3 +877,11 @@ pub fn dead(pid: u32) -> bool {
             .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
     }
 }
+
+/// When sandbox `name`'s container last started, as Docker says: a change means it restarted.
+pub fn started_at(name: &str) -> String {
+    container(name).expect("container")["State"]["StartedAt"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
