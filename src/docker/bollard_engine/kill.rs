@@ -77,23 +77,19 @@ impl BollardEngine {
         }
     }
 
-    /// Waits, within [`RECORD`], until Docker reports container `id` (killed here) stopped. A
-    /// forced removal before that would send Docker's own kill to the container's containerd
-    /// shim, and containerd 1.6's runc shim holds the container's lock while it runs the kill
-    /// (`runsc kill`) and waits to reap it, while the exit of PID 1 it has reaped already waits
-    /// for that same lock; its reaper then gives every other process the container left (the
+    /// Waits, within [`RECORD`], until Docker reports container `id` (killed here, and just seen
+    /// running) stopped. A forced removal before that would send Docker's own kill to the
+    /// container's containerd shim, and containerd 1.6's runc shim holds the container's lock
+    /// while it runs the kill (`runsc kill`) and waits to reap it, while the exit of PID 1 it has
+    /// reaped already waits for that same lock; its reaper then gives every other process the container left (the
     /// hundreds of gVisor stub processes a fork bomb leaves re-parented to the shim) a second
     /// each before it reaps the kill. Seen under gVisor: Docker reporting the container running,
     /// and its removal stalled, for minutes after the sandbox's kernel was dead. Without that
     /// kill, the shim reaps them all at once and Docker records the exit within milliseconds.
     pub(super) async fn await_recorded_exit(&self, id: &str) {
+        // The caller's inspect has just said "running": wait before asking again.
         let deadline = tokio::time::Instant::now() + RECORD;
         loop {
-            match self.docker.inspect_container(id, None).await {
-                Ok(inspected) if inspected.state.as_ref().and_then(|s| s.running) == Some(true) => {
-                }
-                Ok(_) | Err(_) => return,
-            }
             if tokio::time::Instant::now() >= deadline {
                 tracing::info!(
                     container = id,
@@ -102,6 +98,11 @@ impl BollardEngine {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+            match self.docker.inspect_container(id, None).await {
+                Ok(inspected) if inspected.state.as_ref().and_then(|s| s.running) == Some(true) => {
+                }
+                Ok(_) | Err(_) => return,
+            }
         }
     }
 }
